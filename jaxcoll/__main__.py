@@ -1,0 +1,5 @@
+import sys
+
+from jaxcoll.cli import main
+
+sys.exit(main())

@@ -1,0 +1,326 @@
+"""The plan IR: the one contract shared by the language, the synthesizers, the lowering and the runtimes.
+
+A plan is a per-rank program of chunk moves, reductions and synchronisations (docs/plan-ir.md). It names its
+collective and group size; each rank declares how many chunks its input, output and scratch buffers hold and
+runs one or more lanes, each an ordered list of steps. Byte offsets are not part of a plan: they follow from the
+message size at run time (see `jaxcoll.plan.layout`), so one plan serves every size.
+
+Every data step has the same meaning, whatever its op: the values of its source chunks are reduced, in the
+order listed, with the call's reduction (sum, max or min) and the result is written to every destination chunk.
+A single source is a plain copy. The op names what the step is for (and how a GPU lane executes it); the
+runtime's meaning does not depend on it beyond the checks in `Step.__post_init__`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from jaxcoll.plan.errors import PlanError
+
+
+class Collective(str, enum.Enum):
+    """What a plan computes. The string value is what goes into plan files."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    BROADCAST = "broadcast"
+    PPERMUTE = "ppermute"
+    CUSTOM = "custom"
+
+
+class Buffer(str, enum.Enum):
+    """The buffers a step can address on a rank. Scratch holds the accumulation type (float32 for 16-bit
+    floats), so partial sums that travel through scratch are rounded once, at their final destination."""
+
+    INPUT = "input"
+    OUTPUT = "output"
+    SCRATCH = "scratch"
+
+
+class Op(str, enum.Enum):
+    """Step kinds. Data ops write reduce(srcs) to every dst; sync ops order lanes and ranks."""
+
+    COPY = "copy"  # local: one local src, one local dst
+    REDUCE = "reduce"  # local: dst <- dst (+) src, written as srcs=(dst, src)
+    PUT = "put"  # write local chunk(s) into a peer's buffer
+    GET = "get"  # read a peer's chunk into a local buffer
+    READ_REDUCE = "read_reduce"  # reduce peers' (and local) chunks into local chunk(s)
+    REDUCE_PUT = "reduce_put"  # fused: reduce, then write to peers (and optionally locally)
+    READ_REDUCE_PUT = "read_reduce_put"  # fused: read-reduce peers' chunks, write to peers and locally
+    ZERO = "zero"  # fill dsts with zeros (ppermute outputs nobody sends to)
+    SIGNAL = "signal"  # increment semaphore `sem` of rank `peer` (release)
+    WAIT = "wait"  # consume one signal of this rank's semaphore `sem` (acquire); blocks until one arrives
+    BARRIER = "barrier"  # every lane of this rank reaches this point before any goes on
+
+    @property
+    def is_data(self) -> bool:
+        return self not in (Op.SIGNAL, Op.WAIT, Op.BARRIER)
+
+
+# Wire codes: stable integers used by the serialized form and the C++/CUDA executors. Never renumber.
+OP_CODES = {op: i for i, op in enumerate(Op)}
+BUFFER_CODES = {buf: i for i, buf in enumerate(Buffer)}
+COLLECTIVE_CODES = {c: i for i, c in enumerate(Collective)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkRef:
+    """`count` consecutive chunks, starting at `index`, of buffer `buffer` on rank `rank`."""
+
+    rank: int
+    buffer: Buffer
+    index: int
+    count: int = 1
+
+    def __post_init__(self):
+        object.__setattr__(self, "buffer", Buffer(self.buffer))
+        if self.count < 1:
+            raise PlanError(f"chunk count must be >= 1, got count={self.count} in {self}")
+        if self.index < 0:
+            raise PlanError(f"chunk index must be >= 0, got index={self.index} in {self}")
+
+    def indices(self) -> range:
+        return range(self.index, self.index + self.count)
+
+    def to_json(self) -> list:
+        return [self.rank, self.buffer.value, self.index, self.count]
+
+    @classmethod
+    def from_json(cls, v: Sequence) -> "ChunkRef":
+        return cls(int(v[0]), Buffer(v[1]), int(v[2]), int(v[3]) if len(v) > 3 else 1)
+
+    def __repr__(self) -> str:
+        span = f"{self.index}" if self.count == 1 else f"{self.index}:{self.index + self.count}"
+        return f"r{self.rank}.{self.buffer.value}[{span}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One instruction of a lane. See `Op` for what each kind means."""
+
+    op: Op
+    srcs: tuple[ChunkRef, ...] = ()
+    dsts: tuple[ChunkRef, ...] = ()
+    peer: int = -1  # SIGNAL: the rank whose semaphore is incremented
+    sem: int = -1  # SIGNAL / WAIT: semaphore index on the receiving rank
+
+    def __post_init__(self):
+        object.__setattr__(self, "op", Op(self.op))
+        object.__setattr__(self, "srcs", tuple(self.srcs))
+        object.__setattr__(self, "dsts", tuple(self.dsts))
+        op = self.op
+        if op.is_data:
+            if not self.dsts:
+                raise PlanError(f"{op.value} step needs at least one destination chunk: {self}")
+            if op is Op.ZERO:
+                if self.srcs:
+                    raise PlanError(f"zero step takes no sources: {self}")
+            elif not self.srcs:
+                raise PlanError(f"{op.value} step needs at least one source chunk: {self}")
+            counts = {r.count for r in self.srcs + self.dsts}
+            if len(counts) != 1:
+                raise PlanError(f"{op.value} step mixes chunk counts {sorted(counts)}: {self}")
+        else:
+            if self.srcs or self.dsts:
+                raise PlanError(f"{op.value} step moves no data but names chunks: {self}")
+            if op in (Op.SIGNAL, Op.WAIT) and self.sem < 0:
+                raise PlanError(f"{op.value} step needs a semaphore index >= 0, got sem={self.sem}")
+            if op is Op.SIGNAL and self.peer < 0:
+                raise PlanError(f"signal step needs a peer rank >= 0, got peer={self.peer}")
+
+    def to_json(self) -> dict:
+        d: dict[str, Any] = {"op": self.op.value}
+        if self.srcs:
+            d["srcs"] = [r.to_json() for r in self.srcs]
+        if self.dsts:
+            d["dsts"] = [r.to_json() for r in self.dsts]
+        if self.op is Op.SIGNAL:
+            d["peer"] = self.peer
+        if self.op in (Op.SIGNAL, Op.WAIT):
+            d["sem"] = self.sem
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Step":
+        return cls(
+            Op(d["op"]),
+            tuple(ChunkRef.from_json(r) for r in d.get("srcs", ())),
+            tuple(ChunkRef.from_json(r) for r in d.get("dsts", ())),
+            int(d.get("peer", -1)),
+            int(d.get("sem", -1)),
+        )
+
+    def __repr__(self) -> str:
+        if self.op is Op.SIGNAL:
+            return f"signal(r{self.peer}.sem{self.sem})"
+        if self.op is Op.WAIT:
+            return f"wait(sem{self.sem})"
+        if self.op is Op.BARRIER:
+            return "barrier()"
+        return f"{self.op.value}({', '.join(map(repr, self.srcs))} -> {', '.join(map(repr, self.dsts))})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Lane:
+    """An ordered list of steps run by one worker of a rank (a CPU worker, a GPU thread block)."""
+
+    steps: tuple[Step, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "steps", tuple(self.steps))
+
+
+@dataclasses.dataclass(frozen=True)
+class RankProgram:
+    """What one rank runs: its buffers' chunk counts, its semaphore count and its lanes."""
+
+    input_chunks: int
+    output_chunks: int
+    scratch_chunks: int = 0
+    semaphores: int = 0
+    lanes: tuple[Lane, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "lanes", tuple(self.lanes))
+
+    def chunks(self, buffer: Buffer) -> int:
+        return {Buffer.INPUT: self.input_chunks, Buffer.OUTPUT: self.output_chunks,
+                Buffer.SCRATCH: self.scratch_chunks}[Buffer(buffer)]
+
+
+def default_blocks(collective: Collective, nranks: int) -> tuple[int, int]:
+    """(input blocks, output blocks) of a collective: how many equal, independent blocks of the per-rank
+    message each buffer holds. Chunks subdivide blocks (see `jaxcoll.plan.layout`)."""
+    collective = Collective(collective)
+    return {
+        Collective.ALL_REDUCE: (1, 1),
+        Collective.ALL_GATHER: (1, nranks),
+        Collective.REDUCE_SCATTER: (nranks, 1),
+        Collective.ALL_TO_ALL: (nranks, nranks),
+        Collective.BROADCAST: (1, 1),
+        Collective.PPERMUTE: (1, 1),
+    }.get(collective, (1, 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A complete collective algorithm for a group of `nranks` ranks.
+
+    `in_place` means the input lives inside the output buffer, as in MSCCL: for all_gather rank r's input is
+    output block r, for reduce_scatter rank r's output is input block r, otherwise input and output coincide.
+    A plan written for in-place execution reads "input" chunks at those output positions.
+    """
+
+    collective: Collective
+    nranks: int
+    ranks: tuple[RankProgram, ...]
+    name: str = ""
+    in_place: bool = False
+    in_blocks: int = 0  # 0: the collective's default (see default_blocks); required for custom plans
+    out_blocks: int = 0
+    protocol: str = "auto"  # "ll" (packets), "simple" (bulk) or "auto"; the GPU executor reads it
+
+    def __post_init__(self):
+        object.__setattr__(self, "collective", Collective(self.collective))
+        object.__setattr__(self, "ranks", tuple(self.ranks))
+        if self.nranks < 1:
+            raise PlanError(f"plan needs nranks >= 1, got nranks={self.nranks}")
+        if len(self.ranks) != self.nranks:
+            raise PlanError(f"plan for nranks={self.nranks} has {len(self.ranks)} rank programs")
+        din, dout = default_blocks(self.collective, self.nranks)
+        if self.in_blocks == 0:
+            object.__setattr__(self, "in_blocks", din)
+        if self.out_blocks == 0:
+            object.__setattr__(self, "out_blocks", dout)
+
+    # -- structure -------------------------------------------------------------------------------------------
+    @property
+    def chunk_factor(self) -> int:
+        """Chunks per block, k: every buffer's chunk count is a multiple of it (checked by validate)."""
+        return self.ranks[0].input_chunks // self.in_blocks if self.ranks else 1
+
+    def steps(self) -> Iterable[tuple[int, int, int, Step]]:
+        """Every step of the plan as (rank, lane, position, step)."""
+        for r, prog in enumerate(self.ranks):
+            for l, lane in enumerate(prog.lanes):
+                for i, step in enumerate(lane.steps):
+                    yield r, l, i, step
+
+    def num_steps(self) -> int:
+        return sum(len(lane.steps) for prog in self.ranks for lane in prog.lanes)
+
+    # -- files -----------------------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {
+            "format": "jaxcoll.plan/1",
+            "name": self.name,
+            "collective": self.collective.value,
+            "nranks": self.nranks,
+            "in_place": self.in_place,
+            "in_blocks": self.in_blocks,
+            "out_blocks": self.out_blocks,
+            "protocol": self.protocol,
+            "ranks": [
+                {
+                    "input_chunks": p.input_chunks,
+                    "output_chunks": p.output_chunks,
+                    "scratch_chunks": p.scratch_chunks,
+                    "semaphores": p.semaphores,
+                    "lanes": [[s.to_json() for s in lane.steps] for lane in p.lanes],
+                }
+                for p in self.ranks
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Plan":
+        try:
+            return cls(
+                collective=Collective(d["collective"]),
+                nranks=int(d["nranks"]),
+                name=d.get("name", ""),
+                in_place=bool(d.get("in_place", False)),
+                in_blocks=int(d.get("in_blocks", 0)),
+                out_blocks=int(d.get("out_blocks", 0)),
+                protocol=d.get("protocol", "auto"),
+                ranks=tuple(
+                    RankProgram(
+                        int(p["input_chunks"]),
+                        int(p["output_chunks"]),
+                        int(p.get("scratch_chunks", 0)),
+                        int(p.get("semaphores", 0)),
+                        tuple(Lane(tuple(Step.from_json(s) for s in lane)) for lane in p["lanes"]),
+                    )
+                    for p in d["ranks"]
+                ),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, PlanError):
+                raise
+            raise PlanError(f"malformed plan file: {type(e).__name__}: {e}") from e
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"))
+
+    @classmethod
+    def loads(cls, text: str) -> "Plan":
+        return cls.from_json(json.loads(text))
+
+    def save(self, path) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+
+    @classmethod
+    def load(cls, path) -> "Plan":
+        with open(path) as f:
+            return cls.from_json(json.load(f))
+
+    def __repr__(self) -> str:
+        return (f"Plan({self.name or self.collective.value}, nranks={self.nranks}, "
+                f"steps={self.num_steps()}, in_place={self.in_place})")

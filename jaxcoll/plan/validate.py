@@ -1,0 +1,55 @@
+"""Structural validation of a plan: every reference is in range and every step is well formed.
+
+This is what the runtime relies on to never touch memory outside a buffer; the C++ decoder repeats the same
+checks on the serialized form. Whether the plan computes its collective, and cannot deadlock, is the proving
+checker's business (`jaxcoll.lang.check`).
+"""
+
+from __future__ import annotations
+
+from jaxcoll.plan.errors import PlanError
+from jaxcoll.plan.ir import Buffer, Op, Plan
+
+
+def validate(plan: Plan) -> Plan:
+    """Raise PlanError naming the rank, lane and step of the first structural fault; return the plan."""
+    n, k = plan.nranks, plan.chunk_factor
+    for r, prog in enumerate(plan.ranks):
+        if prog.input_chunks < 1 or prog.input_chunks % plan.in_blocks:
+            raise PlanError(f"rank {r}: input_chunks={prog.input_chunks} is not a positive multiple of "
+                            f"in_blocks={plan.in_blocks}")
+        if prog.input_chunks // plan.in_blocks != k:
+            raise PlanError(f"rank {r}: input_chunks={prog.input_chunks} gives {prog.input_chunks // plan.in_blocks}"
+                            f" chunks per block, rank 0 gives {k}; every rank must split blocks alike")
+        if prog.output_chunks != plan.out_blocks * k:
+            raise PlanError(f"rank {r}: output_chunks={prog.output_chunks}, expected out_blocks*k="
+                            f"{plan.out_blocks}*{k}={plan.out_blocks * k}")
+        if prog.scratch_chunks < 0 or prog.scratch_chunks % k:
+            raise PlanError(f"rank {r}: scratch_chunks={prog.scratch_chunks} is not a multiple of k={k}")
+        if prog.semaphores < 0:
+            raise PlanError(f"rank {r}: semaphores={prog.semaphores} is negative")
+    for r, l, i, step in plan.steps():
+        where = f"rank {r}, lane {l}, step {i} ({step!r})"
+        refs = step.srcs + step.dsts
+        for ref in refs:
+            if not 0 <= ref.rank < n:
+                raise PlanError(f"{where}: rank {ref.rank} is out of range for nranks={n}")
+            have = plan.ranks[ref.rank].chunks(ref.buffer)
+            if ref.index + ref.count > have:
+                raise PlanError(f"{where}: {ref!r} is out of range: rank {ref.rank}'s {ref.buffer.value} "
+                                f"buffer holds {have} chunks")
+        if refs and len({ref.index % k for ref in refs}) != 1:
+            raise PlanError(f"{where}: chunks at different positions within their blocks (index mod k={k}) "
+                            f"may differ in size and cannot be combined")
+        if any(ref.buffer is Buffer.INPUT for ref in step.dsts) and not plan.in_place:
+            raise PlanError(f"{where}: an out-of-place plan never writes its input buffer")
+        if step.op is Op.SIGNAL:
+            if not 0 <= step.peer < n:
+                raise PlanError(f"{where}: signal peer {step.peer} is out of range for nranks={n}")
+            if step.sem >= plan.ranks[step.peer].semaphores:
+                raise PlanError(f"{where}: semaphore {step.sem} does not exist on rank {step.peer} "
+                                f"(it has {plan.ranks[step.peer].semaphores})")
+        if step.op is Op.WAIT and step.sem >= plan.ranks[r].semaphores:
+            raise PlanError(f"{where}: semaphore {step.sem} does not exist on rank {r} "
+                            f"(it has {plan.ranks[r].semaphores})")
+    return plan
