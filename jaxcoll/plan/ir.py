@@ -225,10 +225,15 @@ class Plan:
     in_blocks: int = 0  # 0: the collective's default (see default_blocks); required for custom plans
     out_blocks: int = 0
     protocol: str = "auto"  # "ll" (packets), "simple" (bulk) or "auto"; the GPU executor reads it
+    # What the collective is, beyond its kind: the checker states postconditions with these. The executor does
+    # not need them (the steps say everything), so the serialized form leaves them out.
+    root: int = 0  # broadcast: the rank whose input every rank receives
+    perm: tuple[tuple[int, int], ...] = ()  # ppermute: (source, destination) pairs, as in lax.ppermute
 
     def __post_init__(self):
         object.__setattr__(self, "collective", Collective(self.collective))
         object.__setattr__(self, "ranks", tuple(self.ranks))
+        object.__setattr__(self, "perm", tuple((int(a), int(b)) for a, b in self.perm))
         if self.nranks < 1:
             raise PlanError(f"plan needs nranks >= 1, got nranks={self.nranks}")
         if len(self.ranks) != self.nranks:
@@ -266,6 +271,8 @@ class Plan:
             "in_blocks": self.in_blocks,
             "out_blocks": self.out_blocks,
             "protocol": self.protocol,
+            "root": self.root,
+            "perm": [list(p) for p in self.perm],
             "ranks": [
                 {
                     "input_chunks": p.input_chunks,
@@ -289,6 +296,8 @@ class Plan:
                 in_blocks=int(d.get("in_blocks", 0)),
                 out_blocks=int(d.get("out_blocks", 0)),
                 protocol=d.get("protocol", "auto"),
+                root=int(d.get("root", 0)),
+                perm=tuple(tuple(p) for p in d.get("perm", ())),
                 ranks=tuple(
                     RankProgram(
                         int(p["input_chunks"]),

@@ -38,7 +38,8 @@ def encode(plan: Plan) -> np.ndarray:
 
 
 def decode(words) -> Plan:
-    """Inverse of encode; raises PlanError on a truncated or corrupt array."""
+    """Inverse of encode, less `root` and `perm` (metadata for the checker that the executor does not need);
+    raises PlanError on a truncated or corrupt array."""
     w = [int(x) for x in np.asarray(words, dtype=np.int64).ravel()]
     pos = 0
 
