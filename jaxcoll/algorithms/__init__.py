@@ -1,0 +1,77 @@
+"""Built-in algorithms: plans for every collective of the public API, and the trace-time choice among them.
+
+`select` is what the lowering calls: it turns the `algorithm=` argument of a public collective ("auto", a
+built-in name, or a user's Plan) into the plan embedded in the custom call.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from jaxcoll.algorithms import direct, ring, two_shot, tuning
+from jaxcoll.plan import Collective, Plan, PlanError, validate
+
+# collective -> algorithm name -> builder(nranks, **params)
+BUILTINS = {
+    Collective.ALL_REDUCE: {"direct": direct.all_reduce, "two_shot": two_shot.all_reduce, "ring": ring.all_reduce},
+    Collective.ALL_GATHER: {"direct": direct.all_gather, "ring": ring.all_gather},
+    Collective.REDUCE_SCATTER: {"direct": direct.reduce_scatter, "ring": ring.reduce_scatter},
+    Collective.ALL_TO_ALL: {"direct": direct.all_to_all},
+    Collective.BROADCAST: {"direct": direct.broadcast},
+    Collective.PPERMUTE: {"direct": direct.ppermute},
+}
+
+
+def known(collective) -> list[str]:
+    """The algorithm names accepted for a collective, "auto" first."""
+    return ["auto", *BUILTINS[Collective(collective)]]
+
+
+@functools.lru_cache(maxsize=512)
+def builtin(collective: Collective, name: str, nranks: int, root: int = 0,
+            perm: tuple[tuple[int, int], ...] = ()) -> Plan:
+    """The built-in plan `name` for `collective` over `nranks` ranks (cached: plans are immutable)."""
+    build = BUILTINS[collective][name]
+    if collective is Collective.BROADCAST:
+        return validate(build(nranks, root))
+    if collective is Collective.PPERMUTE:
+        return validate(build(nranks, perm))
+    return validate(build(nranks))
+
+
+def select(collective, nranks: int, nbytes: int, dtype=None, algorithm="auto", *, root: int = 0,
+           perm=()) -> Plan:
+    """The plan a call runs. `nbytes` is the rank's input size; `algorithm` is "auto", a built-in name or a
+    Plan. Raises ValueError for an unknown name and for a Plan that does not fit the call."""
+    collective = Collective(collective)
+    perm = tuple((int(a), int(b)) for a, b in perm)
+    if isinstance(algorithm, Plan):
+        return _check_user_plan(algorithm, collective, nranks, root, perm)
+    if not isinstance(algorithm, str) or (algorithm != "auto" and algorithm not in BUILTINS[collective]):
+        raise ValueError(f"algorithm={algorithm!r} is not known for {collective.value}; "
+                         f"known: {', '.join(map(repr, known(collective)))}, or a jaxcoll.plan.Plan")
+    name = tuning.auto(collective, nranks, nbytes) if algorithm == "auto" else algorithm
+    return builtin(collective, name, nranks, root, perm)
+
+
+def _check_user_plan(plan: Plan, collective: Collective, nranks: int, root: int, perm) -> Plan:
+    if plan.collective is not collective:
+        raise ValueError(f"algorithm= is a {plan.collective.value} plan ({plan.name or 'unnamed'}), "
+                         f"but this call is a {collective.value}")
+    if plan.nranks != nranks:
+        raise ValueError(f"algorithm= is a plan for nranks={plan.nranks}, but the group has {nranks} ranks")
+    if collective is Collective.BROADCAST and plan.root != root:
+        raise ValueError(f"algorithm= is a broadcast plan from root={plan.root}, but the call has root={root}")
+    if collective is Collective.PPERMUTE and sorted(plan.perm) != sorted(perm):
+        raise ValueError(f"algorithm= is a ppermute plan for perm={list(plan.perm)}, but the call has "
+                         f"perm={list(perm)}")
+    try:
+        validate(plan)
+    except PlanError as e:
+        raise ValueError(f"algorithm= plan {plan.name or ''} is malformed: {e}") from e
+    return plan
+
+
+__all__ = ["BUILTINS", "builtin", "known", "select"]
