@@ -1,0 +1,213 @@
+"""`jaxcoll bench`: nccl-tests style comparison of jaxcoll's collectives with XLA's own, on the same devices.
+
+Each measurement is one jitted shard_map program that runs the collective `iters` times back to back inside a
+fori_loop (the carry feeds each call, so XLA can neither hoist nor merge them), timed per program call and
+divided by `iters`, as nccl-tests times back-to-back iterations. jaxcoll and XLA programs alternate call by call
+in one run, so both see the same machine state; the tables quote medians and the ratio of medians.
+
+Bandwidths follow nccl-tests: algbw = S / t with S the per-rank input bytes (the gathered output for
+all_gather), busbw = algbw * 2(N-1)/N for all_reduce and (N-1)/N for the others. "% mem" is how close a call
+comes to this machine's memory bandwidth: the bytes it must at least read and write, over the copy bandwidth
+measured in the same run, divided by the time taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import threading
+import time
+
+SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="compare jaxcoll's collectives with XLA's on this machine's devices",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--collectives", default=",".join(COLLECTIVES), help="comma-separated (default: all)")
+    p.add_argument("--sizes", default=SIZES, help=f"per-rank input sizes, comma-separated (default {SIZES})")
+    p.add_argument("--devices", type=int, default=8, help="CPU devices to emulate when on CPU (default 8)")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--reps", type=int, default=7, help="timed program calls per side and size (default 7)")
+    p.add_argument("--algorithms", default="auto",
+                   help="jaxcoll algorithms to time, comma-separated, e.g. direct,two_shot,ring (default auto)")
+    p.add_argument("--plot", metavar="PNG", help="also draw busbw against size to this file")
+    p.add_argument("--markdown", metavar="MD", help="also write the tables as markdown to this file")
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text.rstrip("KMG")) * scale)
+
+
+def format_size(n: int) -> str:
+    for unit, s in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= s and n % s == 0:
+            return f"{n // s} {unit}"
+    return f"{n} B"
+
+
+def copy_bandwidth(nbytes: int = 256 << 20, threads: int | None = None) -> float:
+    """Bytes read plus written per second by plain copies on all cores at once (numpy releases the GIL)."""
+    import numpy as np
+
+    threads = threads or os.cpu_count() or 1
+    src = [np.ones(nbytes // threads, np.uint8) for _ in range(threads)]
+    dst = [np.empty_like(s) for s in src]
+
+    def work(i):
+        np.copyto(dst[i], src[i])
+
+    best = float("inf")
+    for _ in range(5):
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best
+
+
+def min_traffic(collective: str, n: int, s: int) -> int:
+    """Bytes every group-wide call must at least read and write, with s the per-rank input bytes."""
+    return {"all_reduce": 2 * n * s, "all_gather": n * s + n * n * s,
+            "reduce_scatter": n * s + s, "all_to_all": 2 * n * s}[collective]
+
+
+def bus_factor(collective: str, n: int) -> float:
+    return 2 * (n - 1) / n if collective == "all_reduce" else (n - 1) / n
+
+
+def _programs(collective, mesh, n, iters, algorithm):
+    """(jaxcoll program, XLA program) running `collective` `iters` times on a carried per-rank buffer."""
+    import jax
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    import jaxcoll
+
+    def body(impl):
+        if collective == "all_reduce":
+            return lambda x: impl["ar"](x)
+        if collective == "all_to_all":
+            return lambda x: impl["a2a"](x)
+        if collective == "all_gather":
+            def ag(x):
+                i = lax.axis_index("i")
+                return lax.dynamic_slice_in_dim(impl["ag"](x), i * x.shape[0], x.shape[0])
+            return ag
+        return lambda x: lax.dynamic_update_slice_in_dim(x, impl["rs"](x), 0, 0)
+
+    kw = {} if algorithm == "auto" else {"algorithm": algorithm}
+    ours = {"ar": lambda x: jaxcoll.all_reduce(x, "i", **kw),
+            "ag": lambda x: jaxcoll.all_gather(x, "i", tiled=True, **kw),
+            "rs": lambda x: jaxcoll.reduce_scatter(x, "i", tiled=True, **kw),
+            "a2a": lambda x: jaxcoll.all_to_all(x, "i", 0, 0, tiled=True, **kw)}
+    xla = {"ar": lambda x: lax.psum(x, "i"),
+           "ag": lambda x: lax.all_gather(x, "i", tiled=True),
+           "rs": lambda x: lax.psum_scatter(x, "i", tiled=True),
+           "a2a": lambda x: lax.all_to_all(x, "i", 0, 0, tiled=True)}
+
+    def program(impl):
+        step = body(impl)
+        return jax.jit(jax.shard_map(lambda x: lax.fori_loop(0, iters, lambda _, y: step(y), x),
+                                     mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+
+    return program(ours), program(xla)
+
+
+def run(args) -> int:
+    if "jax" not in __import__("sys").modules:
+        os.environ.setdefault("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={args.devices}"
+    import jax
+    import numpy as np
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    devices = jax.devices()
+    n = len(devices)
+    mesh = jax.make_mesh((n,), ("i",))
+    dtype = np.dtype(args.dtype)
+    collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    bw = copy_bandwidth()
+    console.print(f"[bold]jaxcoll bench[/]: {n} x {devices[0].platform} devices, {os.cpu_count()} cores, "
+                  f"dtype {dtype.name}; memory copy bandwidth {bw / 1e9:.1f} GB/s (read+write, all cores)")
+    rows_md, plot = [], {}
+    for collective in collectives:
+        for algorithm in algorithms:
+            title = f"{collective} (jaxcoll algorithm={algorithm}) vs XLA"
+            table = Table(title=title)
+            for col in ("size/rank", "iters", "jaxcoll us", "algbw GB/s", "busbw GB/s", "% mem",
+                        "XLA us", "algbw GB/s", "busbw GB/s", "speedup"):
+                table.add_column(col, justify="right")
+            md = [f"### {title}", "", "| size/rank | jaxcoll us | busbw GB/s | % mem | XLA us | busbw GB/s | speedup |",
+                  "|---:|---:|---:|---:|---:|---:|---:|"]
+            for s in sizes:
+                count = max(n, s // dtype.itemsize // n * n)
+                nbytes = count * dtype.itemsize
+                iters = int(min(20, max(2, (64 << 20) // nbytes)))
+                ours, xla = _programs(collective, mesh, n, iters, algorithm)
+                x = jax.device_put(np.full(n * count, 1e-3, dtype), jax.NamedSharding(mesh, jax.P("i")))
+                jax.block_until_ready((ours(x), xla(x)))  # compile both before timing either
+                times = {"ours": [], "xla": []}
+                for _ in range(args.reps):
+                    for side, f in (("ours", ours), ("xla", xla)):
+                        t0 = time.perf_counter()
+                        jax.block_until_ready(f(x))
+                        times[side].append((time.perf_counter() - t0) / iters)
+                t_ours, t_xla = statistics.median(times["ours"]), statistics.median(times["xla"])
+                algbytes = nbytes * n if collective == "all_gather" else nbytes
+                alg = [algbytes / t / 1e9 for t in (t_ours, t_xla)]
+                bus = [a * bus_factor(collective, n) for a in alg]
+                mem = min_traffic(collective, n, nbytes) / bw / t_ours * 100
+                table.add_row(format_size(nbytes), str(iters), f"{t_ours * 1e6:.1f}", f"{alg[0]:.2f}",
+                              f"{bus[0]:.2f}", f"{mem:.0f}%", f"{t_xla * 1e6:.1f}", f"{alg[1]:.2f}",
+                              f"{bus[1]:.2f}", f"{t_xla / t_ours:.2f}x")
+                md.append(f"| {format_size(nbytes)} | {t_ours * 1e6:.1f} | {bus[0]:.2f} | {mem:.0f}% | "
+                          f"{t_xla * 1e6:.1f} | {bus[1]:.2f} | {t_xla / t_ours:.2f}x |")
+                plot.setdefault((collective, algorithm), []).append((nbytes, bus[0], bus[1]))
+            console.print(table)
+            rows_md += md + [""]
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(f"{n} x {devices[0].platform} devices, {os.cpu_count()} cores, dtype {dtype.name}, "
+                    f"copy bandwidth {bw / 1e9:.1f} GB/s\n\n" + "\n".join(rows_md))
+    if args.plot:
+        _plot(plot, args.plot, n)
+    return 0
+
+
+def _plot(series, path, n) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    collectives = sorted({c for c, _ in series})
+    fig, axes = plt.subplots(1, len(collectives), figsize=(4.5 * len(collectives), 3.6), squeeze=False)
+    for ax, collective in zip(axes[0], collectives):
+        xla_drawn = False
+        for (c, algorithm), pts in series.items():
+            if c != collective:
+                continue
+            sizes = [p[0] for p in pts]
+            ax.plot(sizes, [p[1] for p in pts], "o-", label=f"jaxcoll {algorithm}")
+            if not xla_drawn:
+                ax.plot(sizes, [p[2] for p in pts], "s--", color="gray", label="XLA")
+                xla_drawn = True
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bytes per rank")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.set_title(f"{collective}, {n} ranks")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
