@@ -5,6 +5,7 @@ whiteboard; `load_msccl_xml` / `to_msccl_xml` / `to_mscclpp_json` speak the form
 """
 
 from jaxcoll.lang.check import check
+from jaxcoll.lang.program import Chunk, chunk, program
 from jaxcoll.plan.errors import PlanError
 
-__all__ = ["PlanError", "check"]
+__all__ = ["Chunk", "PlanError", "check", "chunk", "program"]

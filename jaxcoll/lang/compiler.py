@@ -1,0 +1,265 @@
+"""The compiler of the collective language: from a program's operations, in written order, to a Plan.
+
+Each pass is a function of its own, tested on its own (tests/test_lang_passes.py):
+
+    layout_scratch   named scratch buffers -> places in each rank's scratch
+    replicate        instances=k: k copies of the program over k-times finer chunks
+    pipeline         split every step into single-chunk pieces, so consecutive hops of a chunk overlap
+    dependencies     for each step, the earlier steps it must follow (read/write conflicts on a chunk)
+    fuse             reduce-then-put, read-reduce-then-put and get-then-put into one fused step
+    assign_lanes     a lane for each step: one lane per (instance, peers reached) unless the program said
+    insert_sync      lanes in program order, a signal after and a wait before every cross-lane dependency
+
+The passes work on the instruction list (`program.Instr`) rather than on a Plan because a Plan has already
+lost what dependency analysis needs: the sequential order of the program across ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections import defaultdict
+
+from jaxcoll.lang.check import check as check_plan
+from jaxcoll.lang.check import location
+from jaxcoll.lang.program import _NAMED_BASE, Instr, program
+from jaxcoll.plan.errors import PlanError
+from jaxcoll.plan.ir import Buffer, ChunkRef, Lane, Op, Plan, RankProgram, Step
+from jaxcoll.plan.validate import validate
+
+
+def _map_refs(instr: Instr, f) -> Instr:
+    s = instr.step
+    step = Step(s.op, tuple(map(f, s.srcs)), tuple(map(f, s.dsts)), s.peer, s.sem)
+    return dataclasses.replace(instr, step=step)
+
+
+def layout_scratch(instrs: list[Instr], chunks: int, sizes: list[int]) -> tuple[list[Instr], int]:
+    """Place named scratch buffers (placeholder indices from `program`) after the plain scratch chunks, each at
+    a multiple of `chunks` so chunk positions within a block are kept. `sizes[n]` is buffer n's size.
+    Returns the instructions and the scratch chunks each rank needs."""
+    plain = max((ref.index + ref.count for i in instrs for ref in i.step.srcs + i.step.dsts
+                 if ref.buffer is Buffer.SCRATCH and ref.index < _NAMED_BASE), default=0)
+
+    def up(x: int) -> int:
+        return -(-x // chunks) * chunks
+
+    bases, at = [], up(plain)
+    for size in sizes:
+        bases.append(at)
+        at += up(size)
+
+    def place(ref: ChunkRef) -> ChunkRef:
+        if ref.buffer is Buffer.SCRATCH and ref.index >= _NAMED_BASE:
+            name, off = divmod(ref.index, _NAMED_BASE)
+            return dataclasses.replace(ref, index=bases[name - 1] + off)
+        return ref
+
+    return [_map_refs(i, place) for i in instrs], at
+
+
+def replicate(instrs: list[Instr], instances: int) -> list[Instr]:
+    """instances=k: chunk range [i, i+n) becomes [i*k + t*n, i*k + (t+1)*n) in replica t, so replica t moves the
+    t-th piece of every chunk; replicas are numbered in `Instr.instance` for lane assignment."""
+    if instances == 1:
+        return list(instrs)
+    out = []
+    for t in range(instances):
+        for instr in instrs:
+            f = lambda ref, t=t: dataclasses.replace(ref, index=ref.index * instances + t * ref.count)  # noqa: E731
+            out.append(dataclasses.replace(_map_refs(instr, f), instance=t))
+    return out
+
+
+def pipeline(instrs: list[Instr], pieces: int) -> list[Instr]:
+    """Split every chunk into `pieces` pieces and every step into one step per piece, in order, so that a later
+    hop of piece 0 need not wait for the earlier hop of the last piece."""
+    if pieces == 1:
+        return list(instrs)
+    out = []
+    for instr in instrs:
+        fine = _map_refs(instr, lambda ref: ChunkRef(ref.rank, ref.buffer, ref.index * pieces, ref.count * pieces))
+        n = fine.step.srcs[0].count if fine.step.srcs else fine.step.dsts[0].count
+        for p in range(n):
+            out.append(_map_refs(fine, lambda ref, p=p: ChunkRef(ref.rank, ref.buffer, ref.index + p, 1)))
+    return out
+
+
+def _locs(space, refs) -> set:
+    return {location(space, ref.rank, ref.buffer, j) for ref in refs for j in ref.indices()}
+
+
+def dependencies(instrs: list[Instr], space) -> list[set[int]]:
+    """For each instruction, the earlier ones it must follow: the last writer of each chunk it reads or writes
+    (read/write, write/write) and the readers since that writer of each chunk it writes (write after read).
+    `space` gives the aliasing of in-place plans (collective, in_place, chunk_factor)."""
+    last_write: dict = {}
+    readers: dict = defaultdict(set)
+    deps = []
+    for n, instr in enumerate(instrs):
+        reads, writes = _locs(space, instr.step.srcs), _locs(space, instr.step.dsts)
+        d = set()
+        for loc in reads | writes:
+            if loc in last_write:
+                d.add(last_write[loc])
+        for loc in writes:
+            d |= readers[loc]
+        d.discard(n)
+        deps.append(d)
+        for loc in reads:
+            readers[loc].add(n)
+        for loc in writes:
+            last_write[loc] = n
+            readers[loc] = set()
+    return deps
+
+
+def fuse(instrs: list[Instr], deps: list[set[int]]) -> tuple[list[Instr], list[set[int]]]:
+    """Merge A and a later B into one step when B, on A's rank and lane, copies exactly what A wrote and could run
+    right after A (every other step B depends on comes before A). The fused step reduces A's sources and writes
+    A's and B's destinations: reduce + put -> reduce_put, read_reduce + put -> read_reduce_put, get + put ->
+    read_reduce_put (the receive-copy-send of MSCCL)."""
+    instrs, deps = list(instrs), [set(d) for d in deps]
+    alive = [True] * len(instrs)
+    for b in range(len(instrs)):
+        B = instrs[b]
+        if B.step.op not in (Op.PUT, Op.COPY) or len(B.step.srcs) != 1:
+            continue
+        cands = [a for a in deps[b] if alive[a]]
+        for a in sorted(cands, reverse=True):
+            A = instrs[a]
+            if (A.rank != B.rank or A.lane != B.lane or A.instance != B.instance
+                    or A.step.op not in (Op.REDUCE, Op.READ_REDUCE, Op.GET, Op.REDUCE_PUT, Op.READ_REDUCE_PUT)
+                    or B.step.srcs[0] not in A.step.dsts or any(x > a for x in deps[b] - {a})):
+                continue
+            srcs_remote = any(r.rank != A.rank for r in A.step.srcs)
+            dsts = A.step.dsts + B.step.dsts
+            dsts_remote = any(r.rank != A.rank for r in dsts)
+            if dsts_remote:
+                op = Op.READ_REDUCE_PUT if srcs_remote else Op.REDUCE_PUT
+            else:
+                op = Op.READ_REDUCE if srcs_remote else (Op.REDUCE if len(A.step.srcs) > 1 else Op.COPY)
+            instrs[a] = dataclasses.replace(A, step=Step(op, A.step.srcs, dsts))
+            deps[a] |= deps[b] - {a}
+            alive[b] = False
+            for d in deps:  # whoever followed B now follows the fused A
+                if b in d:
+                    d.discard(b)
+                    d.add(a)
+            break
+    keep = [n for n in range(len(instrs)) if alive[n]]
+    renumber = {old: new for new, old in enumerate(keep)}
+    return [instrs[n] for n in keep], [{renumber[x] for x in deps[n]} for n in keep]
+
+
+def assign_lanes(instrs: list[Instr], max_lanes: int | None = None) -> list[Instr]:
+    """Give every instruction without a lane one: on each rank, one lane per (instance, set of peers the step
+    reaches), in order of first use, so a link's traffic stays in order on one lane and independent links run
+    in parallel. `max_lanes` folds the lanes of a rank onto that many."""
+    keys: dict[int, dict] = defaultdict(dict)
+    out = []
+    for instr in instrs:
+        if instr.lane is not None:
+            out.append(instr)
+            continue
+        peers = tuple(sorted({r.rank for r in instr.step.srcs + instr.step.dsts} - {instr.rank}))
+        lanes = keys[instr.rank]
+        lane = lanes.setdefault((instr.instance, peers), len(lanes))
+        if max_lanes:
+            lane %= max_lanes
+        out.append(dataclasses.replace(instr, lane=lane))
+    return out
+
+
+def insert_sync(instrs: list[Instr], deps: list[set[int]], space, nranks: int) -> list[list[list[Step]]]:
+    """Lanes in program order with synchronisation: for each dependency between two lanes, a signal after the
+    earlier step and, before the later one, enough waits to have consumed that signal. One semaphore per
+    (waiting lane, signalling lane) pair, so the n-th wait on it is matched by its n-th signal. Lanes left with
+    unconsumed signals wait for them at their end, so every signal has its wait. Returns steps[rank][lane]."""
+    nlanes = [0] * nranks
+    for i in instrs:
+        nlanes[i.rank] = max(nlanes[i.rank], i.lane + 1)
+    # which earlier steps must signal whom
+    needs: dict[int, list[int]] = defaultdict(list)  # instr -> cross-lane deps
+    for n, d in enumerate(deps):
+        me = (instrs[n].rank, instrs[n].lane)
+        for x in sorted(d):
+            if (instrs[x].rank, instrs[x].lane) != me:
+                needs[n].append(x)
+    # signals: per (signaller instr) the list of waiting lanes; number them per pair
+    pair_signals: dict[tuple, list[int]] = defaultdict(list)  # (src rank, src lane, dst rank, dst lane) -> instrs
+    for n in range(len(instrs)):
+        for x in needs[n]:
+            key = (instrs[x].rank, instrs[x].lane, instrs[n].rank, instrs[n].lane)
+            if x not in pair_signals[key]:
+                pair_signals[key].append(x)
+    for key in pair_signals:
+        pair_signals[key].sort()
+    sem_of: dict[tuple, int] = {}
+    sems = [0] * nranks
+    for key in sorted(pair_signals):
+        sem_of[key] = sems[key[2]]
+        sems[key[2]] += 1
+    signals_after: dict[int, list[tuple]] = defaultdict(list)
+    for key, xs in pair_signals.items():
+        for x in xs:
+            signals_after[x].append(key)
+    lanes: list[list[list[Step]]] = [[[] for _ in range(nlanes[r])] for r in range(nranks)]
+    consumed: dict[tuple, int] = defaultdict(int)
+    for n, instr in enumerate(instrs):
+        lane = lanes[instr.rank][instr.lane]
+        for x in needs[n]:
+            key = (instrs[x].rank, instrs[x].lane, instr.rank, instr.lane)
+            m = pair_signals[key].index(x) + 1
+            while consumed[key] < m:
+                lane.append(Step(Op.WAIT, sem=sem_of[key]))
+                consumed[key] += 1
+        lane.append(instr.step)
+        for key in sorted(signals_after[n]):
+            lane.append(Step(Op.SIGNAL, peer=key[2], sem=sem_of[key]))
+    for key, xs in sorted(pair_signals.items()):
+        while consumed[key] < len(xs):
+            lanes[key[2]][key[3]].append(Step(Op.WAIT, sem=sem_of[key]))
+            consumed[key] += 1
+    return lanes, sems
+
+
+def compile_program(prog: program, *, check: bool = True) -> Plan:
+    """Run the passes over a recorded program and build (and check) its Plan."""
+    if not prog.instrs:
+        raise PlanError(f"program {prog.name!r} records no operations")
+    names = sorted(prog._scratch_names, key=prog._scratch_names.get)
+    instrs, scratch = layout_scratch(prog.instrs, prog.chunks, [prog._scratch_sizes[n] for n in names])
+    instrs = replicate(instrs, prog.instances)
+    instrs = pipeline(instrs, prog.pipeline)
+    k = prog.chunks * prog.instances * prog.pipeline
+    space = types.SimpleNamespace(collective=prog.collective, in_place=prog.in_place, chunk_factor=k)
+    deps = dependencies(instrs, space)
+    if prog.fuse:
+        instrs, deps = fuse(instrs, deps)
+    instrs = assign_lanes(instrs, prog.max_lanes)
+    lanes, sems = insert_sync(instrs, deps, space, prog.nranks)
+    f = prog.instances * prog.pipeline
+    ranks = tuple(RankProgram(prog.in_blocks * k, prog.out_blocks * k, scratch * f, sems[r],
+                              tuple(Lane(tuple(steps)) for steps in lanes[r]))
+                  for r in range(prog.nranks))
+    plan = Plan(prog.collective, prog.nranks, ranks, name=prog.name, in_place=prog.in_place,
+                in_blocks=prog.in_blocks, out_blocks=prog.out_blocks, root=prog.root, perm=prog.perm)
+    validate(plan)
+    if check:
+        check_plan(plan, postcondition=_scaled(prog.postcondition, f) if prog.postcondition else None)
+    return plan
+
+
+def _scaled(post, f: int):
+    """A custom postcondition written over the program's chunks, applied to chunks refined f-fold."""
+    if f == 1:
+        return post
+    from collections import Counter
+
+    def refined(rank: int, index: int):
+        want = post(rank, index // f)
+        if want is None:
+            return None
+        return Counter({(c if len(c) != 2 else (c[0], c[1] * f + index % f)): m for c, m in want.items()})
+    return refined
