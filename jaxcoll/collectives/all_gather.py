@@ -1,0 +1,38 @@
+"""jaxcoll.all_gather: the drop-in for lax.all_gather."""
+
+from __future__ import annotations
+
+from jax import tree_util
+
+from jaxcoll.collectives.arguments import check_algorithm, dimension, leaf_array
+from jaxcoll.lowering import all_gather as prim
+from jaxcoll.lowering import groups
+from jaxcoll.plan import Collective
+
+
+def all_gather(x, axis_name, *, axis=0, tiled=False, algorithm="auto"):
+    """Give every rank the `x` of every rank of `axis_name`, in rank order, like `lax.all_gather`.
+
+    Args:
+      x: an array or a pytree of arrays (gathered leaf by leaf); any supported dtype (see `all_reduce`).
+      axis_name: a mesh axis name of the enclosing `jax.shard_map`, or a tuple of them.
+      axis: where the gathered dimension goes. tiled=False: a new dimension of size N at position `axis` of
+        the result; tiled=True: the existing dimension `axis` of `x` grows N times (rank r's x is slice r).
+      algorithm: "auto", "direct", "ring" or a `jaxcoll.plan.Plan` for all_gather over N ranks.
+
+    Returns:
+      The gathered array(s), varying over `axis_name` as lax.all_gather's result is. The transpose is
+      `reduce_scatter` with op="sum".
+    """
+    axes = groups.axis_names(axis_name, prim.API)
+    n = groups.group_size(axes)
+
+    def bind(leaf):
+        leaf = leaf_array(prim.API, leaf)
+        if tiled and leaf.ndim == 0:
+            raise ValueError(f"{prim.API}: tiled=True needs an operand of rank >= 1, got a scalar")
+        dim = dimension(prim.API, "axis", axis, leaf.ndim if tiled else leaf.ndim + 1)
+        check_algorithm(prim.API, Collective.ALL_GATHER, n, leaf, algorithm)
+        return prim.bind(leaf, axes=axes, all_gather_dimension=dim, tiled=bool(tiled), algorithm=algorithm)
+
+    return tree_util.tree_map(bind, x)

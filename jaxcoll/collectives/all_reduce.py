@@ -1,0 +1,43 @@
+"""jaxcoll.all_reduce: the drop-in for lax.psum / lax.pmax / lax.pmin."""
+
+from __future__ import annotations
+
+from jax import tree_util
+
+from jaxcoll.collectives.arguments import check_algorithm, leaf_array
+from jaxcoll.lowering import all_reduce as prim
+from jaxcoll.lowering import groups
+from jaxcoll.lowering.dtypes import check_op
+from jaxcoll.plan import Collective
+
+
+def all_reduce(x, axis_name, *, op="sum", algorithm="auto"):
+    """Reduce `x` over the ranks of `axis_name` and give every rank the result, like `lax.psum` (op="sum"),
+    `lax.pmax` ("max") or `lax.pmin` ("min").
+
+    Args:
+      x: an array or a pytree of arrays (each leaf is reduced on its own). Dtypes: float16, bfloat16, float32,
+        float64, int8, int32, int64, uint8, uint32, and bool for "max"/"min". 16-bit floats accumulate in
+        float32 and round once.
+      axis_name: a mesh axis name of the enclosing `jax.shard_map`, or a tuple of them (one group per
+        combination of the mesh's other axes; ranks ordered row-major over the tuple, as in lax).
+      op: "sum", "max" or "min".
+      algorithm: "auto", a built-in algorithm name ("direct", "ring", "two_shot") or a `jaxcoll.plan.Plan`
+        for this collective and group size.
+
+    Returns:
+      The same shapes and dtypes as `x`, invariant over `axis_name` under `shard_map(check_vma=True)` (as
+      psum's result is). A value already invariant over `axis_name` is summed over its N equal copies, as
+      psum does. Every rank's result is bitwise identical. Only op="sum" is differentiable; its transpose is
+      psum's.
+    """
+    axes = groups.axis_names(axis_name, prim.API)
+    op = check_op(prim.API, op)
+    n = groups.group_size(axes)
+
+    def bind(leaf):
+        leaf = leaf_array(prim.API, leaf, op)
+        check_algorithm(prim.API, Collective.ALL_REDUCE, n, leaf, algorithm)
+        return prim.bind(leaf, axes=axes, op=op, algorithm=algorithm)
+
+    return tree_util.tree_map(bind, x)

@@ -1,0 +1,44 @@
+"""jaxcoll.reduce_scatter: the drop-in for lax.psum_scatter (with max and min too)."""
+
+from __future__ import annotations
+
+from jax import tree_util
+
+from jaxcoll.collectives.arguments import check_algorithm, dimension, leaf_array
+from jaxcoll.lowering import groups
+from jaxcoll.lowering import reduce_scatter as prim
+from jaxcoll.lowering.dtypes import check_op
+from jaxcoll.plan import Collective
+
+
+def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", algorithm="auto"):
+    """Reduce `x` over the ranks of `axis_name` and leave rank r with slice r of the result along
+    `scatter_dimension`, like `lax.psum_scatter` (op="sum").
+
+    Args:
+      x: an array or a pytree of arrays; dtypes as for `all_reduce`.
+      axis_name: a mesh axis name of the enclosing `jax.shard_map`, or a tuple of them.
+      scatter_dimension: the dimension of `x` that is split among the ranks. tiled=False: its size must be
+        the group size N and it is removed from the result; tiled=True: its size must be divisible by N and
+        it shrinks N times.
+      op: "sum", "max" or "min".
+      algorithm: "auto", "direct", "ring" or a `jaxcoll.plan.Plan` for reduce_scatter over N ranks.
+
+    Returns:
+      The scattered array(s), varying over `axis_name` as lax.psum_scatter's result is. The transpose of
+      op="sum" is `all_gather`.
+    """
+    axes = groups.axis_names(axis_name, prim.API)
+    op = check_op(prim.API, op)
+    n = groups.group_size(axes)
+
+    def bind(leaf):
+        leaf = leaf_array(prim.API, leaf, op)
+        if leaf.ndim == 0:
+            raise ValueError(f"{prim.API}: x must have rank >= 1 to be scattered, got a scalar")
+        dim = dimension(prim.API, "scatter_dimension", scatter_dimension, leaf.ndim)
+        prim.check_shape(leaf.shape, n, dim, bool(tiled))
+        check_algorithm(prim.API, Collective.REDUCE_SCATTER, n, leaf, algorithm)
+        return prim.bind(leaf, axes=axes, scatter_dimension=dim, tiled=bool(tiled), op=op, algorithm=algorithm)
+
+    return tree_util.tree_map(bind, x)

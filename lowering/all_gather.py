@@ -1,0 +1,96 @@
+"""all_gather_p: every rank gets every rank's x, stacked (or, tiled, concatenated) along a dimension in rank
+order; lax.all_gather. The result stays varying over the axes, as lax's does; the transpose is reduce_scatter."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from jax._src import core
+from jax._src.interpreters import ad, batching, mlir
+from jax._src.lax import lax
+
+from jaxcoll.lowering import groups, plans
+from jaxcoll.lowering.blocks import Blocks
+from jaxcoll.lowering.custom_call import emit
+from jaxcoll.plan import Collective
+
+API = "jaxcoll.all_gather"
+
+all_gather_p = core.Primitive("jaxcoll_all_gather")
+
+
+def bind(x, *, axes: tuple, all_gather_dimension: int, tiled: bool, algorithm):
+    return all_gather_p.bind(groups.pvary_missing(x, axes), axes=axes,
+                             all_gather_dimension=all_gather_dimension, tiled=tiled, algorithm=algorithm)
+
+
+def _out_shape(shape, n, dim, tiled):
+    shape = list(shape)
+    if tiled:
+        shape[dim] *= n
+    else:
+        shape.insert(dim, n)
+    return tuple(shape)
+
+
+def _abstract_eval(aval, *, axes, all_gather_dimension, tiled, algorithm):
+    del algorithm
+    groups.axis_names(axes, API)
+    groups.check_varying(API, axes, aval)
+    n = groups.group_size(axes)
+    return (aval.update(shape=_out_shape(aval.shape, n, all_gather_dimension, tiled)),
+            groups.named_axis_effects(axes))
+
+
+def _lowering(ctx, x, *, axes, all_gather_dimension, tiled, algorithm):
+    aval, = ctx.avals_in
+    n = groups.lowered_group_size(ctx, axes)
+    # Block r of the output is rank r's whole input: gather along a new leading dimension, then move it.
+    y = emit(Blocks(ctx, x, aval), (n, *aval.shape), Collective.ALL_GATHER, axes=axes, algorithm=algorithm,
+             api_name=API)
+    y = y.moveaxis(0, all_gather_dimension)
+    if tiled:
+        y = y.merge(all_gather_dimension)
+    return [y.value]
+
+
+def _transpose(ct, x, *, axes, all_gather_dimension, tiled, algorithm):
+    from jaxcoll.lowering.reduce_scatter import reduce_scatter_p
+    return (reduce_scatter_p.bind(ct, axes=axes, scatter_dimension=all_gather_dimension, tiled=tiled,
+                                  op="sum", algorithm=plans.for_transpose(algorithm, False)),)
+
+
+def _batcher(axis_data, vals_in, dims_in, *, axes, all_gather_dimension, tiled, algorithm):
+    (x,), (d,) = vals_in, dims_in
+    params = dict(axes=axes, tiled=tiled, algorithm=algorithm)
+    if axis_data.name not in axes:
+        if d is None:
+            return all_gather_p.bind(x, all_gather_dimension=all_gather_dimension, **params), None
+        if d <= all_gather_dimension:
+            all_gather_dimension += 1
+        elif not tiled:
+            d += 1
+        return all_gather_p.bind(x, all_gather_dimension=all_gather_dimension, **params), d
+    if axes != (axis_data.name,):
+        raise NotImplementedError(f"{API} over axes={axes} that mix a vmap axis with other axes")
+    # Over the vmapped axis alone the gathered values are already here: move the batch dimension into place.
+    if d is None:
+        shape = list(x.shape)
+        shape.insert(all_gather_dimension, axis_data.size)
+        y = lax.broadcast_in_dim(x, shape, [i for i in range(len(shape)) if i != all_gather_dimension])
+    else:
+        perm = [i for i in range(x.ndim) if i != d]
+        perm.insert(all_gather_dimension, d)
+        y = lax.transpose(x, perm)
+    if tiled:
+        shape = list(y.shape)
+        shape[all_gather_dimension:all_gather_dimension + 2] = [shape[all_gather_dimension] *
+                                                                shape[all_gather_dimension + 1]]
+        y = y.reshape(shape)
+    return y, None
+
+
+all_gather_p.def_effectful_abstract_eval(_abstract_eval)
+mlir.register_lowering(all_gather_p, _lowering)
+ad.deflinear2(all_gather_p, _transpose)
+batching.fancy_primitive_batchers[all_gather_p] = _batcher

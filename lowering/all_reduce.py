@@ -1,0 +1,77 @@
+"""all_reduce_p: every rank gets the reduction (sum, max or min) of every rank's x; lax.psum / pmax / pmin.
+
+Typing as in jax.lax under shard_map(check_vma=True): the result is invariant over the reduced axes. Only the
+sum is linear; its transpose is psum's: under check_vma the cotangent of an invariant result is itself
+invariant and transposes to pvary, otherwise it is summed again.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from jax._src import config, core
+from jax._src.interpreters import ad, batching, mlir
+from jax._src.lax import lax
+
+from jaxcoll.lowering import groups
+from jaxcoll.lowering.blocks import Blocks
+from jaxcoll.lowering.custom_call import emit
+from jaxcoll.plan import Collective
+
+API = "jaxcoll.all_reduce"
+
+all_reduce_p = core.Primitive("jaxcoll_all_reduce")
+
+
+def bind(x, *, axes: tuple, op: str, algorithm):
+    return all_reduce_p.bind(groups.pvary_missing(x, axes), axes=axes, op=op, algorithm=algorithm)
+
+
+def _abstract_eval(aval, *, axes, op, algorithm):
+    del op, algorithm
+    groups.axis_names(axes, API)
+    if config._check_vma.value:
+        groups.check_varying(API, axes, aval)
+        aval = aval.update(manual_axis_type=aval.mat.update(
+            varying=frozenset(a for a in aval.mat.varying if a not in axes)))
+    return aval, groups.named_axis_effects(axes)
+
+
+def _lowering(ctx, x, *, axes, op, algorithm):
+    aval, = ctx.avals_in
+    y = emit(Blocks(ctx, x, aval), aval.shape, Collective.ALL_REDUCE, axes=axes, algorithm=algorithm, op=op,
+             api_name=API)
+    return [y.value]
+
+
+def _jvp(primals, tangents, *, axes, op, algorithm):
+    if op != "sum":
+        raise NotImplementedError(f"{API}(op={op!r}) is not differentiable (nor is lax.p{op}); "
+                                  f"only op='sum' is")
+    return ad.linear_jvp(all_reduce_p, primals, tangents, axes=axes, op=op, algorithm=algorithm)
+
+
+def _transpose(ct, x, *, axes, op, algorithm):
+    if config._check_vma.value:
+        return (core.pvary(ct, axes),)
+    return (all_reduce_p.bind(ct, axes=axes, op=op, algorithm=algorithm),)
+
+
+def _batcher(axis_data, vals_in, dims_in, *, axes, op, algorithm):
+    (x,), (d,) = vals_in, dims_in
+    if axis_data.name not in axes:
+        return all_reduce_p.bind(x, axes=axes, op=op, algorithm=algorithm), d
+    if axes != (axis_data.name,):
+        raise NotImplementedError(f"{API} over axes={axes} that mix a vmap axis with other axes")
+    # Over the vmapped axis alone there is nothing to communicate: reduce along the batch dimension.
+    if d is None:
+        return (lax._const(x, axis_data.size) * x if op == "sum" else x), None
+    reduce = {"sum": lax.reduce_sum, "max": lax.reduce_max, "min": lax.reduce_min}[op]
+    return reduce(x, (d,)), None
+
+
+all_reduce_p.def_effectful_abstract_eval(_abstract_eval)
+mlir.register_lowering(all_reduce_p, _lowering)
+ad.primitive_jvps[all_reduce_p] = _jvp
+ad.primitive_transposes[all_reduce_p] = partial(ad.linear_transpose2, _transpose)
+batching.fancy_primitive_batchers[all_reduce_p] = _batcher

@@ -1,0 +1,56 @@
+"""Arranging an operand so that the collective's blocks lie along its leading dimension.
+
+The runtime moves whole blocks of the flattened, contiguous per-rank buffer (docs/plan-ir.md, "Chunks and
+sizes"): all_gather's output block r is rank r's input, reduce_scatter's input block r is what rank r keeps. A
+collective along another dimension is therefore a transpose into block-leading form, the custom call, and a
+transpose back. `Blocks` is a lowered value with its abstract value, and the few layout moves the lowering
+rules need; XLA removes the moves that turn out to be identities.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jax._src import core
+from jax._src.interpreters import mlir
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import hlo
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    ctx: mlir.LoweringRuleContext
+    value: ir.Value
+    aval: core.ShapedArray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.aval.shape)
+
+    def reshape(self, shape) -> "Blocks":
+        shape = tuple(shape)
+        if shape == self.shape:
+            return self
+        aval = self.aval.update(shape=shape)
+        return Blocks(self.ctx, mlir.reshape(self.ctx, self.value, aval), aval)
+
+    def moveaxis(self, src: int, dst: int) -> "Blocks":
+        if src == dst:
+            return self
+        perm = [i for i in range(len(self.shape)) if i != src]
+        perm.insert(dst, src)
+        aval = self.aval.update(shape=tuple(self.shape[i] for i in perm))
+        value = hlo.transpose(self.value, mlir.dense_int_array(perm))
+        return Blocks(self.ctx, value, aval)
+
+    def split(self, axis: int, parts: int) -> "Blocks":
+        """Split dimension `axis` into (parts, size // parts)."""
+        shape = list(self.shape)
+        shape[axis:axis + 1] = [parts, shape[axis] // parts]
+        return self.reshape(shape)
+
+    def merge(self, axis: int) -> "Blocks":
+        """Merge dimensions `axis` and `axis + 1` into one."""
+        shape = list(self.shape)
+        shape[axis:axis + 2] = [shape[axis] * shape[axis + 1]]
+        return self.reshape(shape)

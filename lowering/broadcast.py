@@ -1,0 +1,69 @@
+"""broadcast_p: every rank gets the root's x. The result stays varying over the axes, as lax.pbroadcast's does,
+so it composes with out_specs exactly as that does. The transpose reduces the cotangents to the root: the
+root gets their sum, every other rank zeros."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax._src import config, core
+from jax._src.interpreters import ad, batching, mlir
+from jax._src.lax import parallel as lax_parallel
+
+from jaxcoll.lowering import groups
+from jaxcoll.lowering.blocks import Blocks
+from jaxcoll.lowering.custom_call import emit
+from jaxcoll.plan import Collective
+
+API = "jaxcoll.broadcast"
+
+broadcast_p = core.Primitive("jaxcoll_broadcast")
+
+
+def bind(x, *, axes: tuple, root: int, algorithm):
+    return broadcast_p.bind(groups.pvary_missing(x, axes), axes=axes, root=root, algorithm=algorithm)
+
+
+def check_root(root, n: int) -> int:
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < n:
+        raise ValueError(f"{API}: root={root!r} is not a rank of the group; it must be an int in [0, {n})")
+    return root
+
+
+def _abstract_eval(aval, *, axes, root, algorithm):
+    del root, algorithm
+    groups.axis_names(axes, API)
+    groups.check_varying(API, axes, aval)
+    return aval, groups.named_axis_effects(axes)
+
+
+def _lowering(ctx, x, *, axes, root, algorithm):
+    aval, = ctx.avals_in
+    y = emit(Blocks(ctx, x, aval), aval.shape, Collective.BROADCAST, axes=axes, algorithm=algorithm,
+             api_name=API, root=root)
+    return [y.value]
+
+
+def _transpose(ct, x, *, axes, root, algorithm):
+    from jaxcoll.lowering.all_reduce import all_reduce_p
+    total = all_reduce_p.bind(ct, axes=axes, op="sum", algorithm="auto")
+    if config._check_vma.value:
+        total = core.pvary(total, axes)
+    is_root = lax_parallel.axis_index(axes) == root
+    return (jnp.where(is_root, total, jnp.zeros_like(total)),)
+
+
+def _batcher(axis_data, vals_in, dims_in, *, axes, root, algorithm):
+    (x,), (d,) = vals_in, dims_in
+    if axis_data.name not in axes:
+        return broadcast_p.bind(x, axes=axes, root=root, algorithm=algorithm), d
+    if axes != (axis_data.name,):
+        raise NotImplementedError(f"{API} over axes={axes} that mix a vmap axis with other axes")
+    # Over the vmapped axis alone nothing is communicated; jax.lax's batching rule computes it locally.
+    return batching.fancy_primitive_batchers[lax_parallel.pbroadcast_p](
+        axis_data, vals_in, dims_in, axis_name=axes, source=root)
+
+
+broadcast_p.def_effectful_abstract_eval(_abstract_eval)
+mlir.register_lowering(broadcast_p, _lowering)
+ad.deflinear2(broadcast_p, _transpose)
+batching.fancy_primitive_batchers[broadcast_p] = _batcher

@@ -1,0 +1,82 @@
+"""Emitting one jaxcoll collective as a `stablehlo.custom_call` (the contract is docs/plan-ir.md, "The custom
+call"): target `jaxcoll_<collective>`, operands (x, rank, group), result the rank's output, attributes `plan`
+(the plan's int32 words), `reduce_op` (s32) and `callsite` (s64).
+
+`callsite` is unique per lowered call site in this process: the runtime keys its rendezvous by (callsite,
+group), so collectives that XLA runs in different orders on different devices never meet the wrong peers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+from jax._src.interpreters import mlir
+from jax._src.lib.mlir.dialects import hlo
+
+from jaxcoll.lowering import groups, plans
+from jaxcoll.lowering.blocks import Blocks
+from jaxcoll.lowering.dtypes import REDUCE_OPS
+from jaxcoll.plan import Collective, encode
+
+_callsites = itertools.count(1)  # next() on itertools.count is atomic under the GIL
+
+
+def next_callsite() -> int:
+    return next(_callsites)
+
+
+def _row_major(ndim: int) -> tuple[int, ...]:
+    return tuple(range(ndim - 1, -1, -1))
+
+
+def _ensure_runtime():
+    # Importing the runtime registers the FFI targets with XLA; it must happen before the program compiles.
+    import jaxcoll.runtime  # noqa: F401
+
+
+def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm, op: str = "sum",
+         api_name: str, **params) -> Blocks:
+    """The custom call for `collective` on block-leading `x`, giving a value of `out_shape` (same dtype)."""
+    ctx = x.ctx
+    out_aval = x.aval.update(shape=tuple(out_shape))
+    nranks = groups.lowered_group_size(ctx, axes)
+    if nranks == 1:
+        return _single_rank(x, out_aval, collective, **params)
+    _ensure_runtime()
+
+    value, aval = x.value, x.aval
+    wire_aval, wire_out = aval, out_aval
+    if aval.dtype == np.bool_:  # bool travels as one byte holding 0 or 1
+        wire_aval, wire_out = aval.update(dtype=np.dtype(np.uint8)), out_aval.update(dtype=np.dtype(np.uint8))
+        value = mlir.convert_hlo(ctx, value, aval, wire_aval)
+    nbytes = math.prod(aval.shape) * wire_aval.dtype.itemsize
+    plan = plans.choose(api_name, collective, nranks, nbytes, wire_aval.dtype, algorithm, **params)
+    rank, group = groups.rank_and_group(ctx, axes)
+    call = mlir.custom_call(
+        f"jaxcoll_{collective.value}",
+        result_types=[mlir.aval_to_ir_type(ctx.module_context, wire_out)],
+        operands=[value, rank, group],
+        backend_config={
+            "plan": mlir.ir_attribute(encode(plan)),
+            "reduce_op": mlir.ir_attribute(np.int32(REDUCE_OPS[op])),
+            "callsite": mlir.ir_attribute(np.int64(next_callsite())),
+        },
+        api_version=4,
+        operand_layouts=[_row_major(len(aval.shape)), (), ()],
+        result_layouts=[_row_major(len(out_aval.shape))],
+    )
+    result = call.result
+    if wire_out is not out_aval:
+        result = mlir.convert_hlo(ctx, result, wire_out, out_aval)
+    return Blocks(ctx, result, out_aval)
+
+
+def _single_rank(x: Blocks, out_aval, collective: Collective, perm=(), **_) -> Blocks:
+    """A group of one rank: every collective is the identity on its one block, except a ppermute that does not
+    send rank 0 to itself, which gives zeros."""
+    if collective is Collective.PPERMUTE and (0, 0) not in tuple(map(tuple, perm)):
+        zeros = mlir.full_like_aval(x.ctx, 0, out_aval)
+        return Blocks(x.ctx, zeros, out_aval)
+    return x.reshape(out_aval.shape)

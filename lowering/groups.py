@@ -1,0 +1,100 @@
+"""Groups and ranks: how a collective's mesh axes map to the group a device belongs to and its rank in it.
+
+A collective over axes A of a mesh runs one independent group per combination of the mesh's other axes. A
+device's *rank* is its position along A, linearized row-major in the order A is written (the order
+`lax.axis_index` and `lax.all_gather` use for a tuple of axes); its *group* is its position along the other
+axes, linearized row-major in mesh order. Both are computed on the device, in the lowered program, because in
+an SPMD program every device sees the same attributes (docs/plan-ir.md, "The custom call").
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from jax._src import config, core
+from jax._src.interpreters import mlir
+from jax._src.lax import parallel as lax_parallel
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import hlo
+
+
+def axis_names(axis_name, api_name: str) -> tuple:
+    """`axis_name` as a tuple of names, each bound by an enclosing shard_map (or vmap); NameError otherwise."""
+    axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    if not axes:
+        raise ValueError(f"{api_name}: axis_name must name at least one mesh axis, got axis_name={axis_name!r}")
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"{api_name}: axis_name={axis_name!r} repeats an axis")
+    env = core.get_axis_env()
+    for name in axes:
+        if isinstance(name, int) or not env.axis_exists(name):
+            raise NameError(f"{api_name}: unbound axis name axis_name={name!r}. Call {api_name} inside "
+                            f"jax.shard_map over a mesh with that axis.")
+    return axes
+
+
+def group_size(axes: tuple) -> int:
+    """Number of ranks in each group of a collective over `axes` (trace time)."""
+    env = core.get_axis_env()
+    return math.prod(env.axis_size(name) for name in axes)
+
+
+def check_varying(api_name: str, axes: tuple, aval) -> None:
+    """Collectives act on values that vary over their axes (the public functions pvary invariant inputs)."""
+    if config._check_vma.value and any(a not in aval.mat.varying for a in axes):
+        raise ValueError(f"{api_name} must be applied to a value varying over axis_name={axes}, but the "
+                         f"value varies over {sorted(aval.mat.varying)}")
+
+
+def pvary_missing(x, axes: tuple):
+    """Make `x` varying over `axes`, as jax.lax does before a collective: an invariant value is the same on
+    every rank, and the collective then combines N equal copies of it."""
+    if not config._check_vma.value:
+        return x
+    missing = tuple(a for a in axes if a not in core.typeof(x).mat.varying)
+    return core.pvary(x, missing) if missing else x
+
+
+def named_axis_effects(axes: tuple) -> set:
+    return {core.NamedAxisEffect(a) for a in axes}
+
+
+# -- lowering ------------------------------------------------------------------------------------------------
+
+def _mesh_shape(ctx) -> dict:
+    axis_ctx = ctx.module_context.axis_context
+    mesh = getattr(axis_ctx, "mesh", None)
+    if mesh is None:
+        raise NameError("jaxcoll collectives must run inside jax.shard_map: the lowering has no mesh")
+    return dict(zip(mesh.axis_names, mesh.axis_sizes))
+
+
+def lowered_group_size(ctx, axes: tuple) -> int:
+    shape = _mesh_shape(ctx)
+    return math.prod(shape[a] for a in axes)
+
+
+def _s32(value: int) -> ir.Value:
+    return mlir.ir_constant(np.asarray(value, dtype=np.int32))
+
+
+def _linear_index(ctx, names: tuple, sizes: tuple) -> ir.Value:
+    """Row-major index over `names`, computed on the device from its partition id."""
+    index = _s32(0)
+    axis_ctx = ctx.module_context.axis_context
+    for name, size in zip(names, sizes):
+        if size == 1:
+            continue
+        i = lax_parallel._build_axis_index_lowering_hlo(ctx, name, axis_ctx)
+        index = hlo.add(hlo.multiply(index, _s32(size)), i)
+    return index
+
+
+def rank_and_group(ctx, axes: tuple) -> tuple[ir.Value, ir.Value]:
+    """(rank, group) s32 scalars of this device for a collective over `axes`."""
+    shape = _mesh_shape(ctx)
+    others = tuple(a for a in shape if a not in axes)
+    rank = _linear_index(ctx, axes, tuple(shape[a] for a in axes))
+    group = _linear_index(ctx, others, tuple(shape[a] for a in others))
+    return rank, group

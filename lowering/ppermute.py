@@ -1,0 +1,77 @@
+"""ppermute_p: rank `dst` gets rank `src`'s x for each (src, dst) of `perm`; ranks nobody sends to get zeros;
+lax.ppermute. The result stays varying; the transpose is the inverse permutation."""
+
+from __future__ import annotations
+
+from jax._src import core
+from jax._src.interpreters import ad, batching, mlir
+from jax._src.lax import parallel as lax_parallel
+
+from jaxcoll.lowering import groups
+from jaxcoll.lowering.blocks import Blocks
+from jaxcoll.lowering.custom_call import emit
+from jaxcoll.plan import Collective
+
+API = "jaxcoll.ppermute"
+
+ppermute_p = core.Primitive("jaxcoll_ppermute")
+
+
+def bind(x, *, axes: tuple, perm: tuple, algorithm):
+    return ppermute_p.bind(groups.pvary_missing(x, axes), axes=axes, perm=perm, algorithm=algorithm)
+
+
+def check_perm(perm, n: int) -> tuple[tuple[int, int], ...]:
+    """`perm` as a tuple of (src, dst) int pairs; ValueError for malformed, out-of-range or repeated entries."""
+    try:
+        pairs = tuple((int(s), int(d)) for s, d in perm)
+    except (TypeError, ValueError):
+        raise ValueError(f"{API}: perm={perm!r} must be a sequence of (source, destination) pairs") from None
+    for s, d in pairs:
+        if not (0 <= s < n and 0 <= d < n):
+            raise ValueError(f"{API}: perm={list(pairs)} has the pair ({s}, {d}) outside the group of {n} "
+                             f"ranks (indices must be in [0, {n}))")
+    for what, idx in (("source", 0), ("destination", 1)):
+        seen = [p[idx] for p in pairs]
+        repeats = sorted({i for i in seen if seen.count(i) > 1})
+        if repeats:
+            raise ValueError(f"{API}: perm={list(pairs)} repeats {what} rank(s) {repeats}; each rank may "
+                             f"appear at most once as a {what}")
+    return pairs
+
+
+def _abstract_eval(aval, *, axes, perm, algorithm):
+    del perm, algorithm
+    groups.axis_names(axes, API)
+    groups.check_varying(API, axes, aval)
+    return aval, groups.named_axis_effects(axes)
+
+
+def _lowering(ctx, x, *, axes, perm, algorithm):
+    aval, = ctx.avals_in
+    y = emit(Blocks(ctx, x, aval), aval.shape, Collective.PPERMUTE, axes=axes, algorithm=algorithm,
+             api_name=API, perm=perm)
+    return [y.value]
+
+
+def _transpose(ct, x, *, axes, perm, algorithm):
+    inverse = tuple((d, s) for s, d in perm)
+    return (ppermute_p.bind(ct, axes=axes, perm=inverse,
+                            algorithm=algorithm if isinstance(algorithm, str) else "auto"),)
+
+
+def _batcher(axis_data, vals_in, dims_in, *, axes, perm, algorithm):
+    (x,), (d,) = vals_in, dims_in
+    if axis_data.name not in axes:
+        return ppermute_p.bind(x, axes=axes, perm=perm, algorithm=algorithm), d
+    if axes != (axis_data.name,):
+        raise NotImplementedError(f"{API} over axes={axes} that mix a vmap axis with other axes")
+    # Over the vmapped axis alone nothing is communicated; jax.lax's batching rule computes it locally.
+    return batching.fancy_primitive_batchers[lax_parallel.ppermute_p](
+        axis_data, vals_in, dims_in, axis_name=axes, perm=perm)
+
+
+ppermute_p.def_effectful_abstract_eval(_abstract_eval)
+mlir.register_lowering(ppermute_p, _lowering)
+ad.deflinear2(ppermute_p, _transpose)
+batching.fancy_primitive_batchers[ppermute_p] = _batcher

@@ -1,0 +1,113 @@
+"""reduce_scatter_p: rank r gets block r of the reduction of every rank's x, blocks taken along a dimension;
+lax.psum_scatter (and its max/min analogues). The result stays varying over the axes, as lax's does; the sum's
+transpose is all_gather."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from jax._src import core
+from jax._src.interpreters import ad, batching, mlir
+from jax._src.lax import lax
+
+from jaxcoll.lowering import groups, plans
+from jaxcoll.lowering.blocks import Blocks
+from jaxcoll.lowering.custom_call import emit
+from jaxcoll.plan import Collective
+
+API = "jaxcoll.reduce_scatter"
+
+reduce_scatter_p = core.Primitive("jaxcoll_reduce_scatter")
+
+
+def bind(x, *, axes: tuple, scatter_dimension: int, tiled: bool, op: str, algorithm):
+    return reduce_scatter_p.bind(groups.pvary_missing(x, axes), axes=axes, scatter_dimension=scatter_dimension,
+                                 tiled=tiled, op=op, algorithm=algorithm)
+
+
+def check_shape(shape, n: int, scatter_dimension: int, tiled: bool) -> None:
+    size = shape[scatter_dimension]
+    if tiled and size % n:
+        raise ValueError(f"{API}: x.shape[scatter_dimension={scatter_dimension}] = {size} is not divisible "
+                         f"by the group size {n}")
+    if not tiled and size != n:
+        raise ValueError(f"{API}: x.shape[scatter_dimension={scatter_dimension}] = {size} must equal the group "
+                         f"size {n} when tiled=False")
+
+
+def _out_shape(shape, n, dim, tiled):
+    shape = list(shape)
+    if tiled:
+        shape[dim] //= n
+    else:
+        del shape[dim]
+    return tuple(shape)
+
+
+def _abstract_eval(aval, *, axes, scatter_dimension, tiled, op, algorithm):
+    del op, algorithm
+    groups.axis_names(axes, API)
+    groups.check_varying(API, axes, aval)
+    n = groups.group_size(axes)
+    check_shape(aval.shape, n, scatter_dimension, tiled)
+    return (aval.update(shape=_out_shape(aval.shape, n, scatter_dimension, tiled)),
+            groups.named_axis_effects(axes))
+
+
+def _lowering(ctx, x, *, axes, scatter_dimension, tiled, op, algorithm):
+    aval, = ctx.avals_in
+    out_aval, = ctx.avals_out
+    n = groups.lowered_group_size(ctx, axes)
+    # Input block r is what rank r keeps: bring the blocks to the leading dimension.
+    x = Blocks(ctx, x, aval)
+    if tiled:
+        x = x.split(scatter_dimension, n)
+    x = x.moveaxis(scatter_dimension, 0)
+    y = emit(x, out_aval.shape, Collective.REDUCE_SCATTER, axes=axes, algorithm=algorithm, op=op, api_name=API)
+    return [y.value]
+
+
+def _jvp(primals, tangents, *, op, **params):
+    if op != "sum":
+        raise NotImplementedError(f"{API}(op={op!r}) is not differentiable; only op='sum' is")
+    return ad.linear_jvp(reduce_scatter_p, primals, tangents, op=op, **params)
+
+
+def _transpose(ct, x, *, axes, scatter_dimension, tiled, op, algorithm):
+    from jaxcoll.lowering.all_gather import all_gather_p
+    return (all_gather_p.bind(ct, axes=axes, all_gather_dimension=scatter_dimension, tiled=tiled,
+                              algorithm=plans.for_transpose(algorithm, False)),)
+
+
+def _batcher(axis_data, vals_in, dims_in, *, axes, scatter_dimension, tiled, op, algorithm):
+    (x,), (d,) = vals_in, dims_in
+    params = dict(axes=axes, tiled=tiled, op=op, algorithm=algorithm)
+    if axis_data.name not in axes:
+        if d is None:
+            return reduce_scatter_p.bind(x, scatter_dimension=scatter_dimension, **params), None
+        if d <= scatter_dimension:
+            scatter_dimension += 1
+        elif not tiled:
+            d -= 1
+        return reduce_scatter_p.bind(x, scatter_dimension=scatter_dimension, **params), d
+    if axes != (axis_data.name,):
+        raise NotImplementedError(f"{API} over axes={axes} that mix a vmap axis with other axes")
+    # Over the vmapped axis alone: reduce along the batch dimension, then batch the result along the
+    # scattered dimension.
+    n = axis_data.size
+    if d is None:
+        y = lax._const(x, n) * x if op == "sum" else x
+    else:
+        y = {"sum": lax.reduce_sum, "max": lax.reduce_max, "min": lax.reduce_min}[op](x, (d,))
+    if tiled:
+        shape = list(y.shape)
+        shape[scatter_dimension:scatter_dimension + 1] = [n, shape[scatter_dimension] // n]
+        y = y.reshape(shape)
+    return y, scatter_dimension
+
+
+reduce_scatter_p.def_effectful_abstract_eval(_abstract_eval)
+mlir.register_lowering(reduce_scatter_p, _lowering)
+ad.primitive_jvps[reduce_scatter_p] = _jvp
+ad.primitive_transposes[reduce_scatter_p] = partial(ad.linear_transpose2, _transpose)
+batching.fancy_primitive_batchers[reduce_scatter_p] = _batcher
