@@ -219,9 +219,9 @@ def load_msccl_xml(path_or_text) -> Plan:
         conn_sem[key] = sems[b]
         sems[b] += 1
         for s_st in s_steps:
-            s_st["sem"] = (b, conn_sem[key])
+            s_st["ssem"] = (b, conn_sem[key])
         for r_st in r_steps:
-            r_st["sem"] = (b, conn_sem[key])
+            r_st["rsem"] = conn_sem[key]
     # dependencies: one semaphore per (waiting tb, signalling tb) of a gpu, signals numbered in order
     dep_signals: dict[tuple, list[int]] = defaultdict(list)  # (gpu, from tb, to tb) -> depended step positions
     for gid, lanes in tbs.items():
@@ -259,7 +259,7 @@ def load_msccl_xml(path_or_text) -> Plan:
                         consumed[key] += 1
                 typ, cnt = st["type"], st["cnt"]
                 if typ in RECVS:
-                    out.append(Step(Op.WAIT, sem=st["sem"][1]))
+                    out.append(Step(Op.WAIT, sem=st["rsem"]))
                 need = {"s": ("src",), "r": ("dst",), "rcs": ("dst",), "rrc": ("src", "dst"),
                         "rrs": ("src",), "rrcs": ("src", "dst"), "cpy": ("src", "dst"), "re": ("src", "dst"),
                         "nop": ()}[typ]
@@ -287,7 +287,7 @@ def load_msccl_xml(path_or_text) -> Plan:
                 elif typ == "re":
                     out.append(Step(Op.REDUCE, (dst, src), (dst,)))
                 if typ in SENDS:
-                    out.append(Step(Op.SIGNAL, peer=st["sem"][0], sem=st["sem"][1]))
+                    out.append(Step(Op.SIGNAL, peer=st["ssem"][0], sem=st["ssem"][1]))
                 for key in sorted(k2 for k2 in dep_signals if k2[0] == gid and k2[1] == t):
                     if pos in dep_signals[key]:
                         out.append(Step(Op.SIGNAL, peer=gid, sem=dep_sem[key]))
