@@ -1,0 +1,270 @@
+#include "executor.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "layout.hpp"
+#include "reduce.hpp"
+
+namespace jaxcoll {
+
+double default_timeout_s() {
+  static const double t = [] {
+    const char* v = std::getenv("JAXCOLL_TIMEOUT");
+    if (!v || !*v) return 300.0;
+    char* end = nullptr;
+    const double x = std::strtod(v, &end);
+    return (end && *end == '\0' && x > 0) ? x : 300.0;
+  }();
+  return t;
+}
+
+namespace {
+
+// A small array on the stack, on the heap only when a plan is unusually wide.
+template <class T, size_t N>
+class SmallVec {
+ public:
+  explicit SmallVec(size_t n) : n_(n) {
+    if (n > N) heap_.resize(n);
+  }
+  T* data() { return n_ > N ? heap_.data() : stack_; }
+  T& operator[](size_t i) { return data()[i]; }
+
+ private:
+  size_t n_;
+  T stack_[N]{};
+  std::vector<T> heap_;
+};
+
+struct LaneState {
+  int32_t pc = 0;
+  int32_t barriers = 0;     // barriers this lane has arrived at
+  bool at_barrier = false;  // arrived at its current barrier, not yet released
+  bool done = false;
+};
+
+class RankRun {
+ public:
+  RankRun(Communicator& comm, const Plan& plan, int32_t rank, const CallBuffers& b, const CallSite& site,
+          Clock::time_point deadline)
+      : comm_(comm), plan_(plan), rank_(rank), prog_(plan.ranks[rank]), b_(b), site_(site), deadline_(deadline),
+        k_(plan.chunk_factor), dsize_(dtype_size(b.dtype)), asize_(accum_size(b.dtype)) {}
+
+  Status run(int64_t block) {
+    block_ = block;
+    const int32_t nlanes = prog_.nlanes;
+    SmallVec<LaneState, 16> lanes(nlanes);
+    SmallVec<uint32_t, 32> consumed(prog_.semaphores);
+    RankSlot& me = comm_.slot(rank_);
+    int32_t live = 0;
+    for (int32_t l = 0; l < nlanes; ++l) {
+      lanes[l].done = plan_.lanes[prog_.first_lane + l].nsteps == 0;
+      live += !lanes[l].done;
+    }
+    while (live > 0) {
+      bool progressed = false;
+      for (int32_t l = 0; l < nlanes; ++l) {
+        LaneState& ls = lanes[l];
+        const Lane& lane = plan_.lanes[prog_.first_lane + l];
+        while (!ls.done) {
+          const Step& s = plan_.steps[lane.first_step + ls.pc];
+          if (s.op == Op::kWait) {
+            if (me.semaphores[s.sem].load(std::memory_order_acquire) <= consumed[s.sem]) break;
+            ++consumed[s.sem];
+          } else if (s.op == Op::kBarrier) {
+            if (!ls.at_barrier) {
+              ls.at_barrier = true;
+              ++ls.barriers;
+              progressed = true;
+            }
+            bool all = true;
+            for (int32_t o = 0; o < nlanes && all; ++o)
+              all = lanes[o].done || lanes[o].barriers >= ls.barriers;
+            if (!all) break;
+            ls.at_barrier = false;
+          } else if (s.op == Op::kSignal) {
+            comm_.signal(s.peer, s.sem);
+          } else {
+            data_step(s);
+          }
+          progressed = true;
+          if (++ls.pc == lane.nsteps) {
+            ls.done = true;
+            --live;
+          }
+        }
+      }
+      if (live == 0 || progressed) continue;
+      // Every live lane waits on a semaphore (or on a barrier held by such a lane): sleep until a signal lands.
+      auto ready = [&] {
+        for (int32_t l = 0; l < nlanes; ++l) {
+          if (lanes[l].done) continue;
+          const Step& s = plan_.steps[plan_.lanes[prog_.first_lane + l].first_step + lanes[l].pc];
+          if (s.op == Op::kWait && me.semaphores[s.sem].load(std::memory_order_acquire) > consumed[s.sem])
+            return true;
+        }
+        return false;
+      };
+      const WaitResult w = wait_for(me.doorbell, ready, [&] { return comm_.failed(); }, deadline_);
+      if (w == WaitResult::kAborted) return Status::Error(site_.describe() + ": " + comm_.failure());
+      if (w == WaitResult::kTimeout) return wait_timeout(lanes.data(), consumed.data());
+    }
+    return {};
+  }
+
+ private:
+  void* base(const ChunkRef& ref) {
+    const RankBuffers& rb = comm_.slot(ref.rank).buffers;
+    switch (ref.buffer) {
+      case BufferKind::kInput: return rb.input;
+      case BufferKind::kOutput: return rb.output;
+      case BufferKind::kScratch: return rb.scratch;
+    }
+    return nullptr;
+  }
+
+  void data_step(const Step& s) {
+    const ChunkRef* refs = plan_.srcs(s);
+    const int32_t nref = s.nsrc + s.ndst;
+    const ElementRange range = chunk_range(k_, block_, refs[0].index, refs[0].count);
+    if (range.size() == 0) return;
+    SmallVec<Operand, 24> ops(nref);
+    for (int32_t j = 0; j < nref; ++j) {
+      const ChunkRef& ref = refs[j];
+      const bool accum = ref.buffer == BufferKind::kScratch;
+      const int64_t start = chunk_start(k_, block_, ref.index);
+      ops[j] = {static_cast<char*>(base(ref)) + start * int64_t(accum ? asize_ : dsize_), accum};
+    }
+    reduce_chunks(b_.dtype, b_.op, ops.data(), s.nsrc, ops.data() + s.nsrc, s.ndst, range.size());
+  }
+
+  Status wait_timeout(LaneState* lanes, const uint32_t* consumed) {
+    std::string what;
+    RankSlot& me = comm_.slot(rank_);
+    for (int32_t l = 0; l < prog_.nlanes; ++l) {
+      if (lanes[l].done) continue;
+      const Step& s = plan_.steps[plan_.lanes[prog_.first_lane + l].first_step + lanes[l].pc];
+      if (s.op != Op::kWait) continue;
+      std::string signallers;
+      for (int32_t r = 0; r < plan_.nranks; ++r) {
+        const RankProgram& p = plan_.ranks[r];
+        bool sends = false;
+        for (int32_t q = 0; q < p.nlanes && !sends; ++q) {
+          const Lane& ln = plan_.lanes[p.first_lane + q];
+          for (int32_t i = 0; i < ln.nsteps && !sends; ++i) {
+            const Step& t = plan_.steps[ln.first_step + i];
+            sends = t.op == Op::kSignal && t.peer == rank_ && t.sem == s.sem;
+          }
+        }
+        if (sends) signallers += (signallers.empty() ? "" : ", ") + std::to_string(r);
+      }
+      what += (what.empty() ? "" : "; ") + plan_.where(rank_, l, lanes[l].pc) + " waits on semaphore " +
+              std::to_string(s.sem) + ", which received " +
+              std::to_string(me.semaphores[s.sem].load()) + " signal(s) and needs " +
+              std::to_string(consumed[s.sem] + 1) + " (ranks whose plan signals it: [" + signallers + "])";
+    }
+    Status err = Status::Error(site_.describe() + ": rank " + std::to_string(rank_) +
+                               " timed out: the semaphore was never signalled: " + what +
+                               " (timeout set by JAXCOLL_TIMEOUT; the plan may deadlock: check it with "
+                               "jaxcoll.lang's checker)");
+    comm_.fail(err.message());
+    return err;
+  }
+
+  Communicator& comm_;
+  const Plan& plan_;
+  int32_t rank_;
+  const RankProgram& prog_;
+  const CallBuffers& b_;
+  const CallSite& site_;
+  Clock::time_point deadline_;
+  int64_t k_;
+  size_t dsize_, asize_;
+  int64_t block_ = 0;
+};
+
+Status fail_with(Communicator& comm, const CallSite& site, int32_t rank, const std::string& what) {
+  Status err = Status::Error(site.describe() + ": rank " + std::to_string(rank) + ": " + what);
+  comm.fail(err.message());
+  return err;
+}
+
+}  // namespace
+
+Status execute_rank(Communicator& comm, const Plan& plan, int32_t rank, const CallBuffers& b, const CallSite& site,
+                    double timeout_s) {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s));
+  if (rank < 0 || rank >= plan.nranks)
+    return fail_with(comm, site, rank, "rank is out of range for a plan of " + std::to_string(plan.nranks) +
+                                           " ranks (the rank operand must be the position in the group)");
+  if (comm.nranks() != plan.nranks)
+    return fail_with(comm, site, rank, "communicator has " + std::to_string(comm.nranks()) +
+                                           " ranks, the plan " + std::to_string(plan.nranks));
+  if (b.input_elements % plan.in_blocks)
+    return fail_with(comm, site, rank, "input of " + std::to_string(b.input_elements) +
+                                           " elements does not split into the plan's in_blocks=" +
+                                           std::to_string(plan.in_blocks) + " blocks");
+  const int64_t block = b.input_elements / plan.in_blocks;
+  if (b.output_elements != block * plan.out_blocks)
+    return fail_with(comm, site, rank, "output has " + std::to_string(b.output_elements) + " elements, the plan "
+                                       "needs out_blocks*block=" + std::to_string(plan.out_blocks) + "*" +
+                                       std::to_string(block));
+  const size_t dsize = dtype_size(b.dtype);
+  RankSlot& me = comm.slot(rank);
+  const RankProgram& prog = plan.ranks[rank];
+
+  // Stage XLA's separate buffers into the arrangement an in-place plan expects.
+  RankBuffers rb;
+  rb.block = block;
+  rb.dtype = b.dtype;
+  rb.input = const_cast<void*>(b.input);  // out-of-place plans never write it (checked at decode)
+  rb.output = b.output;
+  void* staging = nullptr;
+  if (plan.in_place) {
+    if (plan.collective == Collective::kAllGather) {
+      rb.input = static_cast<char*>(b.output) + rank * block * int64_t(dsize);
+      if (rb.input != b.input) std::memcpy(rb.input, b.input, block * dsize);
+    } else if (plan.collective == Collective::kReduceScatter) {
+      staging = me.staging.reserve(b.input_elements * dsize);
+      if (!staging) return fail_with(comm, site, rank, "out of memory for the in-place staging buffer");
+      std::memcpy(staging, b.input, b.input_elements * dsize);
+      rb.input = staging;
+      rb.output = static_cast<char*>(staging) + rank * block * int64_t(dsize);
+    } else {
+      if (b.input_elements != b.output_elements)
+        return fail_with(comm, site, rank, "an in-place plan needs input and output of one size, got " +
+                                               std::to_string(b.input_elements) + " and " +
+                                               std::to_string(b.output_elements) + " elements");
+      if (b.output != b.input) std::memcpy(b.output, b.input, b.input_elements * dsize);
+      rb.input = b.output;
+    }
+  }
+  const int64_t scratch_bytes = int64_t(prog.scratch_chunks / plan.chunk_factor) * block * int64_t(accum_size(b.dtype));
+  if (scratch_bytes > 0) {
+    rb.scratch = me.scratch.reserve(size_t(scratch_bytes));
+    if (!rb.scratch) return fail_with(comm, site, rank, "out of memory for " + std::to_string(scratch_bytes) +
+                                                            " bytes of scratch");
+  }
+
+  uint64_t call = 0;
+  if (Status st = comm.enter(rank, prog.semaphores, rb, site, deadline, call); !st.ok()) return st;
+  for (int32_t r = 0; r < plan.nranks; ++r) {
+    const RankBuffers& peer = comm.slot(r).buffers;
+    if (peer.block != block || peer.dtype != b.dtype)
+      return fail_with(comm, site, rank, "rank " + std::to_string(r) + " called with " +
+                                             std::to_string(peer.block) + "-element blocks of " +
+                                             dtype_name(peer.dtype) + ", this rank with " + std::to_string(block) +
+                                             " of " + dtype_name(b.dtype) + "; every rank must pass the same shape");
+  }
+  RankRun run(comm, plan, rank, b, site, deadline);
+  if (Status st = run.run(block); !st.ok()) return st;
+  if (Status st = comm.exit(rank, call, site, deadline); !st.ok()) return st;
+  if (staging) std::memcpy(b.output, rb.output, block * dsize);
+  return {};
+}
+
+}  // namespace jaxcoll

@@ -1,0 +1,33 @@
+// The CPU executor: runs one rank's share of a plan on the calling (device) thread. The rank's lanes are
+// interleaved cooperatively: a lane runs until it blocks on a wait whose signal has not arrived or on a lane
+// barrier, then the next lane runs; the thread sleeps on its doorbell only when no lane can progress.
+#pragma once
+
+#include <cstdint>
+
+#include "communicator.hpp"
+#include "dtype.hpp"
+#include "plan.hpp"
+#include "status.hpp"
+
+namespace jaxcoll {
+
+// One rank's operands of one call, as XLA (or run_plan) hands them over.
+struct CallBuffers {
+  const void* input;
+  void* output;
+  int64_t input_elements;
+  int64_t output_elements;
+  DType dtype;
+  ReduceOp op;
+};
+
+// Run rank `rank`'s lanes of `plan` between the entry rendezvous and the exit barrier of `comm`. In-place plans
+// are staged as docs/plan-ir.md says. On error the communicator is marked failed so peers stop promptly.
+Status execute_rank(Communicator& comm, const Plan& plan, int32_t rank, const CallBuffers& buffers,
+                    const CallSite& site, double timeout_s);
+
+// The timeout of a call in seconds: JAXCOLL_TIMEOUT, default 300 (read once).
+double default_timeout_s();
+
+}  // namespace jaxcoll

@@ -1,0 +1,37 @@
+#include "local_group.hpp"
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "communicator.hpp"
+#include "executor.hpp"
+
+namespace jaxcoll {
+
+Status run_local_group(const Plan& plan, const std::vector<const void*>& inputs, const std::vector<void*>& outputs,
+                       int64_t input_elements, int64_t output_elements, DType dtype, ReduceOp op, double timeout_s) {
+  const int32_t n = plan.nranks;
+  if (static_cast<int32_t>(inputs.size()) != n || static_cast<int32_t>(outputs.size()) != n)
+    return Status::Error("run_plan: the plan has " + std::to_string(n) + " ranks but got " +
+                         std::to_string(inputs.size()) + " inputs and " + std::to_string(outputs.size()) +
+                         " outputs (one per rank)");
+  auto comm = std::make_unique<Communicator>(n);
+  CallSite site{collective_name(plan.collective), -1, 0};
+  std::vector<Status> results(n);
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (int32_t r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      CallBuffers b{inputs[r], outputs[r], input_elements, output_elements, dtype, op};
+      results[r] = execute_rank(*comm, plan, r, b, site, timeout_s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (comm->failed()) return Status::Error(comm->failure());
+  for (const Status& s : results)
+    if (!s.ok()) return s;
+  return {};
+}
+
+}  // namespace jaxcoll

@@ -1,0 +1,58 @@
+#include "wait.hpp"
+
+#include <cstdlib>
+#include <thread>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#endif
+
+namespace jaxcoll {
+
+void yield_cpu() { std::this_thread::yield(); }
+
+namespace {
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  return (end && *end == '\0' && x >= 0) ? static_cast<int>(x) : fallback;
+}
+}  // namespace
+
+int spin_iterations() {
+  static const int n = env_int("JAXCOLL_SPIN", 128);
+  return n;
+}
+
+int yield_iterations() {
+  static const int n = env_int("JAXCOLL_YIELD", 4);
+  return n;
+}
+
+void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::nanoseconds timeout) {
+#if defined(__linux__)
+  if (timeout.count() <= 0) return;
+  timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
+#else
+  (void)expected;
+  std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(timeout, std::chrono::microseconds(50)));
+#endif
+}
+
+void futex_wake_all(std::atomic<uint32_t>& word) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+#else
+  (void)word;
+#endif
+}
+
+}  // namespace jaxcoll

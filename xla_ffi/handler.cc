@@ -1,0 +1,119 @@
+#include "handler.hpp"
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "communicator.hpp"
+#include "executor.hpp"
+#include "plan.hpp"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jaxcoll::xla_cpu {
+namespace {
+
+// The decoded plan of one compiled custom call, shared by every device that runs it, and a cache of the
+// communicators its groups use, so the steady state takes no lock.
+struct PlanState {
+  static ffi::TypeId id;
+  Plan plan;
+  ReduceOp op = ReduceOp::kSum;
+  int64_t callsite = 0;
+  std::array<std::atomic<Communicator*>, 64> by_group{};
+};
+ffi::TypeId PlanState::id = XLA_FFI_UNKNOWN_TYPE_ID;
+constexpr ffi::TypeInfo kPlanStateInfo = ffi::MakeTypeInfo<PlanState>();
+
+std::optional<DType> dtype_of(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F16: return DType::kF16;
+    case ffi::DataType::BF16: return DType::kBF16;
+    case ffi::DataType::F32: return DType::kF32;
+    case ffi::DataType::F64: return DType::kF64;
+    case ffi::DataType::S8: return DType::kI8;
+    case ffi::DataType::S32: return DType::kI32;
+    case ffi::DataType::S64: return DType::kI64;
+    case ffi::DataType::U8: return DType::kU8;
+    case ffi::DataType::U32: return DType::kU32;
+    case ffi::DataType::PRED: return DType::kBool;
+    default: return std::nullopt;
+  }
+}
+
+ffi::ErrorOr<std::unique_ptr<PlanState>> Instantiate(ffi::Span<const int32_t> words, int32_t reduce_op,
+                                                     int64_t callsite) {
+  auto state = std::make_unique<PlanState>();
+  if (Status st = decode_plan(std::span<const int32_t>(words.begin(), words.size()), state->plan); !st.ok())
+    return ffi::Unexpected(ffi::Error::InvalidArgument("jaxcoll callsite " + std::to_string(callsite) +
+                                       ": the custom call's plan attribute is malformed: " + st.message()));
+  if (reduce_op < 0 || reduce_op > 2)
+    return ffi::Unexpected(ffi::Error::InvalidArgument("jaxcoll callsite " + std::to_string(callsite) +
+                                                       ": reduce_op=" + std::to_string(reduce_op) +
+                                                       " is not 0 (sum), 1 (max) or 2 (min)"));
+  state->op = static_cast<ReduceOp>(reduce_op);
+  state->callsite = callsite;
+  return state;
+}
+
+ffi::Error Execute(PlanState* state, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank_buf,
+                   ffi::Buffer<ffi::S32> group_buf, ffi::Result<ffi::AnyBuffer> out) {
+  if (!state) return ffi::Error::Internal("jaxcoll: the plan state is missing (instantiate did not run)");
+  const Plan& plan = state->plan;
+  CallSite site{collective_name(plan.collective), state->callsite, 0};
+  const int32_t rank = rank_buf.typed_data()[0];
+  const int32_t group = group_buf.typed_data()[0];
+  site.group = group;
+  const auto dtype = dtype_of(x.element_type());
+  if (!dtype)
+    return ffi::Error::InvalidArgument(site.describe() + ": unsupported element type " +
+                                       std::to_string(static_cast<int>(x.element_type())) +
+                                       "; jaxcoll supports float16, bfloat16, float32, float64, int8, int32, "
+                                       "int64, uint8, uint32 and bool");
+  if (out->element_type() != x.element_type())
+    return ffi::Error::InvalidArgument(site.describe() + ": the result's element type differs from the operand's");
+  if (rank < 0 || rank >= plan.nranks)
+    return ffi::Error::InvalidArgument(site.describe() + ": rank operand " + std::to_string(rank) +
+                                       " is out of range for a plan of " + std::to_string(plan.nranks) +
+                                       " ranks; pass lax.axis_index over the collective's axes");
+  Communicator* comm = nullptr;
+  const bool cached = group >= 0 && group < static_cast<int32_t>(state->by_group.size());
+  if (cached) comm = state->by_group[group].load(std::memory_order_acquire);
+  if (!comm) {
+    Status st;
+    comm = communicator_for(state->callsite, group, plan.nranks, st);
+    if (!comm) return ffi::Error::InvalidArgument(st.message());
+    if (cached) state->by_group[group].store(comm, std::memory_order_release);
+  }
+  CallBuffers b{x.untyped_data(), out->untyped_data(), static_cast<int64_t>(x.element_count()),
+                static_cast<int64_t>(out->element_count()), *dtype, state->op};
+  if (Status st = execute_rank(*comm, plan, rank, b, site, default_timeout_s()); !st.ok())
+    return ffi::Error::Internal(st.message());
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER(kInstantiate, Instantiate,
+                       ffi::Ffi::BindInstantiate()
+                           .Attr<ffi::Span<const int32_t>>("plan")
+                           .Attr<int32_t>("reduce_op")
+                           .Attr<int64_t>("callsite"));
+
+XLA_FFI_DEFINE_HANDLER(kExecute, Execute,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::State<PlanState>>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_Error* instantiate(XLA_FFI_CallFrame* frame) { return kInstantiate(frame); }
+XLA_FFI_Error* execute(XLA_FFI_CallFrame* frame) { return kExecute(frame); }
+XLA_FFI_TypeId* state_type_id() { return &PlanState::id; }
+const XLA_FFI_TypeInfo* state_type_info() { return &kPlanStateInfo; }
+
+}  // namespace jaxcoll::xla_cpu

@@ -1,0 +1,108 @@
+// jaxcoll._jaxcoll: the native module. It hands the FFI handler and its state type to jaxcoll.runtime (which
+// registers them with XLA), and exposes the executor directly, without JAX, for the planning side and tests.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "handler.hpp"
+#include "layout.hpp"
+#include "local_group.hpp"
+#include "plan.hpp"
+
+namespace nb = nanobind;
+
+namespace {
+
+using Words = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Bytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+const char* kTargets[] = {"jaxcoll_all_reduce", "jaxcoll_all_gather", "jaxcoll_reduce_scatter", "jaxcoll_all_to_all",
+                          "jaxcoll_broadcast", "jaxcoll_ppermute", "jaxcoll_custom"};
+
+nb::capsule capsule(XLA_FFI_Error* (*fn)(XLA_FFI_CallFrame*)) { return nb::capsule(reinterpret_cast<void*>(fn)); }
+nb::capsule capsule(const void* p) { return nb::capsule(const_cast<void*>(p)); }
+
+jaxcoll::Plan decode_or_throw(const Words& words) {
+  jaxcoll::Plan plan;
+  jaxcoll::Status st = jaxcoll::decode_plan(std::span<const int32_t>(words.data(), words.shape(0)), plan);
+  if (!st.ok()) throw nb::value_error(("malformed jaxcoll plan: " + st.message()).c_str());
+  return plan;
+}
+
+}  // namespace
+
+NB_MODULE(_jaxcoll, m) {
+  m.doc() = "jaxcoll's native runtime: the XLA FFI handler and the CPU executor.";
+
+  m.def("registrations", [] {
+    nb::dict out;
+    for (const char* name : kTargets) {
+      nb::dict bundle;
+      bundle["instantiate"] = capsule(jaxcoll::xla_cpu::instantiate);
+      bundle["execute"] = capsule(jaxcoll::xla_cpu::execute);
+      out[name] = bundle;
+    }
+    return out;
+  }, "FFI target name -> {stage: capsule}, for jax.ffi.register_ffi_target(platform='cpu').");
+
+  m.def("state_type", [] {
+    nb::dict out;
+    out["type_id"] = capsule(jaxcoll::xla_cpu::state_type_id());
+    out["type_info"] = capsule(jaxcoll::xla_cpu::state_type_info());
+    return out;
+  }, "The FFI state type of decoded plans, for jax.ffi.register_ffi_type.");
+
+  m.def("check_plan", [](Words words) { decode_or_throw(words); }, nb::arg("words"),
+        "Decode and structurally validate plan words as the executor does; raise ValueError if malformed.");
+
+  m.def("chunk_range", [](int64_t k, int64_t block, int64_t index, int64_t count) {
+    const jaxcoll::ElementRange r = jaxcoll::chunk_range(k, block, index, count);
+    return std::make_tuple(r.start, r.stop);
+  }, nb::arg("k"), nb::arg("block"), nb::arg("index"), nb::arg("count") = 1,
+        "Element range [start, stop) of chunks index..index+count-1 (csrc/layout.hpp).");
+
+  m.def("run_plan",
+        [](Words words, std::vector<Bytes> inputs, std::vector<Bytes> outputs, const std::string& dtype_name,
+           int64_t input_elements, int64_t output_elements, int reduce_op, double timeout_s) {
+          const jaxcoll::Plan plan = decode_or_throw(words);
+          const auto dtype = jaxcoll::dtype_from_name(dtype_name);
+          if (!dtype) throw nb::value_error(("run_plan: unsupported dtype " + dtype_name).c_str());
+          if (reduce_op < 0 || reduce_op > 2)
+            throw nb::value_error("run_plan: reduce_op must be 0 (sum), 1 (max) or 2 (min)");
+          if (!(timeout_s > 0)) throw nb::value_error("run_plan: timeout_s must be positive");
+          const size_t esize = jaxcoll::dtype_size(*dtype);
+          std::vector<const void*> in;
+          std::vector<void*> out;
+          for (size_t r = 0; r < inputs.size(); ++r) {
+            if (inputs[r].shape(0) != size_t(input_elements) * esize)
+              throw nb::value_error(("run_plan: input " + std::to_string(r) + " has " +
+                                     std::to_string(inputs[r].shape(0)) + " bytes, expected " +
+                                     std::to_string(input_elements * esize)).c_str());
+            in.push_back(inputs[r].data());
+          }
+          for (size_t r = 0; r < outputs.size(); ++r) {
+            if (outputs[r].shape(0) != size_t(output_elements) * esize)
+              throw nb::value_error(("run_plan: output " + std::to_string(r) + " has " +
+                                     std::to_string(outputs[r].shape(0)) + " bytes, expected " +
+                                     std::to_string(output_elements * esize)).c_str());
+            out.push_back(outputs[r].data());
+          }
+          jaxcoll::Status st;
+          {
+            nb::gil_scoped_release release;
+            st = jaxcoll::run_local_group(plan, in, out, input_elements, output_elements, *dtype,
+                                          static_cast<jaxcoll::ReduceOp>(reduce_op), timeout_s);
+          }
+          if (!st.ok()) throw std::runtime_error(st.message());
+        },
+        nb::arg("words"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("dtype"), nb::arg("input_elements"),
+        nb::arg("output_elements"), nb::arg("reduce_op"), nb::arg("timeout_s"),
+        "Run a plan on one thread per rank, in process and without JAX, on raw byte views of the buffers.");
+}
