@@ -1,0 +1,179 @@
+"""jaxcoll.fused ops equal their unfused jax.lax compositions, in value and in gradient, for every chunk count."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax import lax
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxcoll import fused
+
+N = 4  # group size: small enough for 2 cores, large enough that a ring has interior steps
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return jax.make_mesh((N,), ("i",), axis_types=(AxisType.Auto,), devices=jax.devices()[:N])
+
+
+def put(mesh, a, spec):
+    return jax.device_put(a, NamedSharding(mesh, spec))
+
+
+def run(mesh, f, in_specs, out_specs):
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+
+
+def grads(mesh, f, in_specs, out_specs, *args):
+    """Gradient of sum(out**2) over all ranks' outputs."""
+    g = run(mesh, f, in_specs, out_specs)
+    return jax.grad(lambda *a: jnp.sum(g(*a) ** 2), argnums=tuple(range(len(args))))(*args)
+
+
+def close(a, b, tol=2e-5):
+    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(u, np.float32), np.asarray(v, np.float32), rtol=tol, atol=tol)
+
+
+rng = np.random.default_rng(0)
+
+
+def normal(*shape, dtype=np.float32):
+    return rng.normal(size=shape).astype(dtype)
+
+
+@pytest.mark.parametrize("chunks", [1, N, 2 * N])
+@pytest.mark.parametrize("gather_axis", [0, 1, -1])
+def test_all_gather_matmul_equals_all_gather_then_dot(mesh, chunks, gather_axis):
+    # x per rank (4, 6, 8): gathering dim 0 or 1 stacks rows; gathering the last dim contracts over the blocks.
+    x_spec = [None, None, None]
+    x_spec[gather_axis] = "i"
+    x_spec = P(*x_spec)
+    x = put(mesh, normal(4 * (N if gather_axis == 0 else 1), 6 * (N if gather_axis == 1 else 1),
+                         8 * (N if gather_axis == -1 else 1)), x_spec)
+    k = 8 * (N if gather_axis == -1 else 1)
+    w = put(mesh, normal(k, 5 * N), P(None, "i"))
+    out = P(None, None, "i")
+    fused_f = lambda x, w: fused.all_gather_matmul(x, w, "i", gather_axis=gather_axis, chunks=chunks)
+    ref_f = lambda x, w: lax.all_gather(x, "i", axis=gather_axis, tiled=True) @ w
+    close(run(mesh, fused_f, (x_spec, P(None, "i")), out)(x, w), run(mesh, ref_f, (x_spec, P(None, "i")), out)(x, w))
+    close(grads(mesh, fused_f, (x_spec, P(None, "i")), out, x, w),
+          grads(mesh, ref_f, (x_spec, P(None, "i")), out, x, w), tol=1e-4)
+
+
+@pytest.mark.parametrize("chunks", [1, N, 2 * N])
+@pytest.mark.parametrize("scatter_axis", [0, 1, 2])
+def test_matmul_reduce_scatter_equals_dot_then_psum_scatter(mesh, chunks, scatter_axis):
+    shape = [2 * N, 2 * N, 3]  # x per rank (8, 8, 3 contraction); product (8, 8, 16)
+    x = put(mesh, normal(*shape[:2], 3 * N), P(None, None, "i"))
+    w = put(mesh, normal(3 * N, 4 * N), P("i"))
+    out = [None, None, None]
+    out[scatter_axis] = "i"
+    out = P(*out)
+    fused_f = lambda x, w: fused.matmul_reduce_scatter(x, w, "i", scatter_axis=scatter_axis, chunks=chunks)
+    ref_f = lambda x, w: lax.psum_scatter(x @ w, "i", scatter_dimension=scatter_axis, tiled=True)
+    specs = (P(None, None, "i"), P("i"))
+    close(run(mesh, fused_f, specs, out)(x, w), run(mesh, ref_f, specs, out)(x, w))
+    close(grads(mesh, fused_f, specs, out, x, w), grads(mesh, ref_f, specs, out, x, w), tol=1e-4)
+
+
+def test_replicated_weight_gets_the_summed_gradient(mesh):
+    # w invariant over "i": its cotangent is summed over ranks, as lax's transpose of the implicit broadcast does.
+    x, w = put(mesh, normal(4 * N, 6), P("i")), put(mesh, normal(6, 5), P())
+    fused_f = lambda x, w: lax.psum(jnp.sum(fused.all_gather_matmul(x, w, "i", chunks=N), 0), "i")
+    ref_f = lambda x, w: lax.psum(jnp.sum(lax.all_gather(x, "i", tiled=True) @ w, 0), "i")
+    close(grads(mesh, fused_f, (P("i"), P()), P(), x, w), grads(mesh, ref_f, (P("i"), P()), P(), x, w), tol=1e-4)
+
+
+def test_bfloat16_collective_matmul_matches_reference(mesh):
+    x = put(mesh, normal(8 * N, 16, dtype=jnp.bfloat16), P("i"))
+    w = put(mesh, normal(16, 8 * N, dtype=jnp.bfloat16), P(None, "i"))
+    f = run(mesh, lambda x, w: fused.all_gather_matmul(x, w, "i", chunks=N), (P("i"), P(None, "i")), P(None, "i"))
+    ref = np.asarray(x, np.float32) @ np.asarray(w, np.float32)
+    close(f(x, w), ref, tol=5e-2)
+
+
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_matmul_all_reduce_with_bias_and_residual(mesh, chunks):
+    x, w = put(mesh, normal(8, 4 * N), P(None, "i")), put(mesh, normal(4 * N, 6), P("i"))
+    bias, res = put(mesh, normal(6), P()), put(mesh, normal(8, 6), P())
+    specs = (P(None, "i"), P("i"), P(), P())
+    fused_f = lambda x, w, b, r: fused.matmul_all_reduce(x, w, "i", bias=b, residual=r, chunks=chunks)
+    ref_f = lambda x, w, b, r: lax.psum(x @ w, "i") + b + r
+    close(run(mesh, fused_f, specs, P())(x, w, bias, res), run(mesh, ref_f, specs, P())(x, w, bias, res))
+    close(grads(mesh, fused_f, specs, P(), x, w, bias, res), grads(mesh, ref_f, specs, P(), x, w, bias, res),
+          tol=1e-4)
+
+
+def _ref_norm(h, scale, offset, norm, eps):
+    if norm == "rmsnorm":
+        return h / jnp.sqrt(jnp.mean(h * h, -1, keepdims=True) + eps) * scale
+    mu = jnp.mean(h, -1, keepdims=True)
+    return (h - mu) / jnp.sqrt(jnp.var(h, -1, keepdims=True) + eps) * scale + offset
+
+
+@pytest.mark.parametrize("norm,chunks", [("rmsnorm", 1), ("layernorm", 2)])
+def test_reduce_scatter_norm_all_gather_equals_psum_then_norm(mesh, norm, chunks):
+    rows, hid = 4 * N, 16
+    x = put(mesh, normal(N * rows, hid), P("i"))  # each rank: (rows, hid) partial sums
+    res, bias, scale = put(mesh, normal(rows, hid), P()), put(mesh, normal(hid), P()), put(mesh, normal(hid), P())
+    offset = put(mesh, normal(hid), P()) if norm == "layernorm" else None
+    specs = (P("i"), P(), P(), P())
+
+    def fused_f(x, r, b, s):
+        y, h = fused.reduce_scatter_norm_all_gather(x, "i", residual=r, bias=b, scale=s, offset=offset, norm=norm,
+                                                    eps=1e-5, return_residual=True, chunks=chunks)
+        return jnp.concatenate([y, h], -1)
+
+    def ref_f(x, r, b, s):
+        h = lax.psum(x, "i") + b + r
+        return jnp.concatenate([_ref_norm(h, s, offset, norm, 1e-5), h], -1)
+
+    # Both are per-rank copies of one result: stack them (out_specs P("i")) so typing does not matter.
+    close(run(mesh, fused_f, specs, P("i"))(x, res, bias, scale), run(mesh, ref_f, specs, P("i"))(x, res, bias, scale),
+          tol=1e-4)
+    close(grads(mesh, fused_f, specs, P("i"), x, res, bias, scale),
+          grads(mesh, ref_f, specs, P("i"), x, res, bias, scale), tol=1e-3)
+
+
+def test_reduce_scatter_adam_all_gather_matches_optax_adamw(mesh):
+    params = {"w": normal(5, 7), "b": normal(3), "s": normal(2, 2, 2)}
+    per_rank_grads = [jax.tree.map(lambda a: normal(*a.shape), params) for _ in range(N)]
+    stacked = jax.tree.map(lambda *g: put(mesh, np.concatenate(g), P("i")), *per_rank_grads)
+    hyper = dict(lr=1e-2, b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.1)
+    state = fused.adam_init_global(params, N)
+    sspec = fused.AdamState(P(), P("i"), P("i"), P("i"))
+    state = jax.tree.map(lambda a, s: put(mesh, a, s), state, sspec)
+    step = run(mesh, lambda g, q, s: fused.reduce_scatter_adam_all_gather(g, q, s, "i", **hyper),
+               (P("i"), P(), sspec), (P(), sspec))
+
+    tx = optax.adamw(hyper["lr"], b1=hyper["b1"], b2=hyper["b2"], eps=hyper["eps"], weight_decay=hyper["weight_decay"])
+    ref_params, ref_state = params, tx.init(params)
+    ours = jax.tree.map(lambda a: put(mesh, a, P()), params)
+    for it in range(3):
+        scale = 1.0 + it
+        g_ranks = jax.tree.map(lambda a: a * scale, stacked)
+        ours, state = step(g_ranks, ours, state)
+        total = jax.tree.map(lambda *g: sum(g) * scale, *per_rank_grads)
+        upd, ref_state = tx.update(total, ref_state, ref_params)
+        ref_params = optax.apply_updates(ref_params, upd)
+        close(ours, ref_params, tol=1e-5)
+
+
+def test_errors_name_the_shapes(mesh):
+    x, w = put(mesh, normal(4 * N, 6), P("i")), put(mesh, normal(7, 5), P())
+    with pytest.raises(ValueError, match=r"x.shape=\(4, 6\).*w.shape=\(7, 5\)"):
+        run(mesh, lambda x, w: fused.all_gather_matmul(x, w, "i"), (P("i"), P()), P())(x, w)
+    x2 = put(mesh, normal(6, 4 * N), P(None, "i"))
+    w2 = put(mesh, normal(4 * N, 5), P("i"))
+    with pytest.raises(ValueError, match=r"\(6, 5\).*not divisible by the group size 4"):
+        run(mesh, lambda x, w: fused.matmul_reduce_scatter(x, w, "i"), (P(None, "i"), P("i")), P("i"))(x2, w2)
+    with pytest.raises(TypeError, match="x.dtype=float32 and w.dtype=bfloat16"):
+        run(mesh, lambda x, w: fused.all_gather_matmul(x, w.astype(jnp.bfloat16), "i"), (P("i"), P()), P())(
+            x, put(mesh, normal(6, 5), P()))
+    with pytest.raises(ValueError, match="multiple of the group size"):
+        run(mesh, lambda x, w: fused.all_gather_matmul(x, w, "i", chunks=3), (P("i"), P()), P())(
+            x, put(mesh, normal(6, 5), P()))
