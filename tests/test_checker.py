@@ -9,7 +9,7 @@ from jaxcoll.algorithms import BUILTINS, builtin
 from jaxcoll.lang import PlanError, check
 from jaxcoll.lang.postcondition import value
 from jaxcoll.plan import Collective, Lane, Op, Plan, RankProgram, Step
-from lang_plans import IN, OUT, SCR, example_plans, lane, put, ref, signal, two_rank_all_gather, wait
+from test_lang_plans import IN, OUT, SCR, example_plans, lane, put, ref, signal, two_rank_all_gather, wait
 
 
 def replace_lane(plan, rank, steps, lane_index=0):
