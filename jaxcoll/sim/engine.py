@@ -1,0 +1,239 @@
+"""Event simulation of a plan on a topology: how long the plan takes for a message of `nbytes`.
+
+The model (docs/synthesis.md, "The simulator"):
+- Every lane of every rank runs its steps in order, from time 0 (the executor's entry rendezvous).
+- A data step that names a chunk on a peer is a *transfer* along `Topology.route`: a put (a remote destination)
+  sends from this rank, a get or read_reduce (a remote source) pulls to it. While transfers are in flight the
+  links are shared max-min fairly (progressive filling): each transfer gets an equal share of its bottleneck
+  link, and what one transfer cannot use goes to the others. A lane that puts goes on when its last byte has
+  left (the transfer time); the bytes land `latency` later (the sum of the route's link latencies). A lane that
+  pulls goes on when its bytes have landed.
+- A signal reaches its peer one route latency after it is issued; it follows the puts the lane issued before it
+  (release order), so a waiter never sees a signal before the data. A wait blocks until a signal is there.
+  A barrier holds every lane of the rank until all have reached it.
+- Local work (a copy, or a reduction of several chunks) streams through the rank's memory:
+  (sources + local destinations) x bytes / `Topology.memory_bandwidth_GBps`; free when the topology has none.
+  A reduce_put reduces first, then sends; a read_reduce receives first, then reduces.
+- The plan ends when every lane has finished and every byte and signal has landed (the exit barrier).
+
+Under this model a ring all_reduce on N ranks joined by links of bandwidth B and latency alpha takes exactly
+2(N-1) alpha + 2(N-1)/N S/B, the textbook alpha-beta cost; tests/test_sim.py checks it and the other closed forms.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+
+import numpy as np
+
+from jaxcoll.plan import Buffer, Op, Plan
+from jaxcoll.topology import Topology
+
+
+class SimulationError(RuntimeError):
+    """The plan cannot run to completion on the topology (a wait that no signal satisfies)."""
+
+
+def chunk_bytes(plan: Plan, nbytes: float) -> float:
+    """Bytes of one chunk when the collective moves `nbytes` (nccl-tests' S: the all_reduce buffer, the
+    all_gather output, the reduce_scatter input)."""
+    return float(nbytes) / max(plan.in_blocks, plan.out_blocks) / plan.chunk_factor
+
+
+class _Flow:
+    __slots__ = ("links", "remaining", "rate", "owner", "latency")
+
+    def __init__(self, links, remaining, owner, latency):
+        self.links = links
+        self.remaining = remaining
+        self.rate = 0.0
+        self.owner = owner
+        self.latency = latency
+
+
+def simulate(plan: Plan, topology: Topology, nbytes: float, trace: list | None = None) -> float:
+    """Seconds the plan takes on the topology for a message of `nbytes` (see the module docstring for the
+    model). If `trace` is a list, (start, end, rank, lane, step) tuples of data steps are appended to it."""
+    if plan.nranks != topology.nranks:
+        raise ValueError(f"plan is for nranks={plan.nranks} but topology {topology.name!r} has "
+                         f"{topology.nranks} ranks")
+    return _Simulation(plan, topology, nbytes, trace).run()
+
+
+class _Simulation:
+    def __init__(self, plan: Plan, topo: Topology, nbytes: float, trace):
+        self.plan, self.topo, self.trace = plan, topo, trace
+        self.chunk = chunk_bytes(plan, nbytes)
+        self.capacity = np.array([l.bandwidth_GBps * 1e9 for l in topo.links])
+        self.mem = topo.memory_bandwidth_GBps * 1e9 if topo.memory_bandwidth_GBps else None
+        self.lanes = [[lane.steps for lane in prog.lanes] for prog in plan.ranks]
+        self.pc = [[0] * len(prog.lanes) for prog in plan.ranks]
+        self.sems = [defaultdict(int) for _ in plan.ranks]
+        self.waiting: dict[tuple[int, int], tuple[int, int]] = {}  # (rank, sem) -> (rank, lane) blocked on it
+        self.barrier: list[dict[int, list]] = [defaultdict(list) for _ in plan.ranks]
+        self.barrier_seen = [[0] * len(prog.lanes) for prog in plan.ranks]
+        self.events: list = []
+        self.seq = 0
+        self.flows: list[_Flow] = []
+        self.pending: dict[tuple[int, int], list] = {}  # (rank, lane) -> [flows left, resume delay, start]
+        self.now = 0.0
+        self.end = 0.0
+        self.routes: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
+
+    def route(self, a: int, b: int):
+        if (a, b) not in self.routes:
+            links = self.topo.route(a, b)
+            self.routes[a, b] = (np.asarray(links, dtype=np.int64),
+                                 sum(self.topo.links[i].latency_us for i in links) * 1e-6)
+        return self.routes[a, b]
+
+    def push(self, t: float, kind: str, payload) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, payload))
+
+    # -- main loop -------------------------------------------------------------------------------------------
+    def run(self) -> float:
+        for r, lanes in enumerate(self.lanes):
+            for l in range(len(lanes)):
+                self.push(0.0, "lane", (r, l))
+        dirty = False
+        while self.events or self.flows:
+            if dirty:
+                self.share()
+                dirty = False
+            t_event = self.events[0][0] if self.events else float("inf")
+            t_flow = min((f.remaining / f.rate if f.rate > 0 else (0.0 if f.remaining <= 0 else float("inf"))
+                          for f in self.flows), default=float("inf")) + self.now
+            t = min(t_event, t_flow)
+            dt = t - self.now
+            if dt > 0:
+                for f in self.flows:
+                    f.remaining -= f.rate * dt
+                self.now = t
+            if t_flow <= t_event:
+                done = [f for f in self.flows if f.remaining <= 1e-9 * max(1.0, self.chunk)]
+                self.flows = [f for f in self.flows if f.remaining > 1e-9 * max(1.0, self.chunk)]
+                for f in done:
+                    self.end = max(self.end, self.now + f.latency)
+                    entry = self.pending[f.owner]
+                    entry[0] -= 1
+                    entry[1] = max(entry[1], f.latency if entry[3] else 0.0)
+                    if entry[0] == 0:
+                        del self.pending[f.owner]
+                        self.push(self.now + entry[1] + entry[2], "lane", f.owner)
+                dirty = True
+                continue
+            # every event at this instant, then one rate computation
+            while self.events and self.events[0][0] <= self.now:
+                _, _, kind, payload = heapq.heappop(self.events)
+                nflows = len(self.flows)
+                if kind == "lane":
+                    self.advance(*payload)
+                elif kind == "flows":
+                    self.add_flows(*payload)
+                else:  # a signal lands
+                    r, sem = payload
+                    self.sems[r][sem] += 1
+                    self.end = max(self.end, self.now)
+                    blocked = self.waiting.pop((r, sem), None)
+                    if blocked is not None:
+                        self.advance(*blocked)
+                dirty = dirty or len(self.flows) != nflows
+        stuck = [(r, l) for r, lanes in enumerate(self.lanes) for l, steps in enumerate(lanes)
+                 if self.pc[r][l] < len(steps)]
+        if stuck:
+            r, l = stuck[0]
+            raise SimulationError(f"plan {self.plan.name!r} never finishes: rank {r} lane {l} is stuck at step "
+                                  f"{self.pc[r][l]} ({self.lanes[r][l][self.pc[r][l]]!r}) and "
+                                  f"{len(stuck) - 1} other lanes too")
+        return self.end
+
+    def advance(self, r: int, l: int) -> None:
+        """Run lane (r, l) from its current step until it blocks, starts a transfer or finishes."""
+        steps = self.lanes[r][l]
+        while self.pc[r][l] < len(steps):
+            step = steps[self.pc[r][l]]
+            op = step.op
+            if op is Op.WAIT:
+                if self.sems[r][step.sem] > 0:
+                    self.sems[r][step.sem] -= 1
+                    self.pc[r][l] += 1
+                    continue
+                self.waiting[r, step.sem] = (r, l)
+                return
+            if op is Op.SIGNAL:
+                latency = self.route(r, step.peer)[1] if step.peer != r else 0.0
+                self.push(self.now + latency, "signal", (step.peer, step.sem))
+                self.pc[r][l] += 1
+                continue
+            if op is Op.BARRIER:
+                k = self.barrier_seen[r][l]
+                self.barrier_seen[r][l] += 1
+                self.pc[r][l] += 1
+                arrived = self.barrier[r][k]
+                arrived.append(l)
+                if len(arrived) < len(self.lanes[r]):
+                    return
+                for other in arrived:
+                    if other != l:
+                        self.push(self.now, "lane", (r, other))
+                continue
+            self.pc[r][l] += 1
+            self.start_data(r, l, step)
+            return
+        self.end = max(self.end, self.now)
+
+    def start_data(self, r: int, l: int, step) -> None:
+        nbytes = self.chunk * step.srcs[0].count if step.srcs else self.chunk * step.dsts[0].count
+        remote_srcs = [ref for ref in step.srcs if ref.rank != r]
+        remote_dsts = [ref for ref in step.dsts if ref.rank != r]
+        local = len(step.srcs) - len(remote_srcs) + len(step.dsts) - len(remote_dsts)
+        if remote_srcs and (remote_dsts or local > 1 or len(step.srcs) > 1):
+            local += len(step.srcs)  # pulled values are reduced in local memory before they are written
+        compute = local * nbytes / self.mem if self.mem else 0.0
+        if self.trace is not None:
+            self.trace.append((self.now, r, l, step))
+        if not remote_srcs and not remote_dsts:
+            self.push(self.now + compute, "lane", (r, l))
+            return
+        pulls = bool(remote_srcs)
+        flows = [(ref.rank, r) for ref in remote_srcs] + [(r, ref.rank) for ref in remote_dsts]
+        # [transfers left, landing delay the lane waits for (pulls only), local work after, pulls?]
+        self.pending[r, l] = [len(flows), 0.0, compute if pulls else 0.0, pulls]
+        if pulls or compute == 0.0:
+            self.add_flows(r, l, flows, nbytes)
+        else:  # a reduce_put reduces before it sends
+            self.push(self.now + compute, "flows", (r, l, flows, nbytes))
+
+    def add_flows(self, r: int, l: int, pairs, nbytes: float) -> None:
+        for a, b in pairs:
+            links, latency = self.route(a, b)
+            self.flows.append(_Flow(links, nbytes, (r, l), latency))
+
+    def share(self) -> None:
+        """Max-min fair rates for the active flows (progressive filling)."""
+        flows = self.flows
+        if not flows:
+            return
+        lens = np.fromiter((len(f.links) for f in flows), dtype=np.int64, count=len(flows))
+        links = np.concatenate([f.links for f in flows])
+        owner = np.repeat(np.arange(len(flows)), lens)
+        remaining = self.capacity.copy()
+        rate = np.zeros(len(flows))
+        active = np.ones(len(flows), dtype=bool)
+        while active.any():
+            on = active[owner]
+            counts = np.bincount(links[on], minlength=len(remaining))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
+            s = share.min()
+            bottleneck = share <= s * (1 + 1e-12)
+            frozen = np.zeros(len(flows), dtype=bool)
+            frozen[owner[on & bottleneck[links]]] = True
+            frozen &= active
+            rate[frozen] = s
+            np.subtract.at(remaining, links[frozen[owner]], s)
+            active &= ~frozen
+        for f, x in zip(flows, rate):
+            f.rate = float(x)

@@ -1,0 +1,116 @@
+"""Tree routes: the one shape every synthesized plan takes.
+
+Each chunk of the collective travels on trees over the ranks: it is reduced up an in-tree to its root (the
+reduce_scatter half), then broadcast from the root down an out-tree (the all_gather half). A ring is a chain, a
+double binary tree two trees, recursive halving and doubling binomial trees, the hierarchical algorithm a tree of
+box chains, and ForestColl's packing many weighted spanning trees. `tree_plan` turns a list of `TreeRoute`s into
+a plan: children put their partial sums into fresh scratch chunks of their parent, which reduces them with its own
+input when it sends on (reduce_put); broadcasts put into the output chunk of each child, which forwards it.
+Every reduced value is computed once, at the root, and copied, so all ranks end with identical bits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from jaxcoll.plan import Buffer, ChunkRef, Collective, Op, Plan
+from jaxcoll.synth.schedule import Schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeRoute:
+    """How one chunk travels. `reduce_parent[v]` / `bcast_parent[v]` is v's parent in the in-tree / out-tree
+    (-1 at the root; None: no such phase). `src` is the input chunk index each contributor reads (all_gather:
+    the root only); `dst` is the output chunk index each receiver writes (reduce_scatter: the root only)."""
+
+    root: int
+    src: int
+    dst: int
+    reduce_parent: tuple[int, ...] | None = None
+    bcast_parent: tuple[int, ...] | None = None
+
+
+def chain(order: Sequence[int], nranks: int) -> tuple[int, ...]:
+    """Out-tree that walks `order` from its first rank: order[i]'s parent is order[i-1]."""
+    parent = [-1] * nranks
+    for a, b in zip(order, order[1:]):
+        parent[b] = a
+    return tuple(parent)
+
+
+def in_chain(order: Sequence[int], nranks: int) -> tuple[int, ...]:
+    """In-tree that walks `order` towards its last rank: order[i]'s parent is order[i+1]."""
+    parent = [-1] * nranks
+    for a, b in zip(order, order[1:]):
+        parent[a] = b
+    return tuple(parent)
+
+
+def _children(parent: Sequence[int]) -> list[list[int]]:
+    kids: list[list[int]] = [[] for _ in parent]
+    for v, p in enumerate(parent):
+        if p >= 0:
+            kids[p].append(v)
+    return kids
+
+
+def _levels(parent: Sequence[int], root: int) -> tuple[list[int], list[int], list[int]]:
+    """(children-first order, depth, height) of a spanning tree given by parent pointers."""
+    kids = _children(parent)
+    order, depth = [root], [0] * len(parent)
+    for v in order:
+        for c in kids[v]:
+            depth[c] = depth[v] + 1
+            order.append(c)
+    if len(order) != len(parent):
+        raise ValueError(f"tree rooted at {root} does not span the ranks: {parent}")
+    height = [0] * len(parent)
+    for v in reversed(order):
+        for c in kids[v]:
+            height[v] = max(height[v], height[c] + 1)
+    return order, depth, height
+
+
+def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Sequence[TreeRoute],
+              name: str = "") -> Plan:
+    """The plan that moves every chunk along its `TreeRoute`."""
+    collective = Collective(collective)
+    sched = Schedule(collective, nranks, chunk_factor, name)
+    for item, route in enumerate(routes):
+        root = route.root
+        produced = None  # the move that leaves the final value in root's output chunk (None: read input)
+        if route.reduce_parent is not None:
+            order, _, height = _levels(route.reduce_parent, root)
+            kids = _children(route.reduce_parent)
+            delivered: dict[int, tuple[ChunkRef, int]] = {}  # child -> (scratch chunk at parent, its move)
+            for v in reversed(order):
+                srcs = [ChunkRef(v, Buffer.INPUT, route.src)] + [delivered[c][0] for c in kids[v]]
+                deps = [delivered[c][1] for c in kids[v]]
+                prio = (0, height[v], item)
+                if v == root:
+                    dst = ChunkRef(v, Buffer.OUTPUT, route.dst)
+                    op = Op.COPY if len(srcs) == 1 else Op.READ_REDUCE
+                    produced = sched.move(v, "local", prio, op, srcs, [dst], deps)
+                else:
+                    p = route.reduce_parent[v]
+                    slot = sched.scratch(p, route.src)
+                    op = Op.PUT if len(srcs) == 1 else Op.REDUCE_PUT
+                    delivered[v] = (slot, sched.move(v, ("to", p, 0), prio, op, srcs, [slot], deps))
+        if route.bcast_parent is not None:
+            order, depth, _ = _levels(route.bcast_parent, root)
+            kids = _children(route.bcast_parent)
+            if produced is None:
+                sched.move(root, "local", (0, 0, item), Op.COPY, [ChunkRef(root, Buffer.INPUT, route.src)],
+                           [ChunkRef(root, Buffer.OUTPUT, route.dst)])
+            arrived = {root: produced}
+            for v in order:
+                if v == root and produced is None:
+                    src = ChunkRef(v, Buffer.INPUT, route.src)
+                else:
+                    src = ChunkRef(v, Buffer.OUTPUT, route.dst)
+                deps = [arrived[v]] if arrived[v] is not None else []
+                for c in kids[v]:
+                    arrived[c] = sched.move(v, ("to", c, 1), (1, depth[v], item), Op.PUT, [src],
+                                            [ChunkRef(c, Buffer.OUTPUT, route.dst)], deps)
+    return sched.build()
