@@ -44,10 +44,24 @@ def register() -> None:
         if _registered:
             return
         import jax.ffi
-        jax.ffi.register_ffi_type(STATE_TYPE, _jaxcoll.state_type(), platform="cpu")
+        _register_state_type()
         for name, bundle in _jaxcoll.registrations().items():
             jax.ffi.register_ffi_target(name, bundle, platform="cpu", api_version=1)
         _registered = True
+
+
+def _register_state_type() -> None:
+    # jaxlib replays deferred registrations in the wrong order when the CPU backend starts (FFI targets before
+    # FFI types, which XLA rejects), so before the backend exists the type goes straight into XLA's
+    # process-wide FFI registry; afterwards the public API registers it at once.
+    import jax.ffi
+    from jaxlib import xla_client
+    deferred = "cpu" not in getattr(xla_client, "_custom_type_id_handler", {"cpu": None})
+    direct = getattr(getattr(xla_client, "_xla", None), "register_custom_type", None)
+    if deferred and direct is not None:
+        direct(STATE_TYPE, _jaxcoll.state_type())
+    else:
+        jax.ffi.register_ffi_type(STATE_TYPE, _jaxcoll.state_type(), platform="cpu")
 
 
 def check_words(words: np.ndarray) -> None:
