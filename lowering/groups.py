@@ -34,6 +34,15 @@ def axis_names(axis_name, api_name: str) -> tuple:
     return axes
 
 
+def in_mesh_order(axes: tuple) -> tuple:
+    """`axes` reordered as the enclosing mesh orders them (names the mesh does not have, such as vmap axes,
+    keep their place at the end). lax.ppermute numbers the ranks of a tuple of axes this way, whatever the
+    order of the tuple, unlike lax.axis_index and lax.all_gather."""
+    from jax.sharding import get_abstract_mesh
+    order = tuple(get_abstract_mesh().axis_names)
+    return tuple(sorted(axes, key=lambda a: order.index(a) if a in order else len(order)))
+
+
 def group_size(axes: tuple) -> int:
     """Number of ranks in each group of a collective over `axes` (trace time)."""
     env = core.get_axis_env()
