@@ -177,3 +177,26 @@ def test_errors_name_the_shapes(mesh):
     with pytest.raises(ValueError, match="multiple of the group size"):
         run(mesh, lambda x, w: fused.all_gather_matmul(x, w, "i", chunks=3), (P("i"), P()), P())(
             x, put(mesh, normal(6, 5), P()))
+
+
+XLA_COLLECTIVE = r"\b(all-gather|reduce-scatter|all-reduce|collective-permute|all-to-all)(-start)?\("
+
+
+@pytest.mark.parametrize("chunks", [1, N])
+def test_fused_ops_compile_to_jaxcoll_custom_calls_not_xla_collectives(mesh, chunks):
+    import re
+    if fused.BACKEND != "jaxcoll":
+        pytest.skip("jaxcoll's collectives are not importable yet; the fused ops run on jax.lax collectives")
+    x, w = put(mesh, normal(4 * N, 8), P("i")), put(mesh, normal(8, 4 * N), P(None, "i"))
+
+    def step(x, w):
+        y = fused.all_gather_matmul(x, w, "i", chunks=chunks)                 # (4N, 4) per rank
+        z = fused.matmul_reduce_scatter(y, w.T, "i", chunks=chunks)           # (4, 8)
+        return fused.matmul_all_reduce(z, w, "i", chunks=1 if chunks == 1 else 2)
+
+    f = run(mesh, step, (P("i"), P(None, "i")), P())
+    train = jax.jit(jax.grad(lambda x, w: jnp.sum(f(x, w) ** 2), argnums=(0, 1)))
+    for g in (f, train):
+        hlo = g.lower(x, w).compile().as_text()
+        assert re.search(r'custom_call_target="jaxcoll_', hlo)
+        assert not re.search(XLA_COLLECTIVE, hlo), re.search(XLA_COLLECTIVE, hlo)
