@@ -68,7 +68,7 @@ def adam_init(params, axis_name) -> AdamState:
 
 
 def reduce_scatter_adam_all_gather(grads, params, opt_state: AdamState, axis_name, *, lr, b1=0.9, b2=0.999,
-                                   eps=1e-8, weight_decay=1e-4):
+                                   eps=1e-8, weight_decay=1e-4, grads_summed: bool = False):
     """One AdamW step on the data-parallel sum of `grads`: returns `(new_params, new_opt_state)`.
 
     Equals `updates, s = optax.adamw(lr, b1, b2, eps, weight_decay=weight_decay).update(lax.psum(grads,
@@ -76,7 +76,9 @@ def reduce_scatter_adam_all_gather(grads, params, opt_state: AdamState, axis_nam
     master parameters kept in float32 and sharded over `axis_name` (`opt_state` from `adam_init`).
 
     Use inside `jax.shard_map` over `axis_name`. `grads` and `params` are pytrees of the same structure and
-    shapes. New parameters have `params`' dtypes and typing: invariant over `axis_name` where `params` were
+    shapes. `grads_summed=True` says the gradients are already the data-parallel sum (as `jax.grad` under
+    `jax.jit` with shardings returns them): the rank then takes its shard of them instead of reduce-scattering.
+    New parameters have `params`' dtypes and typing: invariant over `axis_name` where `params` were
     (replicated), else varying.
     """
     g_leaves, g_def = jax.tree.flatten(grads)
@@ -98,7 +100,10 @@ def reduce_scatter_adam_all_gather(grads, params, opt_state: AdamState, axis_nam
         raise ValueError(f"{API}: opt_state.mu.shape={opt_state.mu.shape} must be ({n},): the rank's shard of "
                          f"{n * p} padded parameter elements over a group of {p}")
     axes = _axes(axis_name)
-    g = comm.reduce_scatter(comm.make_varying(_flatten(grads, p), axes), axis_name, 0)
+    if grads_summed:
+        g = lax.dynamic_slice_in_dim(_flatten(grads, p), lax.axis_index(axis_name) * n, n)
+    else:
+        g = comm.reduce_scatter(comm.make_varying(_flatten(grads, p), axes), axis_name, 0)
 
     count = opt_state.count + 1
     t = count.astype(jnp.float32)
