@@ -166,3 +166,15 @@ def test_language_all_to_all_runs_through_jax():
     f = sharded(per_rank(lambda v: jaxcoll.all_to_all(v, "i", 0, 0, algorithm=plan)), "1d8")
     want = sharded(per_rank(lambda v: jax.lax.all_to_all(v, "i", 0, 0)), "1d8")
     np.testing.assert_array_equal(np.asarray(f(put(x, "1d8"))), np.asarray(want(put(x, "1d8"))))
+
+
+@pytest.mark.parametrize("build", ["all_pairs", "hierarchical"])
+def test_language_all_reduce_max_through_jax(build):
+    import jaxcoll
+    from sharded import per_rank, put, sharded
+    plan = (example("all_pairs_all_reduce").all_pairs_all_reduce(8) if build == "all_pairs"
+            else example("hierarchical_all_reduce").hierarchical_all_reduce(2, 4))
+    x = np.random.default_rng(3).normal(size=(8, 13)).astype(np.float32)
+    f = sharded(per_rank(lambda v: jaxcoll.all_reduce(v, "i", op="max", algorithm=plan)), "1d8")
+    want = sharded(per_rank(lambda v: jax.lax.pmax(v, "i")), "1d8")
+    np.testing.assert_array_equal(np.asarray(f(put(x, "1d8"))), np.asarray(want(put(x, "1d8"))))

@@ -138,3 +138,14 @@ def test_mscclpp_json_has_the_executor_fields():
 def test_mscclpp_export_rejects_zero_steps():
     with pytest.raises(PlanError, match="zero step"):
         to_mscclpp_json(builtin(Collective.PPERMUTE, "direct", 3, perm=((0, 1),)))
+
+
+def test_imported_in_place_ring_runs_through_jax_like_psum():
+    jax = pytest.importorskip("jax")
+    import jaxcoll
+    from sharded import per_rank, put, sharded
+    plan = check(load_msccl_xml(MSCCL / "allreduce_ring_4.xml"))
+    x = np.arange(4 * 7 * 3, dtype=np.float32).reshape(4, 7, 3)  # 21 elements per rank: uneven chunks
+    f = sharded(per_rank(lambda v: jaxcoll.all_reduce(v, "i", algorithm=plan)), "1d4")
+    want = sharded(per_rank(lambda v: jax.lax.psum(v, "i")), "1d4")
+    np.testing.assert_array_equal(np.asarray(f(put(x, "1d4"))), np.asarray(want(put(x, "1d4"))))
