@@ -186,6 +186,9 @@ def happens_before(plan: Plan, order: list[Node]) -> dict[Node, int]:
         for w, n in wait_number.items():
             step = plan.ranks[w[0]].lanes[w[1]].steps[w[2]]
             sigs = signals[w[0], step.sem]
+            if len({(r, l) for r, l, _ in sigs}) == 1:  # one signalling lane: the n-th wait meets the n-th signal
+                edges[w] = [sigs[n - 1]]
+                continue
             sure = []
             for x in sigs:
                 could = sum(1 for y in sigs if y != x and not (new[y] >> pos[x]) & 1
