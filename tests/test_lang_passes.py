@@ -2,7 +2,7 @@
 
 import types
 
-from jaxcoll.lang.compiler import (assign_lanes, dependencies, fuse, insert_sync, layout_scratch, pipeline,
+from jaxcoll.lang.compiler import (assign_lanes, dependencies, drop_dead_writes, fuse, insert_sync, layout_scratch, pipeline,
                                    replicate)
 from jaxcoll.lang.program import _NAMED_BASE, Instr
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Op, Step
@@ -117,3 +117,18 @@ def test_replicate_gives_each_instance_its_piece():
 def test_pipeline_splits_into_single_chunk_steps_in_order():
     out = pipeline([put(ref(0, IN, 0, 2), ref(1, OUT, 0, 2))], 2)
     assert [(i.step.srcs[0].index, i.step.srcs[0].count) for i in out] == [(0, 1), (1, 1), (2, 1), (3, 1)]
+
+
+def test_drop_dead_writes_removes_scratch_results_nobody_reads():
+    prog = [reduce_at(ref(1, SCR, 0), ref(1, IN, 0)), put(ref(1, SCR, 0), ref(2, SCR, 0)),
+            reduce_at(ref(2, OUT, 0), ref(2, SCR, 0))]
+    fused, _ = fuse(prog, dependencies(prog, SPACE))
+    out = drop_dead_writes(fused, SPACE)
+    assert out[0].step.dsts == (ref(2, SCR, 0),)  # r1.s0 was only the fused intermediate
+    assert out[1].step == fused[1].step
+
+
+def test_drop_dead_writes_keeps_scratch_read_later():
+    prog = [Instr(1, Step(Op.REDUCE, (ref(1, SCR, 0), ref(1, IN, 0)), (ref(1, SCR, 0), ref(1, OUT, 0)))),
+            put(ref(1, SCR, 0), ref(2, SCR, 0))]
+    assert drop_dead_writes(prog, SPACE) == prog

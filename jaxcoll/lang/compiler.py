@@ -7,6 +7,7 @@ Each pass is a function of its own, tested on its own (tests/test_lang_passes.py
     pipeline         split every step into single-chunk pieces, so consecutive hops of a chunk overlap
     dependencies     for each step, the earlier steps it must follow (read/write conflicts on a chunk)
     fuse             reduce-then-put, read-reduce-then-put and get-then-put into one fused step
+    drop_dead_writes scratch destinations nothing reads afterwards (left over by fusion) are not written
     assign_lanes     a lane for each step: one lane per (instance, peers reached) unless the program said
     insert_sync      lanes in program order, a signal after and a wait before every cross-lane dependency
 
@@ -152,6 +153,27 @@ def fuse(instrs: list[Instr], deps: list[set[int]]) -> tuple[list[Instr], list[s
     return [instrs[n] for n in keep], [{renumber[x] for x in deps[n]} for n in keep]
 
 
+def drop_dead_writes(instrs: list[Instr], space) -> list[Instr]:
+    """Remove scratch destinations whose value no later step reads before it is overwritten, when the step has
+    other destinations, on the step's own rank (fusion leaves the intermediate partial sum in scratch although the fused step already
+    forwards it). Dependencies computed before stay valid: they only become conservative."""
+    out = list(instrs)
+    live: set = set()  # scratch locations read by some later step before being overwritten
+    for n in range(len(out) - 1, -1, -1):
+        step = out[n].step
+        keep = []
+        for ref in step.dsts:
+            locs = _locs(space, [ref])
+            dead = ref.buffer is Buffer.SCRATCH and ref.rank == out[n].rank and not (locs & live)
+            if not dead:
+                keep.append(ref)
+        if keep and len(keep) < len(step.dsts):
+            out[n] = dataclasses.replace(out[n], step=Step(step.op, step.srcs, tuple(keep)))
+        live -= {loc for loc in _locs(space, out[n].step.dsts) if loc[1] is Buffer.SCRATCH}
+        live |= {loc for loc in _locs(space, out[n].step.srcs) if loc[1] is Buffer.SCRATCH}
+    return out
+
+
 def assign_lanes(instrs: list[Instr], max_lanes: int | None = None) -> list[Instr]:
     """Give every instruction without a lane one: on each rank, one lane per (instance, set of peers the step
     reaches), in order of first use, so a link's traffic stays in order on one lane and independent links run
@@ -237,6 +259,7 @@ def compile_program(prog: program, *, check: bool = True) -> Plan:
     deps = dependencies(instrs, space)
     if prog.fuse:
         instrs, deps = fuse(instrs, deps)
+        instrs = drop_dead_writes(instrs, space)
     instrs = assign_lanes(instrs, prog.max_lanes)
     lanes, sems = insert_sync(instrs, deps, space, prog.nranks)
     f = prog.instances * prog.pipeline
