@@ -33,6 +33,9 @@ LETTERS = {v: k for k, v in BUFFERS.items()}
 SENDS = {"s", "rcs", "rrs", "rrcs"}
 RECVS = {"r", "rcs", "rrc", "rrs", "rrcs"}
 TYPES = SENDS | RECVS | {"cpy", "re", "nop"}
+# The chunks a step type touches on its own gpu (a receive's src and a send's dst name the peer's chunks).
+LOCAL = {"s": ("src",), "r": ("dst",), "rcs": ("dst",), "rrc": ("src", "dst"), "rrs": ("src",),
+         "rrcs": ("src", "dst"), "cpy": ("src", "dst"), "re": ("src", "dst"), "nop": ()}
 
 
 def _int(elem_name: str, elem: ET.Element, attr: str, default: int | None = None) -> int:
@@ -163,7 +166,7 @@ def load_msccl_xml(path_or_text) -> Plan:
     for gid, lanes in tbs.items():
         for tb in lanes:
             for st in tb["steps"]:
-                for side in ("src", "dst"):
+                for side in LOCAL[st["type"]]:
                     if st[side] is None:
                         continue
                     buf, off = st[side]
@@ -260,9 +263,7 @@ def load_msccl_xml(path_or_text) -> Plan:
                 typ, cnt = st["type"], st["cnt"]
                 if typ in RECVS:
                     out.append(Step(Op.WAIT, sem=st["rsem"]))
-                need = {"s": ("src",), "r": ("dst",), "rcs": ("dst",), "rrc": ("src", "dst"),
-                        "rrs": ("src",), "rrcs": ("src", "dst"), "cpy": ("src", "dst"), "re": ("src", "dst"),
-                        "nop": ()}[typ]
+                need = LOCAL[typ]
                 for side in need:
                     if st[side] is None:
                         raise PlanError(f"{st['name']}: a {typ} step needs {side}buf and {side}off")
