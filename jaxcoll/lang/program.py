@@ -153,9 +153,9 @@ class program:
         return Chunk(self, rank, buffer, index, size)
 
     def _scratch_slot(self, rank: int, name: str, index: int, size: int) -> int:
-        # Named buffers are laid out after the plain "scratch" chunks when compiling; until then a ref carries
-        # a placeholder index that `_layout_scratch` resolves. The placeholder is negative-free: we encode the
-        # name's id in a high offset that the compiler rewrites.
+        # Named buffers are laid out after the plain "scratch" chunks when compiling (their sizes are known only
+        # then); until then a ref carries the placeholder index _NAMED_BASE * (id + 1) + index, which
+        # `compiler.layout_scratch` rewrites.
         ids = self._scratch_names.setdefault(name, len(self._scratch_names))
         return _NAMED_BASE * (ids + 1) + index
 
