@@ -97,7 +97,12 @@ def _all_gather_matmul_ring(x, w, axis_name, g, chunks, want_gathered):
     xg = jnp.zeros(gathered_shape, dtype) if want_gathered else None
     for t in range(p):
         # Issue the next hop first: it depends only on the pieces already here, not on this step's product.
-        nxt = [comm.ppermute(c, axis_name, comm.ring(p)) for c in cur] if t < p - 1 else None
+        nxt = None
+        if t < p - 1:
+            nxt, last = [], None
+            for c in cur:
+                last = comm.ppermute(comm.after(c, last), axis_name, comm.ring(p))
+                nxt.append(last)
         src = (idx - t) % p
         for j, piece in enumerate(cur):
             at = src * n + j * m
@@ -131,7 +136,7 @@ def _all_gather_matmul_bwd(axis_name, g, chunks, return_gathered, x_vma, w_vma, 
     # d(xg @ w)/dxg = dy @ w.T, and the transpose of the all-gather is a reduce-scatter: the partner op.
     dx = matmul_reduce_scatter(dy, w.T, axis_name, scatter_axis=g, chunks=chunks)
     if dxg is not None:
-        dx = dx + comm.reduce_scatter(dxg, axis_name, g)
+        dx = dx + comm.reduce_scatter(comm.after(dxg, dx), axis_name, g)
     dw = _contract_leading(xg, dy, w.dtype)
     return comm.match_vma(dx, x_vma), comm.match_vma(dw, w_vma)
 
@@ -188,7 +193,10 @@ def _matmul_reduce_scatter_ring(x, w, axis_name, a, chunks):
     acc = [partial_product((idx - 1) % p, j) for j in range(s)]
     for t in range(1, p):
         b = (idx - t - 1) % p
-        arrived = [comm.ppermute(c, axis_name, comm.ring(p)) for c in acc]
+        arrived, last = [], None
+        for c in acc:
+            last = comm.ppermute(comm.after(c, last), axis_name, comm.ring(p))
+            arrived.append(last)
         acc = [arrived[j] + partial_product(b, j) for j in range(s)]
     return jnp.concatenate(acc, axis=a).astype(dtype) if s > 1 else acc[0].astype(dtype)
 

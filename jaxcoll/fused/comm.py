@@ -95,3 +95,17 @@ def all_gather_invariant(x, axis_name, axis):
     placed = lax.dynamic_update_slice_in_dim(jax.numpy.zeros(shape, x.dtype), x,
                                              lax.axis_index(axis_name) * n, axis=axis)
     return all_reduce(placed, axis_name)
+
+
+def after(x, prev):
+    """`x`, made to depend on `prev` (None: unchanged).
+
+    jaxcoll's runtime blocks a device in each collective's rendezvous, and XLA orders independent custom calls
+    differently on different devices, so two collectives with no data dependency can deadlock. Chaining every
+    collective of an op after the one before fixes one order on all ranks; the products stay independent of
+    the communication, which is what the overlap needs.
+    """
+    if prev is None:
+        return x
+    # stop_gradient: the dependency is for ordering only; no cotangent (and no psum of one) flows back to prev.
+    return lax.optimization_barrier((lax.stop_gradient(prev), x))[1]

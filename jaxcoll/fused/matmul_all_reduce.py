@@ -59,7 +59,10 @@ def matmul_all_reduce(x, w, axis_name, *, bias=None, residual=None, chunks=None)
     x = comm.make_varying(x, _axes(axis_name))
     m = rows // chunks
     pieces = [x] if chunks == 1 else [lax.slice_in_dim(x, j * m, (j + 1) * m, axis=0) for j in range(chunks)]
-    summed = [comm.all_reduce(_dot(piece, w).astype(x.dtype), axis_name) for piece in pieces]
+    summed, last = [], None
+    for piece in pieces:
+        last = comm.all_reduce(comm.after(_dot(piece, w).astype(x.dtype), last), axis_name)
+        summed.append(last)
     y = summed[0] if chunks == 1 else jnp.concatenate(summed, axis=0)
     if bias is not None:
         y = y + bias

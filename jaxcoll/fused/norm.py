@@ -80,20 +80,21 @@ def reduce_scatter_norm_all_gather(x, axis_name, *, scale, residual=None, bias=N
     x = comm.make_varying(x, _axes(axis_name))
     idx = lax.axis_index(axis_name)
     piece, block = rows // c, rows // (c * p)
-    outs = []
+    outs, last = [], None
     for q in range(c):
         xq = x if c == 1 else lax.slice_in_dim(x, q * piece, (q + 1) * piece, axis=0)
-        h = comm.reduce_scatter(xq, axis_name, 0)
+        h = comm.reduce_scatter(comm.after(xq, last), axis_name, 0)
         if bias is not None:
             h = h + bias
         if residual is not None:
             h = h + lax.dynamic_slice_in_dim(residual, q * piece + idx * block, block, axis=0)
         y = row_norm(h, scale, offset, norm, eps)
         if return_residual:
-            both = comm.all_gather(jnp.concatenate([y, h], axis=-1), axis_name, 0)
-            outs.append((both[..., :h_dim], both[..., h_dim:]))
+            last = comm.all_gather(jnp.concatenate([y, h], axis=-1), axis_name, 0)
+            outs.append((last[..., :h_dim], last[..., h_dim:]))
         else:
-            outs.append((comm.all_gather(y, axis_name, 0), None))
+            last = comm.all_gather(y, axis_name, 0)
+            outs.append((last, None))
     y = outs[0][0] if c == 1 else jnp.concatenate([o[0] for o in outs], axis=0)
     if not return_residual:
         return y
