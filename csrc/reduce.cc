@@ -2,8 +2,13 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 // The kernels are compiled for several instruction sets and picked at load time (GCC/Clang function
 // multiversioning), so the shipped build runs anywhere and still uses AVX-512/AVX2 (and F16C for float16
@@ -67,6 +72,48 @@ struct Min {
   static JAXCOLL_INLINE A apply(A a, A b) { return (a < b || a != a) ? a : b; }
 };
 
+// Destinations of at least this many bytes per step are written with non-temporal stores: they skip the read
+// for ownership of every line and do not evict the sources still to be read. JAXCOLL_NT_BYTES overrides.
+size_t nt_threshold() {
+  static const size_t t = [] {
+    const char* v = std::getenv("JAXCOLL_NT_BYTES");
+    return v && *v ? static_cast<size_t>(std::strtoull(v, nullptr, 10)) : size_t{1} << 20;
+  }();
+  return t;
+}
+
+// Copy with streaming stores where the CPU has them (SSE2 is part of x86-64, so no dispatch is needed).
+JAXCOLL_INLINE void stream_bytes(void* dst, const void* src, size_t bytes) {
+#if defined(__x86_64__)
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+  if (head > bytes) head = bytes;
+  std::memcpy(d, s, head);
+  d += head, s += head, bytes -= head;
+  for (; bytes >= 64; d += 64, s += 64, bytes -= 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
+  }
+  std::memcpy(d, s, bytes);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+// Make streaming stores visible before a later release (signal, barrier) publishes them.
+inline void stream_fence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
 // The accumulator tile stays in L1 while every source streams through it once.
 constexpr int64_t kTileBytes = 8192;
 
@@ -91,24 +138,34 @@ JAXCOLL_INLINE void combine_into(typename Tr::A* __restrict acc, const Operand& 
 }
 
 template <class Tr>
-JAXCOLL_INLINE void store_from(const typename Tr::A* __restrict acc, const Operand& dst, int64_t t0, int64_t len) {
+JAXCOLL_INLINE void store_from(const typename Tr::A* __restrict acc, typename Tr::D* __restrict conv,
+                               const Operand& dst, int64_t t0, int64_t len, bool stream) {
   using A = typename Tr::A;
   using D = typename Tr::D;
-  if (dst.accum) {
+  if (dst.accum || std::is_same_v<D, A>) {
     A* __restrict p = static_cast<A*>(dst.ptr) + t0;
-    for (int64_t i = 0; i < len; ++i) p[i] = acc[i];
+    if (stream)
+      stream_bytes(p, acc, size_t(len) * sizeof(A));
+    else
+      for (int64_t i = 0; i < len; ++i) p[i] = acc[i];
   } else {
     D* __restrict p = static_cast<D*>(dst.ptr) + t0;
-    for (int64_t i = 0; i < len; ++i) p[i] = Tr::store(acc[i]);
+    if (stream) {
+      for (int64_t i = 0; i < len; ++i) conv[i] = Tr::store(acc[i]);
+      stream_bytes(p, conv, size_t(len) * sizeof(D));
+    } else {
+      for (int64_t i = 0; i < len; ++i) p[i] = Tr::store(acc[i]);
+    }
   }
 }
 
 template <class Tr, class R>
 JAXCOLL_INLINE void reduce_typed(const Operand* srcs, int nsrc, const Operand* dsts, int ndst, int64_t n) {
   using A = typename Tr::A;
+  const bool stream = size_t(n) * sizeof(typename Tr::D) >= nt_threshold();
   if constexpr (std::is_same_v<typename Tr::D, A>) {
-    // Two sources, one destination, no conversion: one streaming pass, no accumulator round trip.
-    if (nsrc == 2 && ndst == 1) {
+    // Two sources, one destination, no conversion, cache-resident: one pass, no accumulator round trip.
+    if (nsrc == 2 && ndst == 1 && !stream) {
       const A* __restrict a = static_cast<const A*>(srcs[0].ptr);
       const A* __restrict b = static_cast<const A*>(srcs[1].ptr);
       A* d = static_cast<A*>(dsts[0].ptr);  // may alias a or b element for element
@@ -118,12 +175,14 @@ JAXCOLL_INLINE void reduce_typed(const Operand* srcs, int nsrc, const Operand* d
   }
   constexpr int64_t kTile = kTileBytes / sizeof(A);
   alignas(64) A acc[kTile];
+  alignas(64) typename Tr::D conv[kTile];
   for (int64_t t0 = 0; t0 < n; t0 += kTile) {
     const int64_t len = std::min(kTile, n - t0);
     combine_into<Tr, R>(acc, srcs[0], t0, len, true);
     for (int s = 1; s < nsrc; ++s) combine_into<Tr, R>(acc, srcs[s], t0, len, false);
-    for (int d = 0; d < ndst; ++d) store_from<Tr>(acc, dsts[d], t0, len);
+    for (int d = 0; d < ndst; ++d) store_from<Tr>(acc, conv, dsts[d], t0, len, stream);
   }
+  if (stream) stream_fence();
 }
 
 template <class Tr>
@@ -169,8 +228,14 @@ void reduce_chunks(DType dtype, ReduceOp op, const Operand* srcs, int nsrc, cons
         all_plain = false;
         continue;
       }
-      if (dsts[d].ptr != srcs[0].ptr) std::memcpy(dsts[d].ptr, srcs[0].ptr, size_t(n) * (srcs[0].accum ? asize : dsize));
+      const size_t bytes = size_t(n) * (srcs[0].accum ? asize : dsize);
+      if (dsts[d].ptr == srcs[0].ptr) continue;
+      if (bytes >= nt_threshold())
+        stream_bytes(dsts[d].ptr, srcs[0].ptr, bytes);
+      else
+        std::memcpy(dsts[d].ptr, srcs[0].ptr, bytes);
     }
+    stream_fence();
     if (all_plain) return;
   }
   if (dtype == DType::kBool && op == ReduceOp::kSum) op = ReduceOp::kMax;  // logical or
