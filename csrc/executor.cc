@@ -1,5 +1,6 @@
 #include "executor.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -262,7 +263,10 @@ Status execute_rank(Communicator& comm, const Plan& plan, int32_t rank, const Ca
   }
   RankRun run(comm, plan, rank, b, site, deadline);
   if (Status st = run.run(block); !st.ok()) return st;
-  if (Status st = comm.exit(rank, call, site, deadline); !st.ok()) return st;
+  // A rank stuck on a semaphore reports the more specific diagnosis; the exit barrier waits a little longer.
+  const auto grace = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+      std::min(std::max(0.1 * timeout_s, 0.05), 5.0)));
+  if (Status st = comm.exit(rank, call, site, deadline + grace); !st.ok()) return st;
   if (staging) std::memcpy(b.output, rb.output, block * dsize);
   return {};
 }
