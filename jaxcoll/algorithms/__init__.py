@@ -68,9 +68,19 @@ def _check_user_plan(plan: Plan, collective: Collective, nranks: int, root: int,
         raise ValueError(f"algorithm= is a ppermute plan for perm={list(plan.perm)}, but the call has "
                          f"perm={list(perm)}")
     try:
-        validate(plan)
+        _proved(plan)
     except PlanError as e:
-        raise ValueError(f"algorithm= plan {plan.name or ''} is malformed: {e}") from e
+        raise ValueError(f"algorithm= plan {plan.name or repr(plan)} does not compute {collective.value}: {e}") from e
+    return plan
+
+
+@functools.lru_cache(maxsize=128)
+def _proved(plan: Plan) -> Plan:
+    """A user's plan runs only once the checker has proved it (data lands where the collective says, no
+    deadlock, no race); proofs are cached since a plan is immutable."""
+    from jaxcoll.lang import check
+
+    check(validate(plan))
     return plan
 
 
