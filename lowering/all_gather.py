@@ -91,6 +91,6 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, all_gather_dimension, tiled, 
 
 
 all_gather_p.def_effectful_abstract_eval(_abstract_eval)
-mlir.register_lowering(all_gather_p, _lowering)
+mlir.register_lowering(all_gather_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
 ad.deflinear2(all_gather_p, _transpose)
 batching.fancy_primitive_batchers[all_gather_p] = _batcher

@@ -71,7 +71,7 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, op, algorithm):
 
 
 all_reduce_p.def_effectful_abstract_eval(_abstract_eval)
-mlir.register_lowering(all_reduce_p, _lowering)
+mlir.register_lowering(all_reduce_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
 ad.primitive_jvps[all_reduce_p] = _jvp
 ad.primitive_transposes[all_reduce_p] = partial(ad.linear_transpose2, _transpose)
 batching.fancy_primitive_batchers[all_reduce_p] = _batcher

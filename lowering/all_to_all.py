@@ -70,6 +70,6 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, split_axis, concat_axis, algo
 
 
 all_to_all_p.def_effectful_abstract_eval(_abstract_eval)
-mlir.register_lowering(all_to_all_p, _lowering)
+mlir.register_lowering(all_to_all_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
 ad.deflinear2(all_to_all_p, _transpose)
 batching.fancy_primitive_batchers[all_to_all_p] = _batcher

@@ -64,6 +64,6 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, root, algorithm):
 
 
 broadcast_p.def_effectful_abstract_eval(_abstract_eval)
-mlir.register_lowering(broadcast_p, _lowering)
+mlir.register_lowering(broadcast_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
 ad.deflinear2(broadcast_p, _transpose)
 batching.fancy_primitive_batchers[broadcast_p] = _batcher

@@ -3,7 +3,9 @@ call"): target `jaxcoll_<collective>`, operands (x, rank, group), result the ran
 (the plan's int32 words), `reduce_op` (s32) and `callsite` (s64).
 
 `callsite` is unique per lowered call site in this process: the runtime keys its rendezvous by (callsite,
-group), so collectives that XLA runs in different orders on different devices never meet the wrong peers.
+group), so collectives that XLA runs in different orders on different devices never meet the wrong peers. The
+primitives register their lowerings as uncacheable: jax otherwise lowers equal equations (same primitive,
+parameters and shapes) once and calls that function from every site, so two call sites would share a key.
 """
 
 from __future__ import annotations

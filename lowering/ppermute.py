@@ -72,6 +72,6 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, perm, algorithm):
 
 
 ppermute_p.def_effectful_abstract_eval(_abstract_eval)
-mlir.register_lowering(ppermute_p, _lowering)
+mlir.register_lowering(ppermute_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
 ad.deflinear2(ppermute_p, _transpose)
 batching.fancy_primitive_batchers[ppermute_p] = _batcher

@@ -107,7 +107,7 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, scatter_dimension, tiled, op,
 
 
 reduce_scatter_p.def_effectful_abstract_eval(_abstract_eval)
-mlir.register_lowering(reduce_scatter_p, _lowering)
+mlir.register_lowering(reduce_scatter_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
 ad.primitive_jvps[reduce_scatter_p] = _jvp
 ad.primitive_transposes[reduce_scatter_p] = partial(ad.linear_transpose2, _transpose)
 batching.fancy_primitive_batchers[reduce_scatter_p] = _batcher
