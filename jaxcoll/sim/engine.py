@@ -11,8 +11,9 @@ The model (docs/synthesis.md, "The simulator"):
 - A signal reaches its peer one route latency after it is issued; it follows the puts the lane issued before it
   (release order), so a waiter never sees a signal before the data. A wait blocks until a signal is there.
   A barrier holds every lane of the rank until all have reached it.
-- Local work (a copy, or a reduction of several chunks) streams through the rank's memory:
-  (sources + local destinations) x bytes / `Topology.memory_bandwidth_GBps`; free when the topology has none.
+- Local work (a local copy, or a reduction of several chunks) streams through the rank's memory:
+  (sources read + local destinations written) x bytes / `Topology.memory_bandwidth_GBps`; free when the topology
+  has none. A plain put or get streams at the link's rate and adds no local cost.
   A reduce_put reduces first, then sends; a read_reduce receives first, then reduces.
 - The plan ends when every lane has finished and every byte and signal has landed (the exit barrier).
 
@@ -188,10 +189,11 @@ class _Simulation:
         nbytes = self.chunk * step.srcs[0].count if step.srcs else self.chunk * step.dsts[0].count
         remote_srcs = [ref for ref in step.srcs if ref.rank != r]
         remote_dsts = [ref for ref in step.dsts if ref.rank != r]
-        local = len(step.srcs) - len(remote_srcs) + len(step.dsts) - len(remote_dsts)
-        if remote_srcs and (remote_dsts or local > 1 or len(step.srcs) > 1):
-            local += len(step.srcs)  # pulled values are reduced in local memory before they are written
-        compute = local * nbytes / self.mem if self.mem else 0.0
+        local_dsts = len(step.dsts) - len(remote_dsts)
+        # Local memory traffic: a reduction reads every source; a local write writes; a plain put or get streams
+        # at the link's rate and costs nothing extra.
+        reads = len(step.srcs) if len(step.srcs) > 1 or (local_dsts and not remote_srcs) else 0
+        compute = (reads + local_dsts) * nbytes / self.mem if self.mem and (reads or len(step.srcs) > 1) else 0.0
         if self.trace is not None:
             self.trace.append((self.now, r, l, step))
         if not remote_srcs and not remote_dsts:

@@ -51,11 +51,31 @@ def _hamiltonian_cycle(topology: Topology, ranks: list[int], budget_s: float = 0
 
 
 def ring_order(topology: Topology) -> list[int]:
-    """The ranks in ring order (see the module docstring)."""
-    order: list[int] = []
-    for box in topology.boxes:
-        order += _hamiltonian_cycle(topology, list(box))
-    return order
+    """The ranks in ring order (see the module docstring). Each box's cycle is rotated (or reversed) so that the
+    hop from one box to the next, and from the last box back to the first, is a direct connection."""
+    cycles = [_hamiltonian_cycle(topology, list(box)) for box in topology.boxes]
+    if len(cycles) == 1:
+        return cycles[0]
+
+    def variants(c):
+        for rev in (False, True):
+            base = c[::-1] if rev else c
+            for i in range(len(base)):
+                yield base[i:] + base[:i]
+
+    for first in variants(cycles[0]):
+        order, ok = list(first), True
+        for b, c in enumerate(cycles[1:], start=1):
+            last = b == len(cycles) - 1
+            pick = next((v for v in variants(c) if topology.direct(order[-1], v[0])
+                         and (not last or topology.direct(v[-1], first[0]))), None)
+            if pick is None:
+                ok = False
+                break
+            order += pick
+        if ok:
+            return order
+    return [v for c in cycles for v in c]
 
 
 def ring(topology: Topology, collective, nrings: int = 1, order: list[int] | None = None) -> Plan:

@@ -29,6 +29,8 @@ class TreeRoute:
     dst: int
     reduce_parent: tuple[int, ...] | None = None
     bcast_parent: tuple[int, ...] | None = None
+    wave: float = 0  # pipelining: lanes run moves in order of (phase, wave + level * hop, ...); see tree_plan
+    hop: float = 1.0
 
 
 def chain(order: Sequence[int], nranks: int) -> tuple[int, ...]:
@@ -74,7 +76,12 @@ def _levels(parent: Sequence[int], root: int) -> tuple[list[int], list[int], lis
 
 def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Sequence[TreeRoute],
               name: str = "") -> Plan:
-    """The plan that moves every chunk along its `TreeRoute`."""
+    """The plan that moves every chunk along its `TreeRoute`.
+
+    Lanes: one per (rank, peer, phase), plus a local one. A lane runs its moves in order of (phase, wave, tree
+    level, item). The wave is when the chunk would leave its root in a fluid schedule (its position in the run):
+    chunks are software-pipelined, a link carries the first hop of one chunk while an earlier one makes its
+    second hop, and every link sees its load spread evenly over the run rather than in bursts."""
     collective = Collective(collective)
     sched = Schedule(collective, nranks, chunk_factor, name)
     for item, route in enumerate(routes):
@@ -87,7 +94,7 @@ def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Se
             for v in reversed(order):
                 srcs = [ChunkRef(v, Buffer.INPUT, route.src)] + [delivered[c][0] for c in kids[v]]
                 deps = [delivered[c][1] for c in kids[v]]
-                prio = (0, height[v], item)
+                prio = (0, route.wave + height[v] * route.hop, height[v], item)
                 if v == root:
                     dst = ChunkRef(v, Buffer.OUTPUT, route.dst)
                     op = Op.COPY if len(srcs) == 1 else Op.READ_REDUCE
@@ -111,6 +118,6 @@ def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Se
                     src = ChunkRef(v, Buffer.OUTPUT, route.dst)
                 deps = [arrived[v]] if arrived[v] is not None else []
                 for c in kids[v]:
-                    arrived[c] = sched.move(v, ("to", c, 1), (1, depth[v], item), Op.PUT, [src],
+                    arrived[c] = sched.move(v, ("to", c, 1), (1, route.wave + depth[v] * route.hop, depth[v], item), Op.PUT, [src],
                                             [ChunkRef(c, Buffer.OUTPUT, route.dst)], deps)
     return sched.build()

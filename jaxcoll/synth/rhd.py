@@ -1,0 +1,36 @@
+"""Recursive halving and doubling (Thakur, Rabenseifner and Gropp): log2 N exchange steps with partners at
+distance N/2, N/4, ... (reduce_scatter by halving) and back (all_gather by doubling); N must be a power of two.
+
+Chunk c ends at rank c. In tree terms, rank v hands its partial of chunk c to v XOR h, h the highest bit in which
+v and c differ: that is v's parent in c's binomial tree, for the halving and the doubling alike.
+"""
+
+from __future__ import annotations
+
+from jaxcoll.plan import Collective, Plan
+from jaxcoll.synth.trees import TreeRoute, tree_plan
+from jaxcoll.topology import Topology
+
+
+def binomial_parents(nranks: int, root: int) -> tuple[int, ...]:
+    return tuple(-1 if v == root else v ^ (1 << ((v ^ root).bit_length() - 1)) for v in range(nranks))
+
+
+def rhd(topology: Topology, collective) -> Plan:
+    collective = Collective(collective)
+    n = topology.nranks
+    if n & (n - 1):
+        raise ValueError(f"recursive halving/doubling needs a power-of-two group, got nranks={n}")
+    routes = []
+    for c in range(n):
+        t = binomial_parents(n, c)
+        if collective is Collective.ALL_REDUCE:
+            routes.append(TreeRoute(c, c, c, reduce_parent=t, bcast_parent=t))
+        elif collective is Collective.ALL_GATHER:
+            routes.append(TreeRoute(c, 0, c, bcast_parent=t))
+        elif collective is Collective.REDUCE_SCATTER:
+            routes.append(TreeRoute(c, c, 0, reduce_parent=t))
+        else:
+            raise ValueError(f"rhd covers all_gather, reduce_scatter and all_reduce, got {collective.value!r}")
+    k = n if collective is Collective.ALL_REDUCE else 1
+    return tree_plan(collective, n, k, routes, name="rhd")
