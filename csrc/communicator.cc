@@ -1,7 +1,6 @@
 #include "communicator.hpp"
 
 #include <cstdlib>
-#include <map>
 #include <utility>
 
 namespace jaxcoll {
@@ -24,14 +23,23 @@ std::string CallSite::describe() const {
          std::to_string(group) + ")";
 }
 
-Communicator::Communicator(int32_t nranks) : nranks_(nranks), slots_(std::make_unique<RankSlot[]>(nranks)) {}
+// ---- Rendezvous ------------------------------------------------------------------------------------------------
 
-void Communicator::fail(const std::string& message) {
-  {
-    std::lock_guard<std::mutex> lock(failure_mu_);
-    if (failure_.empty()) failure_ = message;
+Rendezvous::Rendezvous(Communicator& owner, int32_t nranks)
+    : owner_(owner), nranks_(nranks), slots_(std::make_unique<RankSlot[]>(nranks)) {}
+
+void Rendezvous::reset(int64_t run_id, uint64_t iteration) {
+  run_id_ = run_id;
+  iteration_ = iteration;
+  phase_.word.store(0, std::memory_order_relaxed);
+  left_.store(0, std::memory_order_relaxed);
+  for (int32_t r = 0; r < nranks_; ++r) {
+    slots_[r].entered.store(false, std::memory_order_relaxed);
+    slots_[r].finished.store(false, std::memory_order_relaxed);
   }
-  failed_.store(true, std::memory_order_release);
+}
+
+void Rendezvous::wake_all() {
   phase_.word.fetch_add(0, std::memory_order_seq_cst);
   futex_wake_all(phase_.word);
   for (int32_t r = 0; r < nranks_; ++r) {
@@ -40,61 +48,97 @@ void Communicator::fail(const std::string& message) {
   }
 }
 
-std::string Communicator::failure() const {
-  std::lock_guard<std::mutex> lock(failure_mu_);
-  return failure_;
-}
-
-Status Communicator::arrive(int32_t rank, uint32_t target, const CallSite& site, Clock::time_point deadline,
-                            bool at_exit, uint64_t call) {
+Status Rendezvous::arrive(int32_t rank, uint32_t target, const CallSite& site, Clock::time_point deadline,
+                          bool at_exit) {
   const uint32_t after = phase_.word.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (after == target) {  // the last to arrive releases the others
     if (phase_.sleepers.load(std::memory_order_seq_cst)) futex_wake_all(phase_.word);
     return {};
   }
-  auto reached = [&] {
-    return static_cast<int32_t>(phase_.word.load(std::memory_order_acquire) - target) >= 0;
-  };
-  const WaitResult w = wait_for(phase_, reached, [&] { return failed(); }, deadline);
+  auto reached = [&] { return phase_.word.load(std::memory_order_acquire) >= target; };
+  const WaitResult w = wait_for(phase_, reached, [&] { return owner_.failed(); }, deadline);
   if (w == WaitResult::kReady) return {};
-  if (w == WaitResult::kAborted) return Status::Error(site.describe() + ": " + failure());
+  if (w == WaitResult::kAborted) return Status::Error(site.describe() + ": " + owner_.failure());
   std::string missing;
   for (int32_t r = 0; r < nranks_; ++r) {
-    const uint64_t seen = at_exit ? slots_[r].finished.load() : slots_[r].entered.load();
-    if (seen < call) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    const bool seen = at_exit ? slots_[r].finished.load() : slots_[r].entered.load();
+    if (!seen) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
   }
   Status err = Status::Error(
       site.describe() + ": rank " + std::to_string(rank) + " timed out in the " + (at_exit ? "exit" : "entry") +
-      " rendezvous of call " + std::to_string(call) + "; ranks that never arrived: [" + missing +
+      " rendezvous (launch " + std::to_string(run_id_) + ", call " + std::to_string(iteration_) +
+      " of this site in it); ranks that never arrived: [" + missing +
       "] (timeout set by JAXCOLL_TIMEOUT; a rank that never arrives usually ran a different program or "
       "deadlocked on another collective)");
-  fail(err.message());
+  owner_.fail(err.message());
   return err;
 }
 
-Status Communicator::enter(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers, const CallSite& site,
-                           Clock::time_point deadline, uint64_t& call) {
-  if (failed())
-    return Status::Error(site.describe() + ": an earlier call of this collective failed and left its peers in an "
-                         "unknown state; restart the process. The failure was: " + failure());
+Status Rendezvous::enter(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers, const CallSite& site,
+                         Clock::time_point deadline) {
   RankSlot& s = slots_[rank];
-  // Peers touch these only after the rendezvous below, and every peer has finished the previous call.
+  // Peers touch these only after the rendezvous below.
   if (nsemaphores > s.nsemaphores) {
     s.semaphores = std::make_unique<std::atomic<uint32_t>[]>(nsemaphores);
     s.nsemaphores = nsemaphores;
   }
   for (int32_t i = 0; i < s.nsemaphores; ++i) s.semaphores[i].store(0, std::memory_order_relaxed);
   s.buffers = buffers;
-  call = ++s.calls;
-  s.entered.store(call, std::memory_order_relaxed);
-  const uint32_t target = static_cast<uint32_t>((2 * call - 1) * static_cast<uint64_t>(nranks_));
-  return arrive(rank, target, site, deadline, false, call);
+  s.entered.store(true, std::memory_order_relaxed);
+  return arrive(rank, static_cast<uint32_t>(nranks_), site, deadline, false);
 }
 
-Status Communicator::exit(int32_t rank, uint64_t call, const CallSite& site, Clock::time_point deadline) {
-  slots_[rank].finished.store(call, std::memory_order_relaxed);
-  const uint32_t target = static_cast<uint32_t>(2 * call * static_cast<uint64_t>(nranks_));
-  return arrive(rank, target, site, deadline, true, call);
+Status Rendezvous::exit(int32_t rank, const CallSite& site, Clock::time_point deadline) {
+  slots_[rank].finished.store(true, std::memory_order_relaxed);
+  return arrive(rank, static_cast<uint32_t>(2 * nranks_), site, deadline, true);
+}
+
+// ---- Communicator ----------------------------------------------------------------------------------------------
+
+Rendezvous* Communicator::join(int32_t rank, int64_t run_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& iters = iterations_[rank];
+  const uint64_t iteration = ++iters[run_id];
+  if (iters.size() > 64) iters.erase(iters.begin());  // run ids grow: forget the oldest launch
+  for (auto& r : active_)
+    if (r->run_id_ == run_id && r->iteration_ == iteration) return r.get();
+  std::unique_ptr<Rendezvous> r;
+  if (!idle_.empty()) {
+    r = std::move(idle_.back());
+    idle_.pop_back();
+  } else {
+    r = std::make_unique<Rendezvous>(*this, nranks_);
+  }
+  r->reset(run_id, iteration);
+  active_.push_back(std::move(r));
+  return active_.back().get();
+}
+
+void Communicator::leave(Rendezvous* r) {
+  if (r->left_.fetch_add(1, std::memory_order_acq_rel) + 1 != nranks_) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < active_.size(); ++i) {
+    if (active_[i].get() != r) continue;
+    idle_.push_back(std::move(active_[i]));
+    active_[i] = std::move(active_.back());
+    active_.pop_back();
+    return;
+  }
+}
+
+void Communicator::fail(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    if (failure_.empty()) failure_ = message;
+  }
+  failed_.store(true, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& r : active_) r->wake_all();
+}
+
+std::string Communicator::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  return failure_;
 }
 
 Communicator* communicator_for(int64_t callsite, int32_t group, int32_t nranks, Status& status) {

@@ -1,21 +1,27 @@
-// A communicator: the meeting point of the ranks of one group at one call site (docs/plan-ir.md, "What the
-// executor guarantees"). It is process-wide, keyed by (callsite, group), and lives as long as the process, so
-// its scratch, staging buffers and semaphores are reused by every call.
+// Communicators: the meeting points of the ranks of one group at one call site (docs/plan-ir.md, "What the
+// executor guarantees"). A Communicator is process-wide, keyed by (callsite, group), and lives as long as the
+// process.
 //
-// One phase counter orders everything: the n-th call of a rank arrives at entry when the counter reaches
-// (2n-1)*N and at exit when it reaches 2n*N. A rank cannot start call n+1 before every rank has arrived at the
-// exit of call n, so the n-th call on a rank always meets the n-th call on its peers, whatever the order in
-// which XLA runs different call sites. A failure (timeout, bad buffer) marks the communicator failed and wakes
-// everyone, so peers error out promptly instead of waiting for their own timeout; a failed communicator stays
-// failed for the life of the process.
+// XLA:CPU may run consecutive launches of a program concurrently on one device (each device admits several
+// computations in flight), so "the n-th call of a rank" is not enough to pair calls: a call is identified by
+// the launch's run id (shared by every device of one launch) and by how many times this rank has run the call
+// site within that launch (a call site inside a loop runs once per iteration). Each such call gets its own
+// Rendezvous: N slots with published buffers, semaphores and doorbells, an arrival counter for the entry
+// rendezvous and the exit barrier. Finished rendezvous are recycled with their scratch and staging memory, so
+// the steady state allocates nothing.
+//
+// A failure (timeout, bad buffer) marks the communicator failed and wakes everyone, so peers error out promptly
+// instead of waiting for their own timeout; a failed communicator stays failed for the life of the process.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "dtype.hpp"
 #include "status.hpp"
@@ -51,9 +57,8 @@ struct RankSlot {
   std::unique_ptr<std::atomic<uint32_t>[]> semaphores;
   int32_t nsemaphores = 0;
   RankBuffers buffers;
-  uint64_t calls = 0;                  // calls started by this rank (owned by its thread)
-  std::atomic<uint64_t> entered{0};    // last call that arrived at entry (for error messages)
-  std::atomic<uint64_t> finished{0};   // last call that arrived at exit
+  std::atomic<bool> entered{false};   // arrived at entry (for error messages)
+  std::atomic<bool> finished{false};  // arrived at exit
   GrowableBuffer scratch;
   GrowableBuffer staging;
 };
@@ -66,18 +71,21 @@ struct CallSite {
   std::string describe() const;
 };
 
-class Communicator {
+class Communicator;
+
+// One call of a call site by every rank of its group.
+class Rendezvous {
  public:
-  explicit Communicator(int32_t nranks);
-  int32_t nranks() const { return nranks_; }
+  Rendezvous(Communicator& owner, int32_t nranks);
   RankSlot& slot(int32_t rank) { return slots_[rank]; }
+  Communicator& owner() { return owner_; }
 
   // Entry rendezvous: reset this rank's semaphores (sized to `nsemaphores`), publish its buffers, wait for every
-  // rank. On success `call` is this rank's call number (1-based).
+  // rank.
   Status enter(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers, const CallSite& site,
-               Clock::time_point deadline, uint64_t& call);
-  // Exit barrier: no rank returns before every rank has finished call `call`'s steps.
-  Status exit(int32_t rank, uint64_t call, const CallSite& site, Clock::time_point deadline);
+               Clock::time_point deadline);
+  // Exit barrier: no rank returns before every rank has finished its steps.
+  Status exit(int32_t rank, const CallSite& site, Clock::time_point deadline);
 
   // Increment semaphore `sem` of rank `peer` (release) and ring its doorbell.
   void signal(int32_t peer, int32_t sem) {
@@ -85,6 +93,31 @@ class Communicator {
     s.semaphores[sem].fetch_add(1, std::memory_order_release);
     s.doorbell.ring();
   }
+  void wake_all();
+
+ private:
+  friend class Communicator;
+  Status arrive(int32_t rank, uint32_t target, const CallSite& site, Clock::time_point deadline, bool at_exit);
+  void reset(int64_t run_id, uint64_t iteration);
+
+  Communicator& owner_;
+  int32_t nranks_;
+  std::unique_ptr<RankSlot[]> slots_;
+  Doorbell phase_;  // phase_.word counts arrivals: entry completes at N, exit at 2N
+  std::atomic<int32_t> left_{0};
+  int64_t run_id_ = 0;
+  uint64_t iteration_ = 0;
+};
+
+class Communicator {
+ public:
+  explicit Communicator(int32_t nranks) : nranks_(nranks), iterations_(nranks) {}
+  int32_t nranks() const { return nranks_; }
+
+  // The rendezvous of this rank's next call within launch `run_id`; null if out of memory.
+  Rendezvous* join(int32_t rank, int64_t run_id);
+  // This rank is done with `r` (after its exit barrier); the last rank to leave recycles it.
+  void leave(Rendezvous* r);
 
   // Mark the communicator failed with the first failure's message and wake every waiter.
   void fail(const std::string& message);
@@ -92,12 +125,11 @@ class Communicator {
   std::string failure() const;
 
  private:
-  Status arrive(int32_t rank, uint32_t target, const CallSite& site, Clock::time_point deadline, bool at_exit,
-                uint64_t call);
-
   int32_t nranks_;
-  std::unique_ptr<RankSlot[]> slots_;
-  Doorbell phase_;  // phase_.word is the phase counter itself
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Rendezvous>> active_;
+  std::vector<std::unique_ptr<Rendezvous>> idle_;
+  std::vector<std::map<int64_t, uint64_t>> iterations_;  // per rank: run id -> calls of this site in that launch
   std::atomic<bool> failed_{false};
   mutable std::mutex failure_mu_;
   std::string failure_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -49,9 +50,9 @@ struct LaneState {
 
 class RankRun {
  public:
-  RankRun(Communicator& comm, const Plan& plan, int32_t rank, const CallBuffers& b, const CallSite& site,
+  RankRun(Rendezvous& rv, const Plan& plan, int32_t rank, const CallBuffers& b, const CallSite& site,
           Clock::time_point deadline)
-      : comm_(comm), plan_(plan), rank_(rank), prog_(plan.ranks[rank]), b_(b), site_(site), deadline_(deadline),
+      : rv_(rv), comm_(rv.owner()), plan_(plan), rank_(rank), prog_(plan.ranks[rank]), b_(b), site_(site), deadline_(deadline),
         k_(plan.chunk_factor), dsize_(dtype_size(b.dtype)), asize_(accum_size(b.dtype)) {}
 
   Status run(int64_t block) {
@@ -59,7 +60,7 @@ class RankRun {
     const int32_t nlanes = prog_.nlanes;
     SmallVec<LaneState, 16> lanes(nlanes);
     SmallVec<uint32_t, 32> consumed(prog_.semaphores);
-    RankSlot& me = comm_.slot(rank_);
+    RankSlot& me = rv_.slot(rank_);
     int32_t live = 0;
     for (int32_t l = 0; l < nlanes; ++l) {
       lanes[l].done = plan_.lanes[prog_.first_lane + l].nsteps == 0;
@@ -87,7 +88,7 @@ class RankRun {
             if (!all) break;
             ls.at_barrier = false;
           } else if (s.op == Op::kSignal) {
-            comm_.signal(s.peer, s.sem);
+            rv_.signal(s.peer, s.sem);
           } else {
             data_step(s);
           }
@@ -118,7 +119,7 @@ class RankRun {
 
  private:
   void* base(const ChunkRef& ref) {
-    const RankBuffers& rb = comm_.slot(ref.rank).buffers;
+    const RankBuffers& rb = rv_.slot(ref.rank).buffers;
     switch (ref.buffer) {
       case BufferKind::kInput: return rb.input;
       case BufferKind::kOutput: return rb.output;
@@ -144,7 +145,7 @@ class RankRun {
 
   Status wait_timeout(LaneState* lanes, const uint32_t* consumed) {
     std::string what;
-    RankSlot& me = comm_.slot(rank_);
+    RankSlot& me = rv_.slot(rank_);
     for (int32_t l = 0; l < prog_.nlanes; ++l) {
       if (lanes[l].done) continue;
       const Step& s = plan_.steps[plan_.lanes[prog_.first_lane + l].first_step + lanes[l].pc];
@@ -175,6 +176,7 @@ class RankRun {
     return err;
   }
 
+  Rendezvous& rv_;
   Communicator& comm_;
   const Plan& plan_;
   int32_t rank_;
@@ -195,8 +197,11 @@ Status fail_with(Communicator& comm, const CallSite& site, int32_t rank, const s
 
 }  // namespace
 
-Status execute_rank(Communicator& comm, const Plan& plan, int32_t rank, const CallBuffers& b, const CallSite& site,
-                    double timeout_s) {
+Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_t rank, const CallBuffers& b,
+                    const CallSite& site, double timeout_s) {
+  if (comm.failed())
+    return Status::Error(site.describe() + ": an earlier call of this collective failed and left its peers in an "
+                         "unknown state; restart the process. The failure was: " + comm.failure());
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(timeout_s));
   if (rank < 0 || rank >= plan.nranks)
@@ -215,7 +220,10 @@ Status execute_rank(Communicator& comm, const Plan& plan, int32_t rank, const Ca
                                        "needs out_blocks*block=" + std::to_string(plan.out_blocks) + "*" +
                                        std::to_string(block));
   const size_t dsize = dtype_size(b.dtype);
-  RankSlot& me = comm.slot(rank);
+  static const bool trace = std::getenv("JAXCOLL_TRACE") != nullptr;
+  if (trace) std::fprintf(stderr, "jaxcoll trace: rank %d joins launch %lld\n", rank, (long long)run_id);
+  Rendezvous* rv = comm.join(rank, run_id);
+  RankSlot& me = rv->slot(rank);
   const RankProgram& prog = plan.ranks[rank];
 
   // Stage XLA's separate buffers into the arrangement an in-place plan expects.
@@ -251,23 +259,23 @@ Status execute_rank(Communicator& comm, const Plan& plan, int32_t rank, const Ca
                                                             " bytes of scratch");
   }
 
-  uint64_t call = 0;
-  if (Status st = comm.enter(rank, prog.semaphores, rb, site, deadline, call); !st.ok()) return st;
+  if (Status st = rv->enter(rank, prog.semaphores, rb, site, deadline); !st.ok()) return st;
   for (int32_t r = 0; r < plan.nranks; ++r) {
-    const RankBuffers& peer = comm.slot(r).buffers;
+    const RankBuffers& peer = rv->slot(r).buffers;
     if (peer.block != block || peer.dtype != b.dtype)
       return fail_with(comm, site, rank, "rank " + std::to_string(r) + " called with " +
                                              std::to_string(peer.block) + "-element blocks of " +
                                              dtype_name(peer.dtype) + ", this rank with " + std::to_string(block) +
                                              " of " + dtype_name(b.dtype) + "; every rank must pass the same shape");
   }
-  RankRun run(comm, plan, rank, b, site, deadline);
+  RankRun run(*rv, plan, rank, b, site, deadline);
   if (Status st = run.run(block); !st.ok()) return st;
   // A rank stuck on a semaphore reports the more specific diagnosis; the exit barrier waits a little longer.
   const auto grace = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
       std::min(std::max(0.1 * timeout_s, 0.05), 5.0)));
-  if (Status st = comm.exit(rank, call, site, deadline + grace); !st.ok()) return st;
+  if (Status st = rv->exit(rank, site, deadline + grace); !st.ok()) return st;
   if (staging) std::memcpy(b.output, rb.output, block * dsize);
+  comm.leave(rv);
   return {};
 }
 

@@ -22,9 +22,11 @@ struct CallBuffers {
   ReduceOp op;
 };
 
-// Run rank `rank`'s lanes of `plan` between the entry rendezvous and the exit barrier of `comm`. In-place plans
-// are staged as docs/plan-ir.md says. On error the communicator is marked failed so peers stop promptly.
-Status execute_rank(Communicator& comm, const Plan& plan, int32_t rank, const CallBuffers& buffers,
+// Run rank `rank`'s lanes of `plan` between the entry rendezvous and the exit barrier of its call on `comm`: the
+// call of launch `run_id` (XLA's run id, shared by every device of one launch) that this rank has not run yet.
+// In-place plans are staged as docs/plan-ir.md says. On error the communicator is marked failed so peers stop
+// promptly.
+Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_t rank, const CallBuffers& buffers,
                     const CallSite& site, double timeout_s);
 
 // The timeout of a call in seconds: JAXCOLL_TIMEOUT, default 300 (read once).

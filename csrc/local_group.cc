@@ -24,7 +24,7 @@ Status run_local_group(const Plan& plan, const std::vector<const void*>& inputs,
   for (int32_t r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       CallBuffers b{inputs[r], outputs[r], input_elements, output_elements, dtype, op};
-      results[r] = execute_rank(*comm, plan, r, b, site, timeout_s);
+      results[r] = execute_rank(*comm, /*run_id=*/0, plan, r, b, site, timeout_s);
     });
   }
   for (auto& t : threads) t.join();

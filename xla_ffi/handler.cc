@@ -59,7 +59,7 @@ ffi::ErrorOr<std::unique_ptr<PlanState>> Instantiate(ffi::Span<const int32_t> wo
   return state;
 }
 
-ffi::Error Execute(PlanState* state, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank_buf,
+ffi::Error Execute(PlanState* state, ffi::RunId run_id, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank_buf,
                    ffi::Buffer<ffi::S32> group_buf, ffi::Result<ffi::AnyBuffer> out) {
   if (!state) return ffi::Error::Internal("jaxcoll: the plan state is missing (instantiate did not run)");
   const Plan& plan = state->plan;
@@ -90,7 +90,7 @@ ffi::Error Execute(PlanState* state, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> ran
   }
   CallBuffers b{x.untyped_data(), out->untyped_data(), static_cast<int64_t>(x.element_count()),
                 static_cast<int64_t>(out->element_count()), *dtype, state->op};
-  if (Status st = execute_rank(*comm, plan, rank, b, site, default_timeout_s()); !st.ok())
+  if (Status st = execute_rank(*comm, run_id.run_id, plan, rank, b, site, default_timeout_s()); !st.ok())
     return ffi::Error::Internal(st.message());
   return ffi::Error::Success();
 }
@@ -106,6 +106,7 @@ XLA_FFI_DEFINE_HANDLER(kInstantiate, Instantiate,
 XLA_FFI_DEFINE_HANDLER(kExecute, Execute,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::State<PlanState>>()
+                           .Ctx<ffi::RunId>()
                            .Arg<ffi::AnyBuffer>()
                            .Arg<ffi::Buffer<ffi::S32>>()
                            .Arg<ffi::Buffer<ffi::S32>>()
