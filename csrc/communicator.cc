@@ -74,10 +74,9 @@ Status Rendezvous::arrive(int32_t rank, uint32_t target, const CallSite& site, C
   return err;
 }
 
-Status Rendezvous::enter(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers, const CallSite& site,
-                         Clock::time_point deadline) {
+void Rendezvous::publish(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers) {
   RankSlot& s = slots_[rank];
-  // Peers touch these only after the rendezvous below.
+  // Peers touch these only after the entry rendezvous.
   if (nsemaphores > s.nsemaphores) {
     s.semaphores = std::make_unique<std::atomic<uint32_t>[]>(nsemaphores);
     s.nsemaphores = nsemaphores;
@@ -85,7 +84,41 @@ Status Rendezvous::enter(int32_t rank, int32_t nsemaphores, const RankBuffers& b
   for (int32_t i = 0; i < s.nsemaphores; ++i) s.semaphores[i].store(0, std::memory_order_relaxed);
   s.buffers = buffers;
   s.entered.store(true, std::memory_order_relaxed);
+}
+
+Status Rendezvous::enter(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers, const CallSite& site,
+                         Clock::time_point deadline) {
+  publish(rank, nsemaphores, buffers);
   return arrive(rank, static_cast<uint32_t>(nranks_), site, deadline, false);
+}
+
+void Rendezvous::enter_solo(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers, bool& leader) {
+  publish(rank, nsemaphores, buffers);
+  leader = phase_.word.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(nranks_);
+}
+
+void Rendezvous::finish_solo() {
+  for (int32_t r = 0; r < nranks_; ++r) slots_[r].finished.store(true, std::memory_order_relaxed);
+  phase_.word.store(static_cast<uint32_t>(2 * nranks_), std::memory_order_seq_cst);
+  if (phase_.sleepers.load(std::memory_order_seq_cst)) futex_wake_all(phase_.word);
+}
+
+Status Rendezvous::wait_solo(int32_t rank, const CallSite& site, Clock::time_point deadline) {
+  const uint32_t target = static_cast<uint32_t>(2 * nranks_);
+  auto reached = [&] { return phase_.word.load(std::memory_order_acquire) >= target; };
+  const WaitResult w = wait_for(phase_, reached, [&] { return owner_.failed(); }, deadline);
+  if (w == WaitResult::kReady) return {};
+  if (w == WaitResult::kAborted) return Status::Error(site.describe() + ": " + owner_.failure());
+  std::string missing;
+  for (int32_t r = 0; r < nranks_; ++r)
+    if (!slots_[r].entered.load()) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  Status err = Status::Error(
+      site.describe() + ": rank " + std::to_string(rank) + " timed out waiting for the call (launch " +
+      std::to_string(run_id_) + ", call " + std::to_string(iteration_) + " of this site in it); ranks that never " +
+      "arrived: [" + missing + "] (timeout set by JAXCOLL_TIMEOUT; a rank that never arrives usually ran a "
+      "different program or deadlocked on another collective)");
+  owner_.fail(err.message());
+  return err;
 }
 
 Status Rendezvous::exit(int32_t rank, const CallSite& site, Clock::time_point deadline) {

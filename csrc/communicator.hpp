@@ -87,6 +87,13 @@ class Rendezvous {
   // Exit barrier: no rank returns before every rank has finished its steps.
   Status exit(int32_t rank, const CallSite& site, Clock::time_point deadline);
 
+  // Solo calls (small messages): one rendezvous instead of two. Every rank publishes as in enter(); the last to
+  // arrive becomes the leader (`leader` set), runs every rank's lanes and calls finish_solo(); the others wait
+  // in wait_solo() until it has.
+  void enter_solo(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers, bool& leader);
+  void finish_solo();
+  Status wait_solo(int32_t rank, const CallSite& site, Clock::time_point deadline);
+
   // Increment semaphore `sem` of rank `peer` (release) and ring its doorbell.
   void signal(int32_t peer, int32_t sem) {
     RankSlot& s = slots_[peer];
@@ -97,6 +104,7 @@ class Rendezvous {
 
  private:
   friend class Communicator;
+  void publish(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers);
   Status arrive(int32_t rank, uint32_t target, const CallSite& site, Clock::time_point deadline, bool at_exit);
   void reset(int64_t run_id, uint64_t iteration);
 

@@ -1,6 +1,7 @@
 #include "executor.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,16 @@
 #include "reduce.hpp"
 
 namespace jaxcoll {
+
+namespace {
+std::atomic<int64_t> solo_limit{[] {
+  const char* v = std::getenv("JAXCOLL_SOLO_BYTES");
+  return v && *v ? std::strtoll(v, nullptr, 10) : int64_t{256} << 10;
+}()};
+}  // namespace
+
+int64_t solo_bytes() { return solo_limit.load(std::memory_order_relaxed); }
+void set_solo_bytes(int64_t bytes) { solo_limit.store(bytes, std::memory_order_relaxed); }
 
 double default_timeout_s() {
   static const double t = [] {
@@ -51,71 +62,81 @@ struct LaneState {
 class RankRun {
  public:
   RankRun(Rendezvous& rv, const Plan& plan, int32_t rank, const CallBuffers& b, const CallSite& site,
-          Clock::time_point deadline)
-      : rv_(rv), comm_(rv.owner()), plan_(plan), rank_(rank), prog_(plan.ranks[rank]), b_(b), site_(site), deadline_(deadline),
-        k_(plan.chunk_factor), dsize_(dtype_size(b.dtype)), asize_(accum_size(b.dtype)) {}
-
-  Status run(int64_t block) {
-    block_ = block;
-    const int32_t nlanes = prog_.nlanes;
-    SmallVec<LaneState, 16> lanes(nlanes);
-    SmallVec<uint32_t, 32> consumed(prog_.semaphores);
-    RankSlot& me = rv_.slot(rank_);
-    int32_t live = 0;
-    for (int32_t l = 0; l < nlanes; ++l) {
-      lanes[l].done = plan_.lanes[prog_.first_lane + l].nsteps == 0;
-      live += !lanes[l].done;
+          Clock::time_point deadline, int64_t block)
+      : rv_(rv), comm_(rv.owner()), plan_(plan), rank_(rank), prog_(plan.ranks[rank]), b_(b), site_(site),
+        deadline_(deadline), k_(plan.chunk_factor), dsize_(dtype_size(b.dtype)), asize_(accum_size(b.dtype)),
+        block_(block), lanes_(prog_.nlanes), consumed_(prog_.semaphores) {
+    for (int32_t l = 0; l < prog_.nlanes; ++l) {
+      lanes_[l].done = plan_.lanes[prog_.first_lane + l].nsteps == 0;
+      live_ += !lanes_[l].done;
     }
-    while (live > 0) {
-      bool progressed = false;
-      for (int32_t l = 0; l < nlanes; ++l) {
-        LaneState& ls = lanes[l];
-        const Lane& lane = plan_.lanes[prog_.first_lane + l];
-        while (!ls.done) {
-          const Step& s = plan_.steps[lane.first_step + ls.pc];
-          if (s.op == Op::kWait) {
-            if (me.semaphores[s.sem].load(std::memory_order_acquire) <= consumed[s.sem]) break;
-            ++consumed[s.sem];
-          } else if (s.op == Op::kBarrier) {
-            if (!ls.at_barrier) {
-              ls.at_barrier = true;
-              ++ls.barriers;
-              progressed = true;
-            }
-            bool all = true;
-            for (int32_t o = 0; o < nlanes && all; ++o)
-              all = lanes[o].done || lanes[o].barriers >= ls.barriers;
-            if (!all) break;
-            ls.at_barrier = false;
-          } else if (s.op == Op::kSignal) {
-            rv_.signal(s.peer, s.sem);
-          } else {
-            data_step(s);
+  }
+
+  bool done() const { return live_ == 0; }
+
+  // Run every lane until it blocks on an unsatisfied wait or barrier; true if any step ran.
+  bool advance() {
+    const int32_t nlanes = prog_.nlanes;
+    RankSlot& me = rv_.slot(rank_);
+    bool progressed = false;
+    for (int32_t l = 0; l < nlanes; ++l) {
+      LaneState& ls = lanes_[l];
+      const Lane& lane = plan_.lanes[prog_.first_lane + l];
+      while (!ls.done) {
+        const Step& s = plan_.steps[lane.first_step + ls.pc];
+        if (s.op == Op::kWait) {
+          if (me.semaphores[s.sem].load(std::memory_order_acquire) <= consumed_[s.sem]) break;
+          ++consumed_[s.sem];
+        } else if (s.op == Op::kBarrier) {
+          if (!ls.at_barrier) {
+            ls.at_barrier = true;
+            ++ls.barriers;
+            progressed = true;
           }
-          progressed = true;
-          if (++ls.pc == lane.nsteps) {
-            ls.done = true;
-            --live;
-          }
+          bool all = true;
+          for (int32_t o = 0; o < nlanes && all; ++o) all = lanes_[o].done || lanes_[o].barriers >= ls.barriers;
+          if (!all) break;
+          ls.at_barrier = false;
+        } else if (s.op == Op::kSignal) {
+          rv_.signal(s.peer, s.sem);
+        } else {
+          data_step(s);
+        }
+        progressed = true;
+        if (++ls.pc == lane.nsteps) {
+          ls.done = true;
+          --live_;
         }
       }
-      if (live == 0 || progressed) continue;
-      // Every live lane waits on a semaphore (or on a barrier held by such a lane): sleep until a signal lands.
-      auto ready = [&] {
-        for (int32_t l = 0; l < nlanes; ++l) {
-          if (lanes[l].done) continue;
-          const Step& s = plan_.steps[plan_.lanes[prog_.first_lane + l].first_step + lanes[l].pc];
-          if (s.op == Op::kWait && me.semaphores[s.sem].load(std::memory_order_acquire) > consumed[s.sem])
-            return true;
-        }
-        return false;
-      };
-      const WaitResult w = wait_for(me.doorbell, ready, [&] { return comm_.failed(); }, deadline_);
+    }
+    return progressed;
+  }
+
+  // Some lane blocked on a wait can now consume a signal.
+  bool ready() {
+    RankSlot& me = rv_.slot(rank_);
+    for (int32_t l = 0; l < prog_.nlanes; ++l) {
+      if (lanes_[l].done) continue;
+      const Step& s = plan_.steps[plan_.lanes[prog_.first_lane + l].first_step + lanes_[l].pc];
+      if (s.op == Op::kWait && me.semaphores[s.sem].load(std::memory_order_acquire) > consumed_[s.sem]) return true;
+    }
+    return false;
+  }
+
+  // This rank's lanes on the calling thread, sleeping on the doorbell while no lane can progress.
+  Status run() {
+    while (!done()) {
+      if (advance() || done()) continue;
+      const WaitResult w = wait_for(rv_.slot(rank_).doorbell, [&] { return ready(); },
+                                    [&] { return comm_.failed(); }, deadline_);
       if (w == WaitResult::kAborted) return Status::Error(site_.describe() + ": " + comm_.failure());
-      if (w == WaitResult::kTimeout) return wait_timeout(lanes.data(), consumed.data());
+      if (w == WaitResult::kTimeout) return blocked_error("timed out: the semaphore was never signalled: ");
     }
     return {};
   }
+
+  // What every blocked wait of this rank is waiting for, and who should signal it.
+  Status blocked_error(const std::string& why) { return wait_timeout(why); }
 
  private:
   void* base(const ChunkRef& ref) {
@@ -143,7 +164,9 @@ class RankRun {
     reduce_chunks(b_.dtype, b_.op, ops.data(), s.nsrc, ops.data() + s.nsrc, s.ndst, range.size());
   }
 
-  Status wait_timeout(LaneState* lanes, const uint32_t* consumed) {
+  Status wait_timeout(const std::string& why) {
+    LaneState* lanes = lanes_.data();
+    const uint32_t* consumed = consumed_.data();
     std::string what;
     RankSlot& me = rv_.slot(rank_);
     for (int32_t l = 0; l < prog_.nlanes; ++l) {
@@ -168,8 +191,7 @@ class RankRun {
               std::to_string(me.semaphores[s.sem].load()) + " signal(s) and needs " +
               std::to_string(consumed[s.sem] + 1) + " (ranks whose plan signals it: [" + signallers + "])";
     }
-    Status err = Status::Error(site_.describe() + ": rank " + std::to_string(rank_) +
-                               " timed out: the semaphore was never signalled: " + what +
+    Status err = Status::Error(site_.describe() + ": rank " + std::to_string(rank_) + " " + why + what +
                                " (timeout set by JAXCOLL_TIMEOUT; the plan may deadlock: check it with "
                                "jaxcoll.lang's checker)");
     comm_.fail(err.message());
@@ -186,13 +208,56 @@ class RankRun {
   Clock::time_point deadline_;
   int64_t k_;
   size_t dsize_, asize_;
-  int64_t block_ = 0;
+  int64_t block_;
+  SmallVec<LaneState, 16> lanes_;
+  SmallVec<uint32_t, 32> consumed_;
+  int32_t live_ = 0;
 };
 
 Status fail_with(Communicator& comm, const CallSite& site, int32_t rank, const std::string& what) {
   Status err = Status::Error(site.describe() + ": rank " + std::to_string(rank) + ": " + what);
   comm.fail(err.message());
   return err;
+}
+
+// Every rank of a call must pass the same block size and element type (peers address each other's buffers).
+Status check_peers(Rendezvous& rv, const Plan& plan, int32_t rank, int64_t block, DType dtype, const CallSite& site) {
+  for (int32_t r = 0; r < plan.nranks; ++r) {
+    const RankBuffers& peer = rv.slot(r).buffers;
+    if (peer.block != block || peer.dtype != dtype)
+      return fail_with(rv.owner(), site, rank, "rank " + std::to_string(r) + " called with " +
+                                                   std::to_string(peer.block) + "-element blocks of " +
+                                                   dtype_name(peer.dtype) + ", this rank with " +
+                                                   std::to_string(block) + " of " + dtype_name(dtype) +
+                                                   "; every rank must pass the same shape");
+  }
+  return {};
+}
+
+// Small messages are run by one thread for the whole group: the rendezvous and wakeups cost more than the
+// data moves, and eight device threads share two cores. JAXCOLL_SOLO_BYTES (per-rank input bytes) overrides.
+bool solo_call(const Plan& plan, const CallBuffers& b) {
+  return plan.nranks > 1 && b.input_elements * int64_t(dtype_size(b.dtype)) <= solo_bytes();
+}
+
+// The leader of a solo call runs the lanes of every rank, round robin; all lanes are here, so a round in which
+// no lane moves is a deadlock of the plan.
+Status run_every_rank(Rendezvous& rv, const Plan& plan, const CallBuffers& b, const CallSite& site,
+                      Clock::time_point deadline, int64_t block) {
+  std::vector<RankRun> runs;
+  runs.reserve(plan.nranks);
+  for (int32_t r = 0; r < plan.nranks; ++r) runs.emplace_back(rv, plan, r, b, site, deadline, block);
+  for (;;) {
+    bool progressed = false, done = true;
+    for (RankRun& run : runs) {
+      progressed |= run.advance();
+      done &= run.done();
+    }
+    if (done) return {};
+    if (progressed) continue;
+    for (RankRun& run : runs)
+      if (!run.done()) return run.blocked_error("deadlocks: every lane of every rank is blocked, so a semaphore is never signalled: ");
+  }
 }
 
 }  // namespace
@@ -259,17 +324,24 @@ Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_
                                                             " bytes of scratch");
   }
 
-  if (Status st = rv->enter(rank, prog.semaphores, rb, site, deadline); !st.ok()) return st;
-  for (int32_t r = 0; r < plan.nranks; ++r) {
-    const RankBuffers& peer = rv->slot(r).buffers;
-    if (peer.block != block || peer.dtype != b.dtype)
-      return fail_with(comm, site, rank, "rank " + std::to_string(r) + " called with " +
-                                             std::to_string(peer.block) + "-element blocks of " +
-                                             dtype_name(peer.dtype) + ", this rank with " + std::to_string(block) +
-                                             " of " + dtype_name(b.dtype) + "; every rank must pass the same shape");
+  if (solo_call(plan, b)) {
+    bool leader = false;
+    rv->enter_solo(rank, prog.semaphores, rb, leader);
+    if (leader) {
+      if (Status st = check_peers(*rv, plan, rank, block, b.dtype, site); !st.ok()) return st;
+      if (Status st = run_every_rank(*rv, plan, b, site, deadline, block); !st.ok()) return st;
+      rv->finish_solo();
+    } else if (Status st = rv->wait_solo(rank, site, deadline); !st.ok()) {
+      return st;
+    }
+    if (staging) std::memcpy(b.output, rb.output, block * dsize);
+    comm.leave(rv);
+    return {};
   }
-  RankRun run(*rv, plan, rank, b, site, deadline);
-  if (Status st = run.run(block); !st.ok()) return st;
+  if (Status st = rv->enter(rank, prog.semaphores, rb, site, deadline); !st.ok()) return st;
+  if (Status st = check_peers(*rv, plan, rank, block, b.dtype, site); !st.ok()) return st;
+  RankRun run(*rv, plan, rank, b, site, deadline, block);
+  if (Status st = run.run(); !st.ok()) return st;
   // A rank stuck on a semaphore reports the more specific diagnosis; the exit barrier waits a little longer.
   const auto grace = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
       std::min(std::max(0.1 * timeout_s, 0.05), 5.0)));

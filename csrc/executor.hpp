@@ -29,6 +29,12 @@ struct CallBuffers {
 Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_t rank, const CallBuffers& buffers,
                     const CallSite& site, double timeout_s);
 
+// Calls whose per-rank input is at most this many bytes run solo: the last rank to arrive runs every rank's
+// lanes, so the call costs one rendezvous and no cross-thread signals. JAXCOLL_SOLO_BYTES sets the initial
+// value (default 256 KiB); 0 turns solo calls off.
+int64_t solo_bytes();
+void set_solo_bytes(int64_t bytes);
+
 // The timeout of a call in seconds: JAXCOLL_TIMEOUT, default 300 (read once).
 double default_timeout_s();
 

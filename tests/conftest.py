@@ -12,7 +12,8 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 from hypothesis import HealthCheck, settings  # noqa: E402 - after the device count, before any test imports
 
-_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                   HealthCheck.function_scoped_fixture],
                print_blob=True)
 settings.register_profile("default", max_examples=25, **_common)
 settings.register_profile("ci", max_examples=60, **_common)

@@ -27,6 +27,17 @@ def run(plan, xs, op="sum", timeout_s=TIMEOUT_S):
     return runtime.run_plan(plan, xs, op=op, timeout_s=timeout_s)
 
 
+@pytest.fixture(autouse=True, params=["solo", "threaded"])
+def execution_mode(request):
+    """Every test runs both ways: small calls run solo (one thread runs every rank's lanes), large ones with one
+    thread per rank; the threshold is moved so both paths see the same plans."""
+    from jaxcoll import _jaxcoll
+    before = _jaxcoll.solo_bytes()
+    _jaxcoll.set_solo_bytes(1 << 50 if request.param == "solo" else 0)
+    yield request.param
+    _jaxcoll.set_solo_bytes(before)
+
+
 def ref(rank, buf, index, count=1):
     return ChunkRef(rank, buf, index, count)
 

@@ -13,6 +13,7 @@
 
 #include "handler.hpp"
 #include "layout.hpp"
+#include "executor.hpp"
 #include "local_group.hpp"
 #include "plan.hpp"
 
@@ -67,6 +68,10 @@ NB_MODULE(_jaxcoll, m) {
     return std::make_tuple(r.start, r.stop);
   }, nb::arg("k"), nb::arg("block"), nb::arg("index"), nb::arg("count") = 1,
         "Element range [start, stop) of chunks index..index+count-1 (csrc/layout.hpp).");
+
+  m.def("solo_bytes", &jaxcoll::solo_bytes, "Per-rank input bytes up to which one thread runs the whole call.");
+  m.def("set_solo_bytes", &jaxcoll::set_solo_bytes, nb::arg("bytes"),
+        "Set the solo threshold (tuning and tests; JAXCOLL_SOLO_BYTES sets it at load).");
 
   m.def("run_plan",
         [](Words words, std::vector<Bytes> inputs, std::vector<Bytes> outputs, const std::string& dtype_name,
