@@ -422,6 +422,25 @@ def test_ffi_all_reduce_in_shard_map_matches_numpy(mesh8, dtype):
             np.testing.assert_array_equal(got[r], expected, err_msg=f"rank {r}")
 
 
+def test_ffi_call_site_in_a_loop_meets_once_per_iteration(mesh8):
+    """A call site inside a loop runs several times in one launch: the n-th iteration on a rank meets the n-th
+    on its peers (calls are paired by XLA's run id and the count of calls within it)."""
+    xs = random_inputs(8, (24,), np.int32)
+    x = jax.device_put(np.concatenate(xs), NamedSharding(mesh8, P("i")))
+    plan = direct_all_reduce(8)
+
+    def body(b):
+        return jax.lax.fori_loop(0, 3, lambda i, acc: ffi_collective(plan, acc, acc.shape) - i, b)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("i"), out_specs=P("i"), check_vma=False))
+    expected = reduce_ref(xs, "sum")
+    for i in range(1, 3):
+        expected = (expected * 8 - i).astype(np.int32)
+    got = np.asarray(f(x)).reshape(8, 24)
+    for r in range(8):
+        np.testing.assert_array_equal(got[r], expected, err_msg=f"rank {r}")
+
+
 def test_ffi_all_gather_and_reduce_scatter_in_one_program(mesh8):
     xs = random_inputs(8, (16,), np.float32)
     x = jax.device_put(np.concatenate(xs), NamedSharding(mesh8, P("i")))
