@@ -88,13 +88,14 @@ def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Se
         root = route.root
         produced = None  # the move that leaves the final value in root's output chunk (None: read input)
         if route.reduce_parent is not None:
-            order, _, height = _levels(route.reduce_parent, root)
+            order, togo, height = _levels(route.reduce_parent, root)
             kids = _children(route.reduce_parent)
             delivered: dict[int, tuple[ChunkRef, int]] = {}  # child -> (scratch chunk at parent, its move)
             for v in reversed(order):
                 srcs = [ChunkRef(v, Buffer.INPUT, route.src)] + [delivered[c][0] for c in kids[v]]
                 deps = [delivered[c][1] for c in kids[v]]
-                prio = (0, route.wave + height[v] * route.hop, height[v], item)
+                # among moves of a wave and level, those whose chunk has further to go run first
+                prio = (0, route.wave + height[v] * route.hop, height[v], -togo[v], item)
                 if v == root:
                     dst = ChunkRef(v, Buffer.OUTPUT, route.dst)
                     op = Op.COPY if len(srcs) == 1 else Op.READ_REDUCE
@@ -105,7 +106,7 @@ def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Se
                     op = Op.PUT if len(srcs) == 1 else Op.REDUCE_PUT
                     delivered[v] = (slot, sched.move(v, ("to", p, 0), prio, op, srcs, [slot], deps))
         if route.bcast_parent is not None:
-            order, depth, _ = _levels(route.bcast_parent, root)
+            order, depth, below = _levels(route.bcast_parent, root)
             kids = _children(route.bcast_parent)
             if produced is None:
                 sched.move(root, "local", (0, 0, item), Op.COPY, [ChunkRef(root, Buffer.INPUT, route.src)],
@@ -118,6 +119,6 @@ def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Se
                     src = ChunkRef(v, Buffer.OUTPUT, route.dst)
                 deps = [arrived[v]] if arrived[v] is not None else []
                 for c in kids[v]:
-                    arrived[c] = sched.move(v, ("to", c, 1), (1, route.wave + depth[v] * route.hop, depth[v], item), Op.PUT, [src],
+                    arrived[c] = sched.move(v, ("to", c, 1), (1, route.wave + depth[v] * route.hop, depth[v], -below[c], item), Op.PUT, [src],
                                             [ChunkRef(c, Buffer.OUTPUT, route.dst)], deps)
     return sched.build()

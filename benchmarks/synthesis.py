@@ -1,0 +1,73 @@
+"""Synthesis benchmark: per preset, the bound, the synthesized plan, ring and tree (all simulated), and the
+generation time; prints a markdown table (the one in docs/synthesis.md).
+
+    PYTHONPATH=. python benchmarks/synthesis.py [--boxes 1 2 4] [--presets dgx-h100 ...] [--sizes 1KiB 1MiB 1GiB]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+from jaxcoll.synth import evaluate, lower_bound
+from jaxcoll.synth.select import plan_named
+from jaxcoll.topology import preset
+
+SIZES = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    for unit, mult in SIZES.items():
+        if text.endswith(unit):
+            return int(float(text[:-len(unit)]) * mult)
+    return int(text)
+
+
+def algbw(size: float, seconds: float) -> float:
+    return size / seconds / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--presets", nargs="+", default=["dgx1", "dgx2", "dgx-a100", "dgx-h100", "mi250"])
+    ap.add_argument("--boxes", nargs="+", type=int, default=[1, 2, 4])
+    ap.add_argument("--sizes", nargs="+", default=["1KiB", "1MiB", "1GiB"], help="all_reduce sizes")
+    ap.add_argument("--te-ccl", action="store_true", help="add TE-CCL's two-box DGX-2 model")
+    args = ap.parse_args()
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}\n")
+    print("| topology | ranks | collective | bound GB/s | synthesized GB/s (plan) | % of bound | ring GB/s | "
+          "tree GB/s | packing gen s | AR min ratio vs best(ring,tree) over sizes |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    tops = [(p, b) for p in args.presets for b in args.boxes] + ([("te-ccl-dgx2", 2)] if args.te_ccl else [])
+    big = 1 << 30
+    for name, boxes in tops:
+        t = preset(name, boxes)
+        for coll in ("all_gather", "reduce_scatter", "all_reduce"):
+            t0 = time.perf_counter()
+            cands = evaluate(t, coll, big)
+            _, gen = plan_named(t, coll, "forest")
+            best = cands[0]
+            by = {c.name: c for c in cands}
+            ring_s = min((by[n].seconds for n in ("ring", "ring2") if n in by), default=None)
+            tree_s = min((by[n].seconds for n in ("tree1", "tree4", "tree16") if n in by), default=None)
+            bound = lower_bound(t, coll, big)
+            ratio = ""
+            if coll == "all_reduce":
+                worst = 1e9
+                for s in map(parse_size, args.sizes):
+                    cs = evaluate(t, coll, s)
+                    base = min(c.seconds for c in cs if c.name in ("ring", "ring2", "tree1", "tree4", "tree16"))
+                    worst = min(worst, base / cs[0].seconds)
+                ratio = f"{worst:.2f}x"
+            fmt = (lambda s: f"{algbw(big, s):.1f}" if s else "-")
+            print(f"| {t.name} | {t.nranks} | {coll} | {algbw(big, bound):.1f} | {algbw(big, best.seconds):.1f} "
+                  f"({best.name}) | {100 * bound / best.seconds:.1f}% | {fmt(ring_s)} | {fmt(tree_s)} | "
+                  f"{gen:.2f} | {ratio} |", flush=True)
+            del t0
+
+
+if __name__ == "__main__":
+    main()

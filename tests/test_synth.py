@@ -1,0 +1,125 @@
+"""Synthesizers: the exact bound, the plans' correctness (proving checker and CPU executor against numpy), and
+the selection's guarantees."""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from jaxcoll.plan import Collective, validate
+from jaxcoll.sim import simulate
+from jaxcoll.synth import (evaluate, forest, hierarchical, lower_bound, min_cut_ratio, pack_trees, rhd, ring,
+                           synthesize, tree)
+from jaxcoll.topology import Topology, preset
+
+COLLECTIVES = ["all_gather", "reduce_scatter", "all_reduce"]
+
+
+def test_bound_reproduces_te_ccl_two_box_dgx2():
+    t = preset("te-ccl-dgx2", 2)
+    x, cut = min_cut_ratio(t)
+    assert x == Fraction(125, 31)  # an odd GPU: 31 blocks must enter through its 125 GB/s port
+    size = 1 << 30
+    algbw = size / lower_bound(t, "all_gather", size) / 1e9
+    assert round(algbw, 2) == 129.03
+
+
+def test_bound_on_a_switch_is_the_port_bandwidth():
+    t = preset("dgx-h100")
+    assert min_cut_ratio(t)[0] == Fraction(450, 7)
+    s = 8e9
+    assert lower_bound(t, "all_reduce", s) == pytest.approx(2 * lower_bound(t, "all_gather", s))
+
+
+def test_bound_of_a_two_rank_one_way_pair_uses_each_direction():
+    d = {"ranks": 2, "links": [{"src": 0, "dst": 1, "bandwidth_GBps": 1, "bidirectional": False},
+                               {"src": 1, "dst": 0, "bandwidth_GBps": 3, "bidirectional": False}]}
+    t = Topology.from_dict(d)
+    assert min_cut_ratio(t)[0] == 1  # rank 0's block leaves at 1 GB/s
+
+
+def test_packing_reaches_the_bound_before_rounding():
+    for name, boxes in [("te-ccl-dgx2", 2), ("dgx-h100", 2), ("mi250", 1), ("dgx2", 1)]:
+        t = preset(name, boxes)
+        p = pack_trees(t)
+        assert p.t_unit == pytest.approx(1 / (float(min_cut_ratio(t)[0]) * 1e9), rel=1e-6)
+        k = p.choose_k(64)
+        assert p.time(k) <= p.t_unit * 1.01
+
+
+def _inputs(coll, n, rng):
+    per_rank = 4 * n * 7  # divisible into N blocks and uneven chunks
+    return [rng.standard_normal(per_rank).astype(np.float32) for _ in range(n)]
+
+
+def _reference(coll, xs):
+    n = len(xs)
+    if coll == "all_reduce":
+        return [np.sum(xs, axis=0)] * n
+    if coll == "all_gather":
+        return [np.concatenate(xs)] * n
+    total = np.sum(xs, axis=0).reshape(n, -1)
+    return [total[r] for r in range(n)]
+
+
+def _plans(t, coll, k=None):
+    out = [ring(t, coll, 2), forest(t, coll, k), forest(t, coll, 1)]
+    if coll == "all_reduce":
+        out.append(tree(t, coll, 2))
+    if t.nranks & (t.nranks - 1) == 0:
+        out.append(rhd(t, coll))
+    if len(t.boxes) > 1:
+        out.append(hierarchical(t, coll, 2))
+    return out
+
+
+@pytest.mark.parametrize("coll", COLLECTIVES)
+@pytest.mark.parametrize("name, boxes", [("dgx1", 1), ("mi250", 1), ("dgx-a100", 2)])
+def test_synthesized_plans_pass_the_proving_checker(name, boxes, coll):
+    check = pytest.importorskip("jaxcoll.lang").check
+    t = preset(name, boxes)
+    for plan in _plans(t, coll):
+        validate(plan)
+        check(plan)
+
+
+@pytest.mark.parametrize("coll", COLLECTIVES)
+@pytest.mark.parametrize("name, boxes", [("dgx1", 1), ("dgx-h100", 2)])
+def test_synthesized_plans_run_on_the_cpu_executor(name, boxes, coll):
+    runtime = pytest.importorskip("jaxcoll.runtime")
+    rng = np.random.default_rng(0)
+    t = preset(name, boxes)
+    for plan in _plans(t, coll, k=3):  # a few chunks per root keeps the executor's run short
+        xs = _inputs(coll, t.nranks, rng)
+        outs = runtime.run_plan(plan, xs, op="sum")
+        for r, (got, want) in enumerate(zip(outs, _reference(coll, xs))):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{plan.name} rank {r}")
+
+
+@pytest.mark.parametrize("name, boxes", [("dgx1", 1), ("mi250", 2), ("dgx-h100", 2)])
+def test_all_reduce_is_never_slower_than_ring_or_tree(name, boxes):
+    t = preset(name, boxes)
+    for size in (1 << 10, 1 << 20, 1 << 30):
+        plan = synthesize(t, "all_reduce", size)
+        base = evaluate(t, "all_reduce", size, names=["ring", "tree1", "tree4", "tree16"])
+        assert simulate(plan, t, size) <= min(c.seconds for c in base) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("coll", COLLECTIVES)
+def test_no_plan_beats_the_bound(coll):
+    t = preset("dgx-h100", 2)
+    size = 1 << 30
+    for c in evaluate(t, coll, size):
+        assert c.seconds >= lower_bound(t, coll, size) * (1 - 1e-9), c.name
+
+
+def test_single_box_all_gather_reaches_the_bound():
+    t = preset("dgx-h100")
+    size = 1 << 30
+    plan = synthesize(t, "all_gather", size)
+    assert lower_bound(t, "all_gather", size) / simulate(plan, t, size) >= 0.99
+
+
+def test_synthesize_rejects_other_collectives():
+    with pytest.raises(ValueError, match="all_to_all"):
+        synthesize(preset("dgx-h100"), Collective.ALL_TO_ALL, 1 << 20)
