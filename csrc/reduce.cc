@@ -74,10 +74,12 @@ struct Min {
 
 // Destinations of at least this many bytes per step are written with non-temporal stores: they skip the read
 // for ownership of every line and do not evict the sources still to be read. JAXCOLL_NT_BYTES overrides.
+// Measured (direct all_reduce, 8 ranks on 2 cores, run_plan): 16 MiB/rank 16.4 ms with, 23.8 ms without;
+// 64 MiB/rank 60 ms with, 90 ms without; 4 MiB/rank 3.3 ms at a 256 KiB threshold, 5 ms at 1 MiB.
 size_t nt_threshold() {
   static const size_t t = [] {
     const char* v = std::getenv("JAXCOLL_NT_BYTES");
-    return v && *v ? static_cast<size_t>(std::strtoull(v, nullptr, 10)) : size_t{1} << 20;
+    return v && *v ? static_cast<size_t>(std::strtoull(v, nullptr, 10)) : size_t{256} << 10;
   }();
   return t;
 }
