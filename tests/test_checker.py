@@ -169,16 +169,15 @@ def test_in_place_all_gather_reads_input_at_output_block():
 
 
 def _synthesized():
-    synth = pytest.importorskip("jaxcoll.synth.ring")
-    from jaxcoll.synth import hierarchical, rhd, tree
+    from jaxcoll.synth import hierarchical, rhd, ring, tree
     from jaxcoll.topology import presets
     out = []
     for topo_name, topo in (("dgx1", presets.dgx1()), ("cpu4", presets.cpu(4))):
         for c in (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER):
-            out += [(f"ring_{topo_name}_{c.value}", synth.ring(topo, c)),
-                    (f"rhd_{topo_name}_{c.value}", rhd.rhd(topo, c)),
-                    (f"hier_{topo_name}_{c.value}", hierarchical.hierarchical(topo, c))]
-        out.append((f"tree_{topo_name}", tree.tree(topo, Collective.ALL_REDUCE)))
+            out += [(f"ring_{topo_name}_{c.value}", ring(topo, c)),
+                    (f"rhd_{topo_name}_{c.value}", rhd(topo, c)),
+                    (f"hier_{topo_name}_{c.value}", hierarchical(topo, c))]
+        out.append((f"tree_{topo_name}", tree(topo, Collective.ALL_REDUCE)))
     return out
 
 
