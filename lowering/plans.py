@@ -16,10 +16,7 @@ def choose(api_name: str, collective: Collective, nranks: int, nbytes: int, dtyp
            **params) -> Plan:
     from jaxcoll import algorithms  # imported late: algorithms may import plan tooling we do not need eagerly
 
-    if not isinstance(algorithm, (str, Plan)):
-        raise ValueError(f"{api_name}: algorithm={algorithm!r} must be an algorithm name or a "
-                         f"jaxcoll.plan.Plan; known names: {', '.join(map(repr, algorithms.known(collective)))}")
-    try:
+    try:  # select rejects anything but a known name or a Plan, listing the known names
         return algorithms.select(collective, nranks, nbytes, np.dtype(dtype), algorithm, **params)
     except ValueError as e:
         raise ValueError(f"{api_name}: {e}") from e
