@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxcoll import fused, nn
+from jaxcoll import nn
 
 XLA_COLLECTIVE = re.compile(r"\b(all-gather|reduce-scatter|all-reduce|collective-permute|all-to-all)(-start)?\(")
 
@@ -48,8 +48,6 @@ def test_dense_megatron_mlp_equals_matmul_with_gradients(mesh, operands, seq_par
 
 
 def test_dense_layers_compile_to_jaxcoll_custom_calls_not_xla_collectives(mesh, operands):
-    if fused.BACKEND != "jaxcoll":
-        pytest.skip("jaxcoll's collectives are not importable yet; the fused ops run on jax.lax collectives")
     fwd = jax.jit(lambda *a: mlp(mesh, *a, nn.dense))
     train = jax.jit(jax.grad(lambda *a: jnp.sum(mlp(mesh, *a, nn.dense) ** 2), argnums=(0, 1, 2)))
     for f in (fwd, train):
