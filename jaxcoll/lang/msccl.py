@@ -483,7 +483,7 @@ def to_msccl_xml(plan: Plan) -> str:
         "name": plan.name or plan.collective.value, "proto": {"ll": "LL", "simple": "Simple"}.get(plan.protocol,
                                                                                                  "Simple"),
         "nchannels": str(1 + max((key[2] for tbs in b.tb_of.values() for key in tbs), default=0)),
-        "nchunksperloop": str(plan.ranks[0].output_chunks), "ngpus": str(plan.nranks),
+        "nchunksperloop": str(max(plan.ranks[0].input_chunks, plan.ranks[0].output_chunks)), "ngpus": str(plan.nranks),
         "coll": NAMES[plan.collective], "inplace": "1" if plan.in_place else "0",
         "outofplace": "0" if plan.in_place else "1", "minBytes": "0", "maxBytes": "0"})
     if plan.collective is Collective.BROADCAST:
