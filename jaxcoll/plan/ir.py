@@ -228,16 +228,16 @@ class Expect:
 
     def __post_init__(self):
         def term(t) -> tuple:
-            if t == ZERO[0] or tuple(t) == ZERO:
+            if t == ZERO[0] or t == ZERO:
                 return ZERO
-            if isinstance(t, str) or len(t) != 2:
+            if not isinstance(t, (tuple, list)) or len(t) != 2:
                 raise PlanError(f"expect: a contribution is [rank, input chunk] or \"zero\", got {t!r}")
             return int(t[0]), int(t[1])
 
         def chunk(v):
             if v is None:
                 return None
-            if isinstance(v, str):
+            if not isinstance(v, (tuple, list)):
                 raise PlanError(f"expect: an output chunk lists its contributions, got {v!r}")
             return tuple(sorted(map(term, v), key=lambda t: (t == ZERO, t)))
 
