@@ -159,3 +159,15 @@ def test_cli_checks_a_custom_plan_file(tmp_path):
     path.write_text(json.dumps(d))
     bad = _cli("plan", "check", str(path))
     assert bad.returncode == 1 and "rank 3: output chunk 0 holds r2.in[0], expected r1.in[0]" in bad.stderr
+
+
+@pytest.mark.parametrize("doc", ["docs/plan-ir.md", "docs/lang-tutorial.md"])
+def test_expect_examples_in_the_docs_are_valid(doc):
+    text = (REPO / doc).read_text()
+    blocks = [b.split("```")[0] for b in text.split("```json\n")[1:]]
+    found = [json.loads("{" + b + "}")["expect"] for b in blocks if b.lstrip().startswith('"expect"')]
+    assert found
+    for e in found:
+        Expect.from_json(e)
+    if doc.endswith("lang-tutorial.md"):  # the tutorial shows all_to_next's, over 4 ranks of one chunk
+        assert Expect.from_json(found[0]) == all_to_next(4, k=1).expect
