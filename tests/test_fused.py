@@ -261,20 +261,44 @@ def test_adam_moves_one_reduce_scatter_and_one_all_gather_of_the_shard(mesh):
     assert not re.search(XLA_COLLECTIVE, hlo)
 
 
-def test_chunk_count_chosen_on_cpu_is_one_and_forced_ring_is_a_ring(mesh):
-    # On XLA:CPU the ring cannot overlap (docs/benchmarks-fused.md): chunks=None runs one all-gather and one
-    # product; chunks=2N forces the ring: (N-1) hops of 2 pieces each.
+def _program(f, mesh, in_specs, out_specs, *args) -> str:
+    """The compiled program's instructions, without names, call-site ids and source locations."""
+    hlo = run(mesh, f, in_specs, out_specs).lower(*args).compile().as_text().split("FileNames")[0]
+    for pattern, repl in ((r"callsite = \d+", "callsite"), (r"metadata=\{[^}]*\}", ""), (r"HloModule \S+", ""),
+                          (r"%[\w.-]+", "%v")):
+        hlo = re.sub(pattern, repl, hlo)
+    return hlo
+
+
+def test_chosen_chunks_on_cpu_compile_to_the_unfused_jaxcoll_program(mesh):
+    # On CPU devices the ring cannot overlap (docs/benchmarks-fused.md), so chunks=None must cost nothing over
+    # the unfused composition: the compiled programs are the same, one jaxcoll collective and one product.
     if jax.default_backend() != "cpu":
         pytest.skip("the chunks=None expectation here is XLA:CPU's")
-    x, w = put(mesh, normal(64 * N, 64), P("i")), put(mesh, normal(64, 64 * N), P(None, "i"))
-    calls = {}
-    for c in (None, 2 * N):
-        f = run(mesh, lambda x, w: fused.all_gather_matmul(x, w, "i", chunks=c), (P("i"), P(None, "i")),
-                P(None, "i"))
-        calls[c] = jaxcoll_calls(f.lower(x, w).compile().as_text())
-        close(f(x, w), np.asarray(x) @ np.asarray(w), tol=1e-3)
-    assert calls[None] == {"jaxcoll_all_gather": 1}
-    assert calls[2 * N] == {"jaxcoll_ppermute": 2 * (N - 1)}
+    import jaxcoll
+    m, k = 64 * N, 64  # rank blocks of 16 KiB to 256 KiB
+    xr, wc = put(mesh, normal(m, k), P("i")), put(mesh, normal(k, k * N), P(None, "i"))
+    xc, wr = put(mesh, normal(m, k * N), P(None, "i")), put(mesh, normal(k * N, k), P("i"))
+    pairs = [
+        (lambda x, w: fused.all_gather_matmul(x, w, "i"), lambda x, w: jaxcoll.all_gather(x, "i", tiled=True) @ w,
+         (P("i"), P(None, "i")), P(None, "i"), (xr, wc)),
+        (lambda x, w: fused.matmul_reduce_scatter(x, w, "i"),
+         lambda x, w: jaxcoll.reduce_scatter(x @ w, "i", scatter_dimension=0, tiled=True),
+         (P(None, "i"), P("i")), P("i"), (xc, wr)),
+        (lambda x, w: fused.matmul_all_reduce(x, w, "i"), lambda x, w: jaxcoll.all_reduce(x @ w, "i"),
+         (P(None, "i"), P("i")), P(), (xc, wr)),
+    ]
+    for ours, unfused, in_specs, out_specs, args in pairs:
+        assert _program(ours, mesh, in_specs, out_specs, *args) == _program(unfused, mesh, in_specs, out_specs, *args)
+
+
+def test_forced_ring_runs_a_ring_of_ppermutes(mesh):
+    # chunks=2N: (N-1) hops of 2 pieces each, and no all-gather; the values are still the product's.
+    x, w = put(mesh, normal(8 * N, 16), P("i")), put(mesh, normal(16, 8 * N), P(None, "i"))
+    f = run(mesh, lambda x, w: fused.all_gather_matmul(x, w, "i", chunks=2 * N), (P("i"), P(None, "i")),
+            P(None, "i"))
+    assert jaxcoll_calls(f.lower(x, w).compile().as_text()) == {"jaxcoll_ppermute": 2 * (N - 1)}
+    close(f(x, w), np.asarray(x) @ np.asarray(w), tol=1e-4)
 
 
 def test_chunk_choice_by_platform_and_size(monkeypatch):

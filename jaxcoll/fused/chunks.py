@@ -16,11 +16,11 @@ import jax
 # point where a step's transfer is as long as its fixed cost. A model estimate, not yet measured on a GPU.
 OVERLAP_MIN_BLOCK_BYTES = 1024 * 1024
 
-# Platforms where a collective and a product can make progress at the same time. On XLA:CPU they cannot:
-# each device runs its thunks one after another on its own thread, a jaxcoll collective blocks that thread in
-# its rendezvous until every rank has arrived, and the runtime's copies and the GEMMs share the same cores.
-# A ring of p steps then pays p rendezvous instead of one for no overlap; benchmarks/fused.py measured it
-# 0.6-0.9x of chunks=1 on 8 CPU devices over 2 cores (docs/benchmarks-fused.md), so the choice there is 1.
+# Platforms where a collective and a product can make progress at the same time. On CPU devices they compete:
+# the runtime's copies and reductions and the GEMMs run on the same cores (here 8 device threads share 2), so
+# splitting hides nothing, while a ring of p steps pays p rendezvous (each collective holds its device thread
+# until every rank arrives) instead of one. benchmarks/fused.py measured the forced ring at 0.43-0.87x of
+# chunks=1 on this machine (docs/benchmarks-fused.md), so on CPU the choice is 1; `chunks=p` still forces it.
 OVERLAP_PLATFORMS = ("gpu", "cuda", "rocm")
 
 

@@ -100,20 +100,22 @@ def rank_rows(v, axis_name, start: int, block: int):
     axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
     if not jax_config._check_vma.value or set(axes) & vma(v):
         return lax.dynamic_slice_in_dim(v, start + lax.axis_index(axis_name) * block, block, axis=0)
-    return _rank_rows(v, axis_name, start, block)
+    return _rank_rows(v, axis_name, start, block, v.shape[0])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
-def _rank_rows(v, axis_name, start, block):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
+def _rank_rows(v, axis_name, start, block, rows):
     return lax.dynamic_slice_in_dim(v, start + lax.axis_index(axis_name) * block, block, axis=0)
 
 
-def _rank_rows_fwd(v, axis_name, start, block):
-    return _rank_rows(v, axis_name, start, block), jax.numpy.zeros_like(v)
+def _rank_rows_fwd(v, axis_name, start, block, rows):
+    return _rank_rows(v, axis_name, start, block, rows), None
 
 
-def _rank_rows_bwd(axis_name, start, block, zeros, ct):
-    return (lax.dynamic_update_slice_in_dim(zeros, all_gather_invariant(ct, axis_name, 0), start, axis=0),)
+def _rank_rows_bwd(axis_name, start, block, rows, _, ct):
+    gathered = all_gather_invariant(ct, axis_name, 0)  # every rank's rows, in rank order: [start, start + p block)
+    zeros = jax.numpy.zeros((rows,) + ct.shape[1:], ct.dtype)
+    return (lax.dynamic_update_slice_in_dim(zeros, gathered, start, axis=0),)
 
 
 _rank_rows.defvjp(_rank_rows_fwd, _rank_rows_bwd)
