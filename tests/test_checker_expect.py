@@ -97,15 +97,16 @@ def test_reduce_op_decides_whether_a_duplicate_contribution_is_allowed(reduce_op
             check(plan)
 
 
-def test_max_plan_with_a_duplicate_runs_right_for_max_only():
+def test_max_plan_with_a_duplicate_runs_for_max_and_is_refused_for_sum():
     runtime = pytest.importorskip("jaxcoll.runtime", exc_type=ImportError)
     rank0, rank1 = _reduce_twice()
     plan = check(Plan("custom", 2, (rank0, rank1), in_blocks=1, out_blocks=1,
                       expect=Expect(((None,), (((0, 0), (1, 0)),)), "max")))
     xs = [np.array([3.0, -1.0], np.float32), np.array([1.0, 5.0], np.float32)]
     np.testing.assert_array_equal(runtime.run_plan(plan, xs, op="max")[1], np.maximum(*xs))
-    # the same plan under sum counts rank 0 twice: what "max" in the file warns about
-    np.testing.assert_array_equal(runtime.run_plan(plan, xs, op="sum")[1], 2 * xs[0] + xs[1])
+    # under sum the plan would count rank 0 twice: the runtime refuses what the file's "max" forbids
+    with pytest.raises(ValueError, match=r"stated for op='max'.*cannot run with op='sum'"):
+        runtime.run_plan(plan, xs, op="sum")
 
 
 def test_zero_contribution_round_trips():
