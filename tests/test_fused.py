@@ -173,6 +173,10 @@ def test_invariant_all_gather_equals_lax_all_gather_invarying(mesh):
         hlo = run(mesh, ours, (P("i"),), P()).lower(x).compile().as_text()
         assert hlo.count('custom_call_target="jaxcoll_all_gather"') == 1
         assert not re.search(XLA_COLLECTIVE, hlo)
+    # vmap over a batch dimension inside shard_map (dimension 1 of x batched, gather along the rows).
+    ours = jax.vmap(lambda v: comm.all_gather_invariant(v, "i", 0), in_axes=1, out_axes=1)
+    ref = jax.vmap(lambda v: lax.all_gather(v, "i", axis=0, tiled=True, to="invarying"), in_axes=1, out_axes=1)
+    close(run(mesh, ours, (P("i"),), P())(x), run(mesh, ref, (P("i"),), P())(x))
 
 
 def test_reduce_scatter_adam_all_gather_matches_optax_adamw(mesh):
