@@ -1,5 +1,7 @@
 #include "communicator.hpp"
 
+#include "memory.hpp"
+
 #include <cstdlib>
 #include <utility>
 
@@ -12,6 +14,7 @@ void* GrowableBuffer::reserve(size_t bytes) {
     const size_t rounded = (bytes + 4095) / 4096 * 4096;
     void* p = std::aligned_alloc(4096, rounded);
     if (!p) return nullptr;
+    advise_huge_pages(p, rounded);
     data_.reset(p);
     size_ = rounded;
   }

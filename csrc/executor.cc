@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "layout.hpp"
+#include "memory.hpp"
 #include "reduce.hpp"
 
 namespace jaxcoll {
@@ -292,6 +293,8 @@ Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_
   const RankProgram& prog = plan.ranks[rank];
 
   // Stage XLA's separate buffers into the arrangement an in-place plan expects.
+  // Each rank advises the output it is about to receive, before any peer writes to it.
+  advise_huge_pages(b.output, size_t(b.output_elements) * dsize);
   RankBuffers rb;
   rb.block = block;
   rb.dtype = b.dtype;
