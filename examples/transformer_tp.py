@@ -136,7 +136,7 @@ def main(argv=None):
     ours, t_ours, _ = train(mesh, "jaxcoll", args.steps, args.seq, args.hidden, args.heads, chunks=args.chunks)
     ref, t_ref, _ = train(mesh, "lax", args.steps, args.seq, args.hidden, args.heads)
     print(f"tensor-parallel block, tp={args.tp}, seq={args.seq}, hidden={args.hidden}, heads={args.heads}, "
-          f"fused ops on {fused.BACKEND} collectives")
+          f"chunks={'chosen by size' if args.chunks is None else args.chunks}")
     print("step  loss(jaxcoll)  loss(jax.lax)")
     for i, (a, b) in enumerate(zip(ours, ref)):
         print(f"{i:4d}  {a:13.6f}  {b:13.6f}")

@@ -120,6 +120,11 @@ def run_plan(plan: Plan, inputs: Sequence[np.ndarray], op: str = "sum",
         raise ValueError(f"run_plan: op must be one of {sorted(REDUCE_OPS)}, got {op!r}")
     if len(inputs) != plan.nranks:
         raise ValueError(f"run_plan: the plan has {plan.nranks} ranks but got {len(inputs)} inputs")
+    expect = getattr(plan, "expect", None)
+    if expect is not None and expect.reduce_op != "sum" and op != expect.reduce_op:
+        # A plan proved for max or min may reduce a contribution twice, which only those ops forgive.
+        raise ValueError(f"run_plan: the plan's postcondition is stated for op={expect.reduce_op!r} (it may "
+                         f"reduce a contribution more than once), so it cannot run with op={op!r}")
     shape = output_shape(plan, np.shape(inputs[0]))
     return run_words(encode(plan), inputs, shape, REDUCE_OPS[op], timeout_s)
 

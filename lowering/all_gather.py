@@ -1,13 +1,21 @@
 """all_gather_p: every rank gets every rank's x, stacked (or, tiled, concatenated) along a dimension in rank
-order; lax.all_gather. The result stays varying over the axes, as lax's does; the transpose is reduce_scatter."""
+order; lax.all_gather. The result stays varying over the axes, as lax's does; the transpose is reduce_scatter.
+
+all_gather_invariant_p: the same custom call, typed as `lax.all_gather(..., to="invarying")` types it (jax's
+all_gather_invariant_p): under shard_map(check_vma=True) the result is invariant over the axes, which is what a
+replicated value rebuilt from its shards is. Its transpose takes the rank's slice of the invariant cotangent,
+so no collective runs backwards. Without check_vma there is no invariant type to rely on, and it transposes to
+a reduce_scatter, as all_gather_p does.
+"""
 
 from __future__ import annotations
 
 from functools import partial
 
-from jax._src import core
+from jax._src import config, core
 from jax._src.interpreters import ad, batching, mlir
-from jax._src.lax import lax
+from jax._src.lax import lax, slicing
+from jax._src.lax import parallel as lax_parallel
 
 from jaxcoll.lowering import groups, plans
 from jaxcoll.lowering.blocks import Blocks
@@ -17,11 +25,14 @@ from jaxcoll.plan import Collective
 API = "jaxcoll.all_gather"
 
 all_gather_p = core.Primitive("jaxcoll_all_gather")
+all_gather_invariant_p = core.Primitive("jaxcoll_all_gather_invariant")
 
 
-def bind(x, *, axes: tuple, all_gather_dimension: int, tiled: bool, algorithm):
-    return all_gather_p.bind(groups.pvary_missing(x, axes), axes=axes,
-                             all_gather_dimension=all_gather_dimension, tiled=tiled, algorithm=algorithm)
+def bind(x, *, axes: tuple, all_gather_dimension: int, tiled: bool, algorithm, invariant: bool = False):
+    """all_gather_p, or with `invariant=True` all_gather_invariant_p (same data movement, invariant result)."""
+    prim = all_gather_invariant_p if invariant else all_gather_p
+    return prim.bind(groups.pvary_missing(x, axes), axes=axes, all_gather_dimension=all_gather_dimension,
+                     tiled=tiled, algorithm=algorithm)
 
 
 def _out_shape(shape, n, dim, tiled):
@@ -42,6 +53,14 @@ def _abstract_eval(aval, *, axes, all_gather_dimension, tiled, algorithm):
             groups.named_axis_effects(axes))
 
 
+def _invariant_abstract_eval(aval, **params):
+    out, effects = _abstract_eval(aval, **params)
+    if config._check_vma.value:
+        out = out.update(manual_axis_type=out.mat.update(
+            varying=frozenset(a for a in out.mat.varying if a not in params["axes"])))
+    return out, effects
+
+
 def _lowering(ctx, x, *, axes, all_gather_dimension, tiled, algorithm):
     aval, = ctx.avals_in
     n = groups.lowered_group_size(ctx, axes)
@@ -60,17 +79,28 @@ def _transpose(ct, x, *, axes, all_gather_dimension, tiled, algorithm):
                                   op="sum", algorithm=plans.for_transpose(algorithm, False)),)
 
 
-def _batcher(axis_data, vals_in, dims_in, *, axes, all_gather_dimension, tiled, algorithm):
+def _invariant_transpose(ct, x, *, axes, all_gather_dimension, tiled, algorithm):
+    if not config._check_vma.value:
+        return _transpose(ct, x, axes=axes, all_gather_dimension=all_gather_dimension, tiled=tiled,
+                          algorithm=algorithm)
+    # The cotangent is one value on every rank: this rank's input contributed only its own slice of it.
+    n = ct.shape[all_gather_dimension] // groups.group_size(axes)
+    rank = lax_parallel.axis_index(axes if len(axes) > 1 else axes[0])
+    out = slicing.dynamic_slice_in_dim(ct, rank * n, n, axis=all_gather_dimension)
+    return (out if tiled else lax.squeeze(out, [all_gather_dimension]),)
+
+
+def _batcher(prim, axis_data, vals_in, dims_in, *, axes, all_gather_dimension, tiled, algorithm):
     (x,), (d,) = vals_in, dims_in
     params = dict(axes=axes, tiled=tiled, algorithm=algorithm)
     if axis_data.name not in axes:
         if d is None:
-            return all_gather_p.bind(x, all_gather_dimension=all_gather_dimension, **params), None
+            return prim.bind(x, all_gather_dimension=all_gather_dimension, **params), None
         if d <= all_gather_dimension:
             all_gather_dimension += 1
         elif not tiled:
             d += 1
-        return all_gather_p.bind(x, all_gather_dimension=all_gather_dimension, **params), d
+        return prim.bind(x, all_gather_dimension=all_gather_dimension, **params), d
     if axes != (axis_data.name,):
         raise NotImplementedError(f"{API} over axes={axes} that mix a vmap axis with other axes")
     # Over the vmapped axis alone the gathered values are already here: move the batch dimension into place.
@@ -93,4 +123,9 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, all_gather_dimension, tiled, 
 all_gather_p.def_effectful_abstract_eval(_abstract_eval)
 mlir.register_lowering(all_gather_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
 ad.deflinear2(all_gather_p, _transpose)
-batching.fancy_primitive_batchers[all_gather_p] = _batcher
+batching.fancy_primitive_batchers[all_gather_p] = partial(_batcher, all_gather_p)
+
+all_gather_invariant_p.def_effectful_abstract_eval(_invariant_abstract_eval)
+mlir.register_lowering(all_gather_invariant_p, _lowering, cacheable=False)
+ad.deflinear2(all_gather_invariant_p, _invariant_transpose)
+batching.fancy_primitive_batchers[all_gather_invariant_p] = partial(_batcher, all_gather_invariant_p)

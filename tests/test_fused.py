@@ -1,5 +1,7 @@
 """jaxcoll.fused ops equal their unfused jax.lax compositions, in value and in gradient, for every chunk count."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,8 +12,10 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxcoll import fused
+from jaxcoll.fused import comm
 
 N = 4  # group size: small enough for 2 cores, large enough that a ring has interior steps
+XLA_COLLECTIVE = r"\b(all-gather|reduce-scatter|all-reduce|collective-permute|all-to-all)(-start)?\("
 
 
 @pytest.fixture(scope="module")
@@ -132,11 +136,47 @@ def test_reduce_scatter_norm_all_gather_equals_psum_then_norm(mesh, norm, chunks
         h = lax.psum(x, "i") + b + r
         return jnp.concatenate([_ref_norm(h, s, offset, norm, 1e-5), h], -1)
 
-    # Both are per-rank copies of one result: stack them (out_specs P("i")) so typing does not matter.
-    close(run(mesh, fused_f, specs, P("i"))(x, res, bias, scale), run(mesh, ref_f, specs, P("i"))(x, res, bias, scale),
+    # out_specs P(): shard_map(check_vma=True) accepts it only for a result typed invariant over "i", as psum's is.
+    close(run(mesh, fused_f, specs, P())(x, res, bias, scale), run(mesh, ref_f, specs, P())(x, res, bias, scale),
           tol=1e-4)
-    close(grads(mesh, fused_f, specs, P("i"), x, res, bias, scale),
-          grads(mesh, ref_f, specs, P("i"), x, res, bias, scale), tol=1e-3)
+    close(grads(mesh, fused_f, specs, P(), x, res, bias, scale),
+          grads(mesh, ref_f, specs, P(), x, res, bias, scale), tol=1e-3)
+
+
+def test_norm_result_is_typed_invariant_like_psum(mesh):
+    x, scale = put(mesh, normal(N * 4 * N, 8), P("i")), put(mesh, normal(8), P())
+
+    def types(f):
+        seen = []
+
+        def body(x, s):
+            y = f(x, s)
+            seen.append(comm.vma(y))
+            return y
+
+        jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("i"), P()), out_specs=P())).lower(x, scale)
+        return seen[0]
+
+    ours = types(lambda x, s: fused.reduce_scatter_norm_all_gather(x, "i", scale=s))
+    assert ours == types(lambda x, s: lax.psum(x, "i") * s) == frozenset()
+
+
+def test_invariant_all_gather_equals_lax_all_gather_invarying(mesh):
+    # comm.all_gather_invariant is the gather the norm and adam ops end with: one all-gather's data movement,
+    # the result typed invariant, and a transpose that slices the cotangent instead of reduce-scattering it.
+    x = put(mesh, normal(4 * N, 3, 5), P("i"))
+    for axis in (0, 1):
+        ours = lambda x: comm.all_gather_invariant(x, "i", axis) * 2.0
+        ref = lambda x: lax.all_gather(x, "i", axis=axis, tiled=True, to="invarying") * 2.0
+        close(run(mesh, ours, (P("i"),), P())(x), run(mesh, ref, (P("i"),), P())(x))
+        close(grads(mesh, ours, (P("i"),), P(), x), grads(mesh, ref, (P("i"),), P(), x))
+        hlo = run(mesh, ours, (P("i"),), P()).lower(x).compile().as_text()
+        assert hlo.count('custom_call_target="jaxcoll_all_gather"') == 1
+        assert not re.search(XLA_COLLECTIVE, hlo)
+    # vmap over a batch dimension inside shard_map (dimension 1 of x batched, gather along the rows).
+    ours = jax.vmap(lambda v: comm.all_gather_invariant(v, "i", 0), in_axes=1, out_axes=1)
+    ref = jax.vmap(lambda v: lax.all_gather(v, "i", axis=0, tiled=True, to="invarying"), in_axes=1, out_axes=1)
+    close(run(mesh, ours, (P("i"),), P())(x), run(mesh, ref, (P("i"),), P())(x))
 
 
 def test_reduce_scatter_adam_all_gather_matches_optax_adamw(mesh):
@@ -179,24 +219,100 @@ def test_errors_name_the_shapes(mesh):
             x, put(mesh, normal(6, 5), P()))
 
 
-XLA_COLLECTIVE = r"\b(all-gather|reduce-scatter|all-reduce|collective-permute|all-to-all)(-start)?\("
+def jaxcoll_calls(hlo: str) -> dict:
+    """Count of each jaxcoll custom-call target in a compiled program."""
+    out = {}
+    for target in re.findall(r'custom_call_target="(jaxcoll_\w+)"', hlo):
+        out[target] = out.get(target, 0) + 1
+    return out
 
 
 @pytest.mark.parametrize("chunks", [1, N])
 def test_fused_ops_compile_to_jaxcoll_custom_calls_not_xla_collectives(mesh, chunks):
-    import re
-    if fused.BACKEND != "jaxcoll":
-        pytest.skip("jaxcoll's collectives are not importable yet; the fused ops run on jax.lax collectives")
     x, w = put(mesh, normal(4 * N, 8), P("i")), put(mesh, normal(8, 4 * N), P(None, "i"))
+    scale, res = put(mesh, normal(8), P()), put(mesh, normal(4 * N, 8), P())
 
-    def step(x, w):
+    def step(x, w, s, r):
         y = fused.all_gather_matmul(x, w, "i", chunks=chunks)                 # (4N, 4) per rank
         z = fused.matmul_reduce_scatter(y, w.T, "i", chunks=chunks)           # (4, 8)
-        return fused.matmul_all_reduce(z, w, "i", chunks=1 if chunks == 1 else 2)
+        u = fused.matmul_all_reduce(z, w, "i", chunks=1 if chunks == 1 else 2)   # (4, 4), invariant
+        v = fused.reduce_scatter_norm_all_gather(y @ w.T, "i", scale=s, bias=s, residual=r,
+                                                 chunks=1 if chunks == 1 else 2)   # (4N, 8), invariant
+        return u, v
 
-    f = run(mesh, step, (P("i"), P(None, "i")), P())
-    train = jax.jit(jax.grad(lambda x, w: jnp.sum(f(x, w) ** 2), argnums=(0, 1)))
+    f = run(mesh, step, (P("i"), P(None, "i"), P(), P()), (P(), P()))
+    train = jax.jit(jax.grad(lambda *a: sum(jnp.sum(o ** 2) for o in f(*a)), argnums=(0, 1, 2, 3)))
     for g in (f, train):
-        hlo = g.lower(x, w).compile().as_text()
-        assert re.search(r'custom_call_target="jaxcoll_', hlo)
+        hlo = g.lower(x, w, scale, res).compile().as_text()
+        assert jaxcoll_calls(hlo)
         assert not re.search(XLA_COLLECTIVE, hlo), re.search(XLA_COLLECTIVE, hlo)
+
+
+def test_adam_moves_one_reduce_scatter_and_one_all_gather_of_the_shard(mesh):
+    # The minimum: the gradient is reduce-scattered (each rank sends (p-1)/p of it) and each rank's updated
+    # shard is all-gathered once; no all-reduce, no second gather, no XLA collective.
+    params = {"w": put(mesh, normal(6, 10), P()), "b": put(mesh, normal(10), P())}
+    g = jax.tree.map(lambda a: put(mesh, normal(N * a.shape[0], *a.shape[1:]), P("i")), params)
+    sspec = fused.AdamState(P(), P("i"), P("i"), P("i"))
+    state = jax.tree.map(lambda a, s: put(mesh, a, s), fused.adam_init_global(params, N), sspec)
+    step = run(mesh, lambda g, q, s: fused.reduce_scatter_adam_all_gather(g, q, s, "i", lr=1e-2),
+               (P("i"), P(), sspec), (P(), sspec))
+    hlo = step.lower(g, params, state).compile().as_text()
+    assert jaxcoll_calls(hlo) == {"jaxcoll_reduce_scatter": 1, "jaxcoll_all_gather": 1}
+    shard = fused.shard_size(params, N)
+    gather = next(ln for ln in hlo.splitlines() if 'custom_call_target="jaxcoll_all_gather"' in ln)
+    assert re.search(rf"= f32\[{N},{shard}\]", gather), gather   # N blocks of one shard: the gathered params
+    assert not re.search(XLA_COLLECTIVE, hlo)
+
+
+def _program(f, mesh, in_specs, out_specs, *args) -> str:
+    """The compiled program's instructions, without names, call-site ids and source locations."""
+    hlo = run(mesh, f, in_specs, out_specs).lower(*args).compile().as_text().split("FileNames")[0]
+    for pattern, repl in ((r"callsite = \d+", "callsite"), (r"metadata=\{[^}]*\}", ""), (r"HloModule \S+", ""),
+                          (r"%[\w.-]+", "%v")):
+        hlo = re.sub(pattern, repl, hlo)
+    return hlo
+
+
+def test_chosen_chunks_on_cpu_compile_to_the_unfused_jaxcoll_program(mesh):
+    # On CPU devices the ring cannot overlap (docs/benchmarks-fused.md), so chunks=None must cost nothing over
+    # the unfused composition: the compiled programs are the same, one jaxcoll collective and one product.
+    if jax.default_backend() != "cpu":
+        pytest.skip("the chunks=None expectation here is XLA:CPU's")
+    import jaxcoll
+    m, k = 64 * N, 64  # rank blocks of 16 KiB to 256 KiB
+    xr, wc = put(mesh, normal(m, k), P("i")), put(mesh, normal(k, k * N), P(None, "i"))
+    xc, wr = put(mesh, normal(m, k * N), P(None, "i")), put(mesh, normal(k * N, k), P("i"))
+    pairs = [
+        (lambda x, w: fused.all_gather_matmul(x, w, "i"), lambda x, w: jaxcoll.all_gather(x, "i", tiled=True) @ w,
+         (P("i"), P(None, "i")), P(None, "i"), (xr, wc)),
+        (lambda x, w: fused.matmul_reduce_scatter(x, w, "i"),
+         lambda x, w: jaxcoll.reduce_scatter(x @ w, "i", scatter_dimension=0, tiled=True),
+         (P(None, "i"), P("i")), P("i"), (xc, wr)),
+        (lambda x, w: fused.matmul_all_reduce(x, w, "i"), lambda x, w: jaxcoll.all_reduce(x @ w, "i"),
+         (P(None, "i"), P("i")), P(), (xc, wr)),
+    ]
+    for ours, unfused, in_specs, out_specs, args in pairs:
+        assert _program(ours, mesh, in_specs, out_specs, *args) == _program(unfused, mesh, in_specs, out_specs, *args)
+
+
+def test_forced_ring_runs_a_ring_of_ppermutes(mesh):
+    # chunks=2N: (N-1) hops of 2 pieces each, and no all-gather; the values are still the product's.
+    x, w = put(mesh, normal(8 * N, 16), P("i")), put(mesh, normal(16, 8 * N), P(None, "i"))
+    f = run(mesh, lambda x, w: fused.all_gather_matmul(x, w, "i", chunks=2 * N), (P("i"), P(None, "i")),
+            P(None, "i"))
+    assert jaxcoll_calls(f.lower(x, w).compile().as_text()) == {"jaxcoll_ppermute": 2 * (N - 1)}
+    close(f(x, w), np.asarray(x) @ np.asarray(w), tol=1e-4)
+
+
+def test_chunk_choice_by_platform_and_size(monkeypatch):
+    from jaxcoll.fused import chunks as chunking
+    big, small = chunking.OVERLAP_MIN_BLOCK_BYTES, chunking.OVERLAP_MIN_BLOCK_BYTES - 1
+    monkeypatch.setattr(chunking, "platform", lambda: "cpu")
+    assert chunking.choose("op", None, 8, 64 * big, 16, "d") == 1
+    assert chunking.choose("op", 16, 8, 64 * big, 16, "d") == 16
+    monkeypatch.setattr(chunking, "platform", lambda: "gpu")
+    assert chunking.choose("op", None, 8, big, 16, "d") == 8
+    assert chunking.choose("op", None, 8, small, 16, "d") == 1
+    assert chunking.choose_pieces("op", None, 8, big, 24, "d") == 8
+    assert chunking.choose_pieces("op", None, 8, big, 12, "d") == 1   # rows not divisible by p: no split

@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxcoll import fused, nn
+from jaxcoll import nn
 
 XLA_COLLECTIVE = re.compile(r"\b(all-gather|reduce-scatter|all-reduce|collective-permute|all-to-all)(-start)?\(")
 
@@ -48,12 +48,16 @@ def test_dense_megatron_mlp_equals_matmul_with_gradients(mesh, operands, seq_par
 
 
 def test_dense_layers_compile_to_jaxcoll_custom_calls_not_xla_collectives(mesh, operands):
-    if fused.BACKEND != "jaxcoll":
-        pytest.skip("jaxcoll's collectives are not importable yet; the fused ops run on jax.lax collectives")
     fwd = jax.jit(lambda *a: mlp(mesh, *a, nn.dense))
     train = jax.jit(jax.grad(lambda *a: jnp.sum(mlp(mesh, *a, nn.dense) ** 2), argnums=(0, 1, 2)))
+    assert jax.config.jax_use_shardy_partitioner  # the partitioner that reads dense's sharding_rule
     for f in (fwd, train):
-        hlo = f.lower(*operands).compile().as_text()
+        lowered = f.lower(*operands)
+        # Shardy sees the rule "... s h, h f -> ... t f" on the partitioned call: the sequence dims are factors
+        # of their own (j, m), so the result's sequence sharding is not tied to x's.
+        assert re.search(r"sdy.sharding_rule = #sdy.op_sharding_rule<\(\[i, j, k\], \[k, l\]\)->\(\[i, m, l\]\)",
+                         lowered.as_text())
+        hlo = lowered.compile().as_text()
         assert re.search(r'custom_call_target="jaxcoll_', hlo), "no jaxcoll custom call in the compiled program"
         assert not XLA_COLLECTIVE.search(hlo), f"XLA collective in the compiled program: {XLA_COLLECTIVE.search(hlo)}"
 

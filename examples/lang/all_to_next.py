@@ -3,7 +3,8 @@ sends nothing and the first receives nothing. Across `groups` groups of `size` r
 groups is split over all ranks of both groups so every link between them carries a share.
 
 A custom collective states its postcondition: output chunk i of rank r holds rank r-1's input chunk i, and rank
-0's output is unconstrained.
+0's output is unconstrained. The compiled plan carries it (`Plan.expect`), so a saved plan is proved from its
+file alone (`jaxcoll plan check all_to_next.json`).
 
     python examples/lang/all_to_next.py 2 2
 """

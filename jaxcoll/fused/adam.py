@@ -1,7 +1,9 @@
 """reduce_scatter_adam_all_gather: data-parallel gradient sum, AdamW and parameter all-gather as one op
 (CoCoNet's optimizer fusion; ZeRO stage 1): the gradients are reduce-scattered instead of all-reduced, each
 rank updates only its 1/p shard of the flattened parameters with float32 master weights and moments, and the
-updated shards are all-gathered. The optimizer state of a rank is 1/p of the full state.
+updated shards are all-gathered. The optimizer state of a rank is 1/p of the full state. Replicated parameters
+come back through the invariant all-gather (one all-gather's bytes, typed invariant like the parameters), so
+the op moves what one all-reduce of the gradients moves and no more.
 """
 
 from __future__ import annotations

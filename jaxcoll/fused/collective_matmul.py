@@ -138,7 +138,8 @@ def _all_gather_matmul_bwd(axis_name, g, chunks, return_gathered, x_vma, w_vma, 
     if dxg is not None:
         dx = dx + comm.reduce_scatter(comm.after(dxg, dx), axis_name, g)
     dw = _contract_leading(xg, dy, w.dtype)
-    return comm.match_vma(dx, x_vma), comm.match_vma(dw, w_vma)
+    # dw's all-reduce (a replicated w) is chained after dx's collectives: one order on every rank.
+    return comm.match_vma(dx, x_vma), comm.match_vma(comm.after(dw, dx), w_vma)
 
 
 _all_gather_matmul.defvjp(_all_gather_matmul_fwd, _all_gather_matmul_bwd)
@@ -215,7 +216,7 @@ def _matmul_reduce_scatter_bwd(axis_name, a, chunks, x_vma, w_vma, res, dy):
     # The transpose of the reduce-scatter is an all-gather of dy, which then meets w.T: the partner op.
     dx, dyg = all_gather_matmul(dy, w.T, axis_name, gather_axis=a, return_gathered=True, chunks=chunks)
     dw = _contract_leading(x, dyg, w.dtype)
-    return comm.match_vma(dx, x_vma), comm.match_vma(dw, w_vma)
+    return comm.match_vma(dx, x_vma), comm.match_vma(comm.after(dw, dx), w_vma)
 
 
 _matmul_reduce_scatter.defvjp(_matmul_reduce_scatter_fwd, _matmul_reduce_scatter_bwd)

@@ -1,56 +1,50 @@
 """The collectives the fused ops are made of, and the vma bookkeeping around them.
 
-Every fused op is a composition of jaxcoll's public collectives (`jaxcoll.ppermute`, `all_gather`,
-`reduce_scatter`, `all_reduce`), so it runs on jaxcoll's runtime and inherits their vjp, vmap and varying /
-invariant typing. While those collectives are not importable (the tree is being built), `JAXCOLL_FUSED_BACKEND`
-is "lax" and the same compositions run on jax.lax's collectives; tests assert which backend ran.
+Every fused op is a composition of jaxcoll's collectives (`jaxcoll.ppermute`, `all_gather`, `reduce_scatter`,
+`all_reduce`, and the invariant all-gather of `jaxcoll.lowering.all_gather`), so it runs on jaxcoll's runtime
+and inherits their vjp, vmap and varying / invariant typing. There is no fallback to jax.lax's collectives:
+tests check that the compiled programs hold jaxcoll custom calls and no XLA collective.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 
 import jax
 from jax import lax
 from jax._src import config as jax_config
 
 import jaxcoll
-
-
-def _backend() -> str:
-    forced = os.environ.get("JAXCOLL_FUSED_BACKEND")
-    if forced in ("jaxcoll", "lax"):
-        return forced
-    return "jaxcoll" if hasattr(jaxcoll, "ppermute") and hasattr(jaxcoll, "reduce_scatter") else "lax"
-
-
-BACKEND = _backend()
+from jaxcoll.lowering import all_gather as all_gather_lowering
+from jaxcoll.lowering import groups
 
 
 def ppermute(x, axis_name, perm):
-    if BACKEND == "jaxcoll":
-        return jaxcoll.ppermute(x, axis_name, perm=perm)
-    return lax.ppermute(x, axis_name, perm=perm)
+    return jaxcoll.ppermute(x, axis_name, perm=perm)
 
 
 def all_gather(x, axis_name, axis):
     """Tiled all-gather along `axis` (varying -> varying, like lax.all_gather)."""
-    if BACKEND == "jaxcoll":
-        return jaxcoll.all_gather(x, axis_name, axis=axis, tiled=True)
-    return lax.all_gather(x, axis_name, axis=axis, tiled=True)
+    return jaxcoll.all_gather(x, axis_name, axis=axis, tiled=True)
 
 
 def reduce_scatter(x, axis_name, axis):
     """Tiled sum-scatter along `axis` (lax.psum_scatter's contract)."""
-    if BACKEND == "jaxcoll":
-        return jaxcoll.reduce_scatter(x, axis_name, scatter_dimension=axis, tiled=True)
-    return lax.psum_scatter(x, axis_name, scatter_dimension=axis, tiled=True)
+    return jaxcoll.reduce_scatter(x, axis_name, scatter_dimension=axis, tiled=True)
 
 
 def all_reduce(x, axis_name):
-    if BACKEND == "jaxcoll":
-        return jaxcoll.all_reduce(x, axis_name)
-    return lax.psum(x, axis_name)
+    return jaxcoll.all_reduce(x, axis_name)
+
+
+def all_gather_invariant(x, axis_name, axis):
+    """Tiled all-gather along `axis` whose result is typed invariant over `axis_name` (the contract of
+    `lax.all_gather(..., to="invarying")`): what a replicated value rebuilt from its shards must be typed as.
+    One all-gather's bytes; its transpose slices the cotangent (no collective)."""
+    api = "jaxcoll.fused (invariant all-gather)"
+    axes = groups.axis_names(axis_name, api)
+    return all_gather_lowering.bind(x, axes=axes, all_gather_dimension=axis % x.ndim, tiled=True,
+                                    algorithm="auto", invariant=True)
 
 
 def ring(p: int, shift: int = 1):
@@ -80,21 +74,51 @@ def match_vma(ct, like_vma: frozenset):
     return make_varying(ct, tuple(sorted(like_vma)))
 
 
-def all_gather_invariant(x, axis_name, axis):
-    """Tiled all-gather whose result is typed invariant over `axis_name` (lax.all_gather_invariant's
-    contract): what a replicated value rebuilt from its shards must be typed as.
+def vary(x, axes: tuple):
+    """`x` typed varying over `axes` where it is invariant: what jax does implicitly when an invariant value
+    (a replicated scale, bias) meets a rank's rows, but with the transpose, the sum of every rank's cotangent,
+    on jaxcoll's all-reduce instead of lax.psum."""
+    missing = tuple(a for a in axes if a not in vma(x))
+    if not missing or not jax_config._check_vma.value:
+        return x
+    return _vary(x, missing, vma(x))
 
-    jaxcoll has no invariant all-gather yet, so this is an all-reduce of the rank's block placed in zeros:
-    right result and type, twice the bytes of an all-gather.
-    """
-    if BACKEND == "jaxcoll" and hasattr(jaxcoll, "all_gather_invariant"):
-        return jaxcoll.all_gather_invariant(x, axis_name, axis=axis, tiled=True)
-    p = lax.axis_size(axis_name)
-    n = x.shape[axis]
-    shape = x.shape[:axis] + (n * p,) + x.shape[axis + 1:]
-    placed = lax.dynamic_update_slice_in_dim(jax.numpy.zeros(shape, x.dtype), x,
-                                             lax.axis_index(axis_name) * n, axis=axis)
-    return all_reduce(placed, axis_name)
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _vary(x, axes, x_vma):
+    return lax.pcast(x, axes, to="varying")
+
+
+_vary.defvjp(lambda x, axes, x_vma: (_vary(x, axes, x_vma), None),
+             lambda axes, x_vma, _, ct: (match_vma(ct, x_vma),))
+
+
+def rank_rows(v, axis_name, start: int, block: int):
+    """Rows [start + r * block, start + (r + 1) * block) of `v` on rank r. Where `v` is invariant over
+    `axis_name` (the same on every rank) the transpose is the invariant all-gather of the rows' cotangents
+    (what lax would do with a psum of zero-padded slices, at half the bytes); where it varies, a plain slice."""
+    axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    if not jax_config._check_vma.value or set(axes) & vma(v):
+        return lax.dynamic_slice_in_dim(v, start + lax.axis_index(axis_name) * block, block, axis=0)
+    return _rank_rows(v, axis_name, start, block, v.shape[0])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
+def _rank_rows(v, axis_name, start, block, rows):
+    return lax.dynamic_slice_in_dim(v, start + lax.axis_index(axis_name) * block, block, axis=0)
+
+
+def _rank_rows_fwd(v, axis_name, start, block, rows):
+    return _rank_rows(v, axis_name, start, block, rows), None
+
+
+def _rank_rows_bwd(axis_name, start, block, rows, _, ct):
+    gathered = all_gather_invariant(ct, axis_name, 0)  # every rank's rows, in rank order: [start, start + p block)
+    zeros = jax.numpy.zeros((rows,) + ct.shape[1:], ct.dtype)
+    return (lax.dynamic_update_slice_in_dim(zeros, gathered, start, axis=0),)
+
+
+_rank_rows.defvjp(_rank_rows_fwd, _rank_rows_bwd)
 
 
 def after(x, prev):

@@ -11,7 +11,7 @@ from jax import lax
 
 from jaxcoll.fused import chunks as chunking
 from jaxcoll.fused import comm
-from jaxcoll.fused.collective_matmul import _acc_dtype, _axes, _dot, check_matmul_operands
+from jaxcoll.fused.collective_matmul import _axes, _dot, check_matmul_operands
 
 API = "jaxcoll.fused.matmul_all_reduce"
 
@@ -39,23 +39,20 @@ def matmul_all_reduce(x, w, axis_name, *, bias=None, residual=None, chunks=None)
     the sum. The result is invariant over `axis_name`, like `lax.psum`'s.
 
     `chunks`: the number of pieces x's leading dimension is split into (each piece's product is summed while
-    the next computes); None picks by size, 1 is no overlap.
+    the next computes); None picks by platform and size (`jaxcoll.fused.chunks`), 1 is no overlap.
     """
     check_matmul_operands(API, x, w)
     shape = tuple(x.shape[:-1]) + (w.shape[1],)
     _check_epilogue("bias", bias, shape, x.dtype)
     _check_epilogue("residual", residual, shape, x.dtype)
     p = lax.axis_size(axis_name)
-    rows = x.shape[0] if x.ndim > 1 else 1
-    if chunks is None:
-        nbytes = int(np.prod(shape)) * np.dtype(x.dtype).itemsize
-        chunks = p if (p > 1 and x.ndim > 1 and rows % p == 0
-                       and nbytes // p >= chunking.OVERLAP_MIN_BLOCK_BYTES) else 1
-    if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
-        raise ValueError(f"{API}: chunks={chunks!r} must be None (chosen by size) or a positive integer")
-    if chunks > 1 and (x.ndim < 2 or rows % chunks):
+    if chunks is not None and chunks != 1 and x.ndim < 2:
         raise ValueError(f"{API}: chunks={chunks} splits x's leading dimension, but x.shape={tuple(x.shape)} "
-                         f"has no leading dimension divisible by {chunks}")
+                         f"has no leading dimension")
+    rows = x.shape[0] if x.ndim > 1 else 1
+    piece_bytes = int(np.prod(shape)) // p * np.dtype(x.dtype).itemsize
+    chunks = chunking.choose_pieces(API, chunks, p, piece_bytes, rows, f"x's leading dimension (x.shape="
+                                    f"{tuple(x.shape)})")
     x = comm.make_varying(x, _axes(axis_name))
     m = rows // chunks
     pieces = [x] if chunks == 1 else [lax.slice_in_dim(x, j * m, (j + 1) * m, axis=0) for j in range(chunks)]

@@ -1,7 +1,8 @@
 """reduce_scatter_norm_all_gather: the all-reduce after a row-parallel layer, fused with the bias, residual add
 and row-wise norm that follow it (CoCoNet's model-parallel fusion, Megatron's sequence parallelism): the sum is
 reduce-scattered over rows, each rank adds and normalizes only its 1/p of the rows, and an all-gather returns
-the rows. Same bytes as one all-reduce; the epilogue's work is divided by p.
+the rows. Same bytes as one all-reduce; the epilogue's work is divided by p. The all-gather is the invariant
+one, so the result is typed as `lax.psum`'s would be.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def reduce_scatter_norm_all_gather(x, axis_name, *, scale, residual=None, bias=N
     Use inside `jax.shard_map` over `axis_name` (group size p). `x` (rows..., H) holds this rank's partial
     sums (the output of a row-parallel product); its leading dimension must divide by p * chunks. `residual`
     has x's shape and is the same on every rank; `bias`, `scale`, `offset` have shape (H,). The norm is over
-    the last dimension. The result has x's shape and, being an all-gather's, is typed varying over
-    `axis_name` (every rank holds the same values). With `return_residual=True` also returns h (the new
+    the last dimension. The result has x's shape and, like `lax.psum`'s, is invariant over `axis_name`
+    under `shard_map(check_vma=True)` (so `out_specs` may leave the axis out). With `return_residual=True` also returns h (the new
     residual stream), gathered in the same collective.
 
     `chunks`: row pieces pipelined through reduce-scatter, epilogue and all-gather; None and 1 mean one piece.
@@ -77,8 +78,10 @@ def reduce_scatter_norm_all_gather(x, axis_name, *, scale, residual=None, bias=N
     if rows % (p * c):
         raise ValueError(f"{API}: x.shape={tuple(x.shape)}: the leading dimension {rows} must divide by the "
                          f"group size {p} times chunks={c}")
-    x = comm.make_varying(x, _axes(axis_name))
-    idx = lax.axis_index(axis_name)
+    axes = _axes(axis_name)
+    x = comm.make_varying(x, axes)
+    # The epilogue's operands meet this rank's rows: their gradients sum over ranks on jaxcoll's collectives.
+    bias, scale, offset = (None if v is None else comm.vary(v, axes) for v in (bias, scale, offset))
     piece, block = rows // c, rows // (c * p)
     outs, last = [], None
     for q in range(c):
@@ -87,13 +90,13 @@ def reduce_scatter_norm_all_gather(x, axis_name, *, scale, residual=None, bias=N
         if bias is not None:
             h = h + bias
         if residual is not None:
-            h = h + lax.dynamic_slice_in_dim(residual, q * piece + idx * block, block, axis=0)
+            h = h + comm.rank_rows(residual, axis_name, q * piece, block)
         y = row_norm(h, scale, offset, norm, eps)
         if return_residual:
-            last = comm.all_gather(jnp.concatenate([y, h], axis=-1), axis_name, 0)
+            last = comm.all_gather_invariant(jnp.concatenate([y, h], axis=-1), axis_name, 0)
             outs.append((last[..., :h_dim], last[..., h_dim:]))
         else:
-            last = comm.all_gather(y, axis_name, 0)
+            last = comm.all_gather_invariant(y, axis_name, 0)
             outs.append((last, None))
     y = outs[0][0] if c == 1 else jnp.concatenate([o[0] for o in outs], axis=0)
     if not return_residual:

@@ -5,7 +5,8 @@ zero, a wait consumes one signal, lanes of a rank meet at barriers, and a barrie
 
 1. structure (`jaxcoll.plan.validate`);
 2. synchronisation: each semaphore is waited on by one lane, every wait has a signal and every signal a wait,
-   every lane of a rank passes the same number of barriers;
+   every lane of a rank passes the same number of barriers, and a named channel (the connection a transfer
+   uses) is driven by one lane of the sending rank, so its transfers have one order;
 3. deadlock: the lanes are run with semaphore counts. Signals only ever add, so the system is monotone and one
    greedy run decides it: if it gets stuck, every execution gets stuck, and the stuck lanes are reported;
 4. races: a happens-before relation is built from lane order, barriers and the signals each wait is
@@ -13,14 +14,15 @@ zero, a wait consumes one signal, lanes of a rank meet at barriers, and a barrie
    race, whether two lanes of a rank or a rank and its peer;
 5. provenance: with every conflicting pair ordered, any execution computes what the greedy one computes, so
    the greedy order is executed on symbolic values (multisets of input contributions) and every output chunk
-   is compared with the collective's postcondition (`jaxcoll.lang.postcondition`).
+   is compared with the collective's postcondition (`jaxcoll.lang.postcondition`; a custom plan states its
+   own in `Plan.expect`).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from jaxcoll.lang.postcondition import ZERO, Postcondition, describe, expected
+from jaxcoll.lang.postcondition import ZERO, Postcondition, describe, expected, holds
 from jaxcoll.plan.errors import PlanError
 from jaxcoll.plan.ir import Buffer, Collective, Op, Plan, Step
 from jaxcoll.plan.validate import validate
@@ -64,8 +66,13 @@ def _sync_structure(plan: Plan) -> None:
             signals[step.peer, step.sem].append((r, l, i))
     for (r, sem), lanes in waiters.items():
         if len(lanes) > 1:
-            raise PlanError(f"rank {r}: semaphore {sem} is waited on by lanes {sorted(lanes)}; a semaphore "
-                            f"must have one waiting lane, so which wait consumes which signal is defined")
+            first = {}
+            for node in waits[r, sem]:
+                first.setdefault(node[1], node)
+            a, b = sorted(first.values())[:2]
+            raise PlanError(f"{where(plan, b)}: semaphore {sem} is waited on by lanes {sorted(lanes)} of rank {r} "
+                            f"(also by {where(plan, a)}); a semaphore must have one waiting lane, so which wait "
+                            f"consumes which signal is defined")
     for key in set(waits) | set(signals):
         w, s = waits.get(key, []), signals.get(key, [])
         if len(w) > len(s):
@@ -85,6 +92,19 @@ def _sync_structure(plan: Plan) -> None:
         if len(set(counts)) > 1:
             raise PlanError(f"rank {r}: lanes pass different numbers of barriers ({counts}); every lane of a "
                             f"rank must reach each barrier or the others wait forever")
+
+
+def _channels(plan: Plan) -> None:
+    users: dict[tuple[int, int, int], Node] = {}  # (sending rank, peer, channel) -> first step using it
+    for r, l, i, step in plan.steps():
+        if step.channel < 0:
+            continue
+        for peer in sorted({ref.rank for ref in step.srcs + step.dsts} - {r}):
+            first = users.setdefault((r, peer, step.channel), (r, l, i))
+            if first[1] != l:
+                raise PlanError(f"{where(plan, (r, l, i))}: uses channel {step.channel} to rank {peer}, which "
+                                f"{where(plan, first)} drives from another lane; a channel is one ordered "
+                                f"connection, driven by one lane of each rank")
 
 
 def schedule(plan: Plan) -> list[Node]:
@@ -276,20 +296,27 @@ def check(plan: Plan, *, postcondition: Postcondition | None = None) -> Plan:
 
     `postcondition(rank, output_index)` gives the expected symbolic value of an output chunk (a Counter of
     (rank, input index), see `jaxcoll.lang.postcondition.value`) or None for "any"; it is required for custom
-    plans and overrides the collective's own."""
+    plans that state no `Plan.expect` and overrides the collective's own (it is compared for sum: each
+    contribution exactly once)."""
     validate(plan)
     _sync_structure(plan)
+    _channels(plan)
     order = schedule(plan)
     _races(plan, order, happens_before(plan, order))
     mem = execute(plan, order)
     want = expected(plan, postcondition)
+    reduce_op = plan.expect.reduce_op if plan.expect is not None and postcondition is None else "sum"
     for (r, i), got in outputs(plan, mem).items():
         exp = want(r, i)
-        if exp is None or got == exp:
+        if exp is None or holds(got, exp, reduce_op):
             continue
-        missing = exp - (got or Counter())
-        extra = (got or Counter()) - exp
-        detail = []
+        have = got or Counter()
+        if reduce_op == "sum":
+            missing, extra = exp - have, have - exp
+            detail = []
+        else:  # idempotent: compare the sets of contributions
+            missing, extra = Counter(set(exp) - set(have)), Counter(set(have) - set(exp))
+            detail = [f"{reduce_op} needs each contribution at least once and no other"]
         if missing:
             detail.append(f"missing {describe(missing)}")
         if extra:

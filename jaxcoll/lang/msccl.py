@@ -16,6 +16,7 @@ copies and reductions, with nops carrying the dependencies where a step has more
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -65,6 +66,93 @@ def _parse(path_or_text) -> ET.Element:
     if root.tag != "algo":
         raise PlanError(f"MSCCL XML: the root element is <{root.tag}>, expected <algo>")
     return root
+
+
+def _sent(st: dict) -> tuple:
+    """The local chunk whose value a sending step sends: its src, or for rcs (receive, copy, send on) its dst."""
+    return st["src"] if "src" in LOCAL[st["type"]] else st["dst"]
+
+
+class _ScratchPlaces:
+    """Where one gpu's MSCCL scratch chunks go in the plan's scratch.
+
+    MSCCL cuts every buffer into equal chunks, so a scratch chunk may hold any chunk's data. A plan's chunks
+    differ in size by position within a block (index mod k, plan-ir.md), so a scratch chunk must sit at the
+    position of the data it holds. That position is inferred from the steps (a chunk takes the position of the
+    chunks it is copied from, reduced with or sent as); MSCCL scratch offsets that share a shift (position -
+    offset mod k) keep their order in a region of their own, so multi-chunk steps stay contiguous."""
+
+    def __init__(self, gid: int, k: int, positions: dict[int, int], floor: int):
+        self.gid, self.k = gid, k
+        self.shift = {off: (p - off) % k for off, p in positions.items()}
+        self.region = {}
+        at = 0
+        for sh in sorted(set(self.shift.values())):
+            self.region[sh] = at
+            top = max(off for off, s in self.shift.items() if s == sh) + 1 + sh
+            at += -(-top // k) * k
+        self.size = max(at, floor)  # chunks of the plan's scratch these places take
+
+    def position(self, where: tuple) -> int:
+        buf, off = where
+        if buf is Buffer.SCRATCH:
+            return (off + self.shift.get(off, 0)) % self.k
+        return off % self.k
+
+    def index(self, where: tuple, cnt: int) -> int:
+        buf, off = where
+        if buf is not Buffer.SCRATCH:
+            return off
+        shifts = {self.shift.get(o, 0) for o in range(off, off + cnt)}
+        if len(shifts) != 1:
+            raise PlanError(f"<gpu id={self.gid}>: scratch chunks {off}..{off + cnt - 1} are used as one piece but "
+                            f"hold data from different positions of their blocks, which differ in size in a plan")
+        (sh,) = shifts
+        return self.region.get(sh, 0) + off + sh
+
+
+def _scratch_places(tbs: dict, pairs: dict, k: int, scratch0: dict[int, int]) -> dict[int, _ScratchPlaces]:
+    """Infer the block position of every scratch chunk (union-find over the chunks each step links) and lay
+    out each gpu's scratch (see `_ScratchPlaces`). Raises PlanError when one chunk would need two positions."""
+    parent: dict = {}
+
+    def find(x):
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def link(ga, wa, gb, wb, cnt):
+        for t in range(cnt):
+            parent[find((ga, wa[0], wa[1] + t))] = find((gb, wb[0], wb[1] + t))
+
+    for gid, lanes in tbs.items():
+        for tb in lanes:
+            for st in tb["steps"]:
+                sides = [st[side] for side in LOCAL[st["type"]] if st[side] is not None]
+                if len(sides) == 2:
+                    link(gid, sides[0], gid, sides[1], st["cnt"])
+    for (a, b, _), matched in pairs.items():
+        for s_st, r_st in matched:
+            for side in LOCAL[r_st["type"]]:
+                if _sent(s_st) is not None and r_st[side] is not None:
+                    link(a, _sent(s_st), b, r_st[side], s_st["cnt"])
+    fixed: dict = {}
+    for node in list(parent):
+        if node[1] is Buffer.SCRATCH:
+            continue
+        root, pos = find(node), node[2] % k
+        if fixed.setdefault(root, (pos, node))[0] != pos:
+            other = fixed[root][1]
+            raise PlanError(f"<gpu id={node[0]}>: {node[1].value} chunk {node[2]} and <gpu id={other[0]}> "
+                            f"{other[1].value} chunk {other[2]} pass through the same chunks but sit at different "
+                            f"positions of their blocks (mod {k}), so they may differ in size")
+    positions: dict[int, dict[int, int]] = defaultdict(dict)
+    for node in list(parent):
+        if node[1] is Buffer.SCRATCH:
+            positions[node[0]][node[2]] = fixed.get(find(node), (node[2] % k,))[0]
+    return {gid: _ScratchPlaces(gid, k, positions[gid], scratch0[gid]) for gid in tbs}
 
 
 def load_msccl_xml(path_or_text) -> Plan:
@@ -194,9 +282,7 @@ def load_msccl_xml(path_or_text) -> Plan:
                     raise PlanError(f"<gpu id={gid}><tb id={t}>: a second tb {role}s on channel {tb['chan']} "
                                     f"with gpu {peer}; a connection has one tb at each end")
                 table[key] = t
-    conn_sem: dict[tuple, int] = {}
-    sems = [0] * n
-    transfers: dict[tuple, list] = {}
+    pairs: dict[tuple, list[tuple[dict, dict]]] = {}
     for key in sorted(set(senders) | set(receivers)):
         a, b, ch = key
         if key not in senders or key not in receivers:
@@ -207,23 +293,28 @@ def load_msccl_xml(path_or_text) -> Plan:
         if len(s_steps) != len(r_steps):
             raise PlanError(f"<gpu id={a}><tb id={senders[key]}> sends {len(s_steps)} times to gpu {b} on channel "
                             f"{ch}, but <gpu id={b}><tb id={receivers[key]}> receives {len(r_steps)} times")
-        slots = []
         for s_st, r_st in zip(s_steps, r_steps):
             if s_st["cnt"] != r_st["cnt"]:
                 raise PlanError(f"{r_st['name']}: receives cnt={r_st['cnt']} but the matching send "
                                 f"{s_st['name']} sends cnt={s_st['cnt']}")
-            pos = (s_st["src"][1] if s_st["src"] else 0) % k
+        pairs[key] = list(zip(s_steps, r_steps))
+    place = _scratch_places(tbs, pairs, k, scratch0)
+    scratch_need = {gid: place[gid].size for gid in tbs}
+    conn_sem: dict[tuple, int] = {}
+    sems = [0] * n
+    for key, matched in pairs.items():
+        a, b, ch = key
+        for s_st, r_st in matched:
+            pos = place[a].position(_sent(s_st))
             base = scratch_need[b]
             scratch_need[b] = base + -(-(pos + s_st["cnt"]) // k) * k
             slot = ChunkRef(b, Buffer.SCRATCH, base + pos, s_st["cnt"])
             s_st.setdefault("out", []).append(slot)
             r_st["slot"] = slot
-            slots.append(slot)
         conn_sem[key] = sems[b]
         sems[b] += 1
-        for s_st in s_steps:
+        for s_st, r_st in matched:
             s_st["ssem"] = (b, conn_sem[key])
-        for r_st in r_steps:
             r_st["rsem"] = conn_sem[key]
     # dependencies: one semaphore per (waiting tb, signalling tb) of a gpu, signals numbered in order
     dep_signals: dict[tuple, list[int]] = defaultdict(list)  # (gpu, from tb, to tb) -> depended step positions
@@ -241,7 +332,7 @@ def load_msccl_xml(path_or_text) -> Plan:
     # -- emit lanes -------------------------------------------------------------------------------------------
     def ref(gid, where, cnt):
         buf, off = where
-        return ChunkRef(gid, buf, off, cnt)
+        return ChunkRef(gid, buf, place[gid].index(where, cnt), cnt)
 
     ranks = []
     for gid in range(n):
@@ -287,7 +378,8 @@ def load_msccl_xml(path_or_text) -> Plan:
                     out.append(Step(Op.COPY, (src,), (dst,)))
                 elif typ == "re":
                     out.append(Step(Op.REDUCE, (dst, src), (dst,)))
-                if typ in SENDS:
+                if typ in SENDS:  # the data step just emitted goes over the tb's channel
+                    out[-1] = dataclasses.replace(out[-1], channel=tb["chan"])
                     out.append(Step(Op.SIGNAL, peer=st["ssem"][0], sem=st["ssem"][1]))
                 for key in sorted(k2 for k2 in dep_signals if k2[0] == gid and k2[1] == t):
                     if pos in dep_signals[key]:
@@ -317,11 +409,11 @@ class _Builder:
         self.plan = plan
         self.k = plan.chunk_factor
         self.steps: dict[int, list[dict]] = defaultdict(list)
-        self.tb_of: dict[int, dict] = defaultdict(dict)  # gpu -> (send, recv) -> tb id
+        self.tb_of: dict[int, dict] = defaultdict(dict)  # gpu -> (send, recv, chan) -> tb id
         self.temp = {r: prog.scratch_chunks for r, prog in enumerate(plan.ranks)}
 
-    def tb(self, gpu: int, send: int = -1, recv: int = -1) -> int:
-        return self.tb_of[gpu].setdefault((send, recv), len(self.tb_of[gpu]))
+    def tb(self, gpu: int, send: int = -1, recv: int = -1, chan: int = 0) -> int:
+        return self.tb_of[gpu].setdefault((send, recv, chan), len(self.tb_of[gpu]))
 
     def temp_slot(self, gpu: int, like: ChunkRef) -> ChunkRef:
         pos = like.index % self.k
@@ -333,14 +425,15 @@ class _Builder:
         self.steps[gpu].append({"tb": tb, "type": typ, "src": src, "dst": dst, "reads": list(reads),
                                 "writes": list(writes)})
 
-    def transfer(self, src: ChunkRef, dst: ChunkRef) -> None:
+    def transfer(self, src: ChunkRef, dst: ChunkRef, chan: int) -> None:
         a, b = src.rank, dst.rank
-        self.add(a, self.tb(a, send=b), "s", src, dst, reads=[src])
-        self.add(b, self.tb(b, recv=a), "r", src, dst, writes=[dst])
+        self.add(a, self.tb(a, send=b, chan=chan), "s", src, dst, reads=[src])
+        self.add(b, self.tb(b, recv=a, chan=chan), "r", src, dst, writes=[dst])
 
     def data_step(self, e: int, step: Step) -> None:
         srcs, dsts = step.srcs, step.dsts
         local = self.tb(e)
+        chan = max(step.channel, 0)
         if step.op is Op.ZERO:
             raise PlanError(f"rank {e}: a zero step ({step!r}) has no MSCCL equivalent")
         if len(srcs) == 1:
@@ -350,7 +443,7 @@ class _Builder:
                 self.add(src.rank, self.tb(src.rank), "cpy", src, d, reads=[src], writes=[d])
             for d in dsts:
                 if d.rank != src.rank:
-                    self.transfer(src, d)
+                    self.transfer(src, d, chan)
             return
         if len(srcs) == 2 and srcs[0] in dsts and srcs[0].rank == e and srcs[1].rank == e:
             acc = srcs[0]
@@ -360,7 +453,7 @@ class _Builder:
             for n, s in enumerate(srcs):
                 if s.rank != e:
                     tmp = self.temp_slot(e, s)
-                    self.transfer(s, tmp)
+                    self.transfer(s, tmp, chan)
                     s = tmp
                 if n == 0:
                     self.add(e, local, "cpy", s, acc, reads=[s], writes=[acc])
@@ -372,12 +465,13 @@ class _Builder:
             if d.rank == e:
                 self.add(e, local, "cpy", acc, d, reads=[acc], writes=[d])
             else:
-                self.transfer(acc, d)
+                self.transfer(acc, d, chan)
 
 
 def to_msccl_xml(plan: Plan) -> str:
-    """The plan as an MSCCL XML algorithm (msccl-tools' format): one tb per (send peer, recv peer) of each
-    gpu, steps in the order of the plan's schedule, dependencies between tbs of a gpu from chunk conflicts."""
+    """The plan as an MSCCL XML algorithm (msccl-tools' format): one tb per (send peer, recv peer, channel) of
+    each gpu, steps in the order of the plan's schedule, dependencies between tbs of a gpu from chunk conflicts.
+    A step's channel (`Step.channel`; none is channel 0) is the `chan` of the tbs that carry its transfers."""
     if plan.collective not in NAMES:
         raise PlanError(f"{plan.collective.value} has no MSCCL collective name")
     b = _Builder(plan)
@@ -388,7 +482,8 @@ def to_msccl_xml(plan: Plan) -> str:
     algo = ET.Element("algo", {
         "name": plan.name or plan.collective.value, "proto": {"ll": "LL", "simple": "Simple"}.get(plan.protocol,
                                                                                                  "Simple"),
-        "nchannels": "1", "nchunksperloop": str(plan.ranks[0].output_chunks), "ngpus": str(plan.nranks),
+        "nchannels": str(1 + max((key[2] for tbs in b.tb_of.values() for key in tbs), default=0)),
+        "nchunksperloop": str(max(plan.ranks[0].input_chunks, plan.ranks[0].output_chunks)), "ngpus": str(plan.nranks),
         "coll": NAMES[plan.collective], "inplace": "1" if plan.in_place else "0",
         "outofplace": "0" if plan.in_place else "1", "minBytes": "0", "maxBytes": "0"})
     if plan.collective is Collective.BROADCAST:
@@ -423,8 +518,8 @@ def to_msccl_xml(plan: Plan) -> str:
                 last_touch[loc] = [entry] if loc in locs_w else last_touch.get(loc, []) + [entry]
             emitted.append((st["tb"], pos))
         has_dep = {s["dep"] for lane in per_tb.values() for s in lane if s.get("dep")}
-        for (send, recv), tb in sorted(b.tb_of[g].items(), key=lambda kv: kv[1]):
-            tel = ET.SubElement(gel, "tb", {"id": str(tb), "send": str(send), "recv": str(recv), "chan": "0"})
+        for (send, recv, chan), tb in sorted(b.tb_of[g].items(), key=lambda kv: kv[1]):
+            tel = ET.SubElement(gel, "tb", {"id": str(tb), "send": str(send), "recv": str(recv), "chan": str(chan)})
             for pos, st in enumerate(per_tb[tb]):
                 src, dst = st["src"], st["dst"]
                 dep = st.get("dep")

@@ -2,8 +2,10 @@
 
 A lane becomes a threadblock and a step an operation. MSCCL++ reaches peers through *memory channels*, each
 pairing two gpus (the i-th channel of a towards b meets the i-th of b towards a) with one semaphore, and names
-remote memory through *remote buffers*. The export gives each pair of gpus one channel for data and one per
-(signalling gpu, semaphore) used between them, so a wait consumes exactly the signals of the semaphore it names.
+remote memory through *remote buffers*. The export gives each pair of gpus one memory channel for each of the
+plan's channels that carries data between them (`Step.channel`, in increasing order; a step naming none uses
+channel 0), then one per (signalling gpu, semaphore) used between them, so a wait consumes exactly the signals
+of the semaphore it names.
 
 Limits: a semaphore signalled by several gpus has no MSCCL++ equivalent (a wait names one channel, so one peer),
 nor has a zero step; both raise PlanError. Signals between lanes of one gpu become device semaphores
@@ -39,13 +41,17 @@ def to_mscclpp_json(plan: Plan, *, indent: int | None = 1) -> str:
         if len(who) > 1:
             raise PlanError(f"rank {w} semaphore {sem} is signalled by ranks {sorted(who)}; an MSCCL++ wait "
                             f"names one channel, so one signalling peer")
-    # channel slots per unordered pair: "data", then (signaller, sem) in sorted order; both ends list them alike
-    slots: dict[tuple[int, int], list] = defaultdict(lambda: ["data"])
+    # channel slots per unordered pair: ("data", channel) in increasing channel order, then (signaller, sem) in
+    # sorted order; both ends list them alike
+    data: dict[tuple[int, int], set[int]] = defaultdict(set)
     for r, _, _, step in plan.steps():
         if step.op.is_data:
             for ref in step.srcs + step.dsts:
                 if ref.rank != r:
-                    slots[min(r, ref.rank), max(r, ref.rank)]
+                    data[min(r, ref.rank), max(r, ref.rank)].add(max(step.channel, 0))
+    slots: dict[tuple[int, int], list] = defaultdict(list)
+    for key, chans in sorted(data.items()):
+        slots[key] = [("data", c) for c in sorted(chans)]
     for (w, sem), who in sorted(signallers.items()):
         for s in sorted(who):
             if s != w:
@@ -62,14 +68,14 @@ def to_mscclpp_json(plan: Plan, *, indent: int | None = 1) -> str:
                 connected.append(p)
         remote, remote_id = [], {}
 
-        def buff(ref, channels):
+        def buff(ref, channels, chan=0):
             if ref.rank == g:
                 return {"type": LETTER[ref.buffer], "index": ref.index, "size": ref.count}
             key = (ref.rank, ref.buffer)
             if key not in remote_id:
                 remote_id[key] = len(remote)
                 remote.append({"rank": ref.rank, "type": LETTER[ref.buffer], "access_channel_types": ["memory"]})
-            channels.append(channel_id[ref.rank, "data"])
+            channels.append(channel_id[ref.rank, ("data", chan)])
             return {"buffer_id": remote_id[key], "index": ref.index, "size": ref.count}
 
         tbs = []
@@ -103,13 +109,14 @@ def to_mscclpp_json(plan: Plan, *, indent: int | None = 1) -> str:
                     channels: list[int] = []
                     local_dsts = [d for d in step.dsts if d.rank == g]
                     remote_dsts = [d for d in step.dsts if d.rank != g]
-                    srcs = [buff(s, channels) for s in step.srcs]
+                    chan = max(step.channel, 0)
+                    srcs = [buff(s, channels, chan) for s in step.srcs]
                     name = OPS[step.op]
                     if step.op in (Op.PUT, Op.COPY, Op.GET) and local_dsts and remote_dsts:
                         ops.append({"name": "copy", "src_buff": srcs, "dst_buff": [buff(d, []) for d in local_dsts]})
-                        dsts = [buff(d, channels) for d in remote_dsts]
+                        dsts = [buff(d, channels, chan) for d in remote_dsts]
                     else:
-                        dsts = [buff(d, channels) for d in step.dsts]
+                        dsts = [buff(d, channels, chan) for d in step.dsts]
                     op = {"name": name, "src_buff": srcs, "dst_buff": dsts}
                     if channels:
                         op.update(channel_type="memory", channel_ids=channels)

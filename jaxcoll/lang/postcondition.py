@@ -6,7 +6,8 @@ multiset equality, which is exactly what a sum needs (max and min would forgive 
 the checker demands the stricter property). `ZERO` marks a chunk a zero step filled.
 
 A postcondition maps (rank, output chunk index) to the value expected there; `None` means "not constrained"
-(a custom collective may leave chunks undefined).
+(a custom collective may leave chunks undefined). A custom plan carries its postcondition in the plan file
+(`jaxcoll.plan.Expect`, `Plan.expect`); `stated` turns a Python postcondition into that form.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from jaxcoll.plan.errors import PlanError
-from jaxcoll.plan.ir import Collective, Plan
-
-ZERO = ("zero",)
+from jaxcoll.plan.ir import ZERO, Collective, Expect, Plan
 
 Postcondition = Callable[[int, int], "Counter | None"]
 
@@ -49,6 +48,9 @@ def expected(plan: Plan, custom: Postcondition | None = None) -> Postcondition:
     coll = plan.collective
     if custom is not None:
         return custom
+    if plan.expect is not None:
+        rows = plan.expect.outputs
+        return lambda r, i: None if rows[r][i] is None else Counter(rows[r][i])
     if coll is Collective.ALL_REDUCE:
         return lambda r, i: value((s, i) for s in range(n))
     if coll is Collective.ALL_GATHER:
@@ -72,5 +74,24 @@ def expected(plan: Plan, custom: Postcondition | None = None) -> Postcondition:
         if len({a for a, _ in plan.perm}) != len(plan.perm):
             raise PlanError(f"ppermute perm={list(plan.perm)} sends from one rank twice")
         return lambda r, i: value([(source[r], i)]) if r in source else Counter({ZERO: 1})
-    raise PlanError(f"a custom plan ({plan.name or 'unnamed'}) states no postcondition: pass "
+    raise PlanError(f"a custom plan ({plan.name or 'unnamed'}) states no postcondition: give it an expect "
+                    f"(jaxcoll.plan.Expect; program(..., postcondition=...) fills it in) or pass "
                     f"postcondition=... to jaxcoll.lang.check (see jaxcoll.lang.postcondition)")
+
+
+def stated(post: Postcondition, nranks: int, output_chunks: int, reduce_op: str = "sum") -> Expect:
+    """The plan-file form of a postcondition over `nranks` ranks of `output_chunks` output chunks each."""
+    def terms(v):
+        return None if v is None else tuple(t for t, m in Counter(v).items() for _ in range(m))
+    return Expect(tuple(tuple(terms(post(r, i)) for i in range(output_chunks)) for r in range(nranks)),
+                  reduce_op)
+
+
+def holds(got: Counter | None, want: Counter, reduce_op: str = "sum") -> bool:
+    """Whether a chunk's value meets its expected value: as multisets for sum, as sets for the idempotent max
+    and min (a contribution reduced in twice changes a sum, not a max)."""
+    if got is None:
+        return False
+    if reduce_op == "sum":
+        return got == want
+    return set(got) == set(want)

@@ -13,6 +13,16 @@ lanes run concurrently, with exactly the signals and waits the sequential order 
 Buffers are "input", "output", "scratch" (or "i", "o", "s"), or any other name: a named scratch buffer, laid out
 by the compiler inside the rank's scratch. Who executes an operation: a copy runs on the source rank (a put)
 unless `via="get"`; a reduce runs on the destination rank, reading the source from its peer if need be.
+
+Lanes, channels and semaphores are assigned by the compiler; each operation may name its own (the rest are
+still assigned around it), as `ch=`, `sendtb=` and `recvtb=` do in MSCCLang:
+- `lane=l`: the lane of the executing rank that runs the operation;
+- `channel=c`: the connection of the two ranks the transfer uses (MSCCL's `chan`, an MSCCL++ memory channel);
+  operations on different channels of a pair run on different lanes, so the channels proceed in parallel;
+- `sem=s`: the semaphore of the executing rank on which the operation waits for the steps it depends on (the
+  compiler sends their signals there). Sharing one semaphore among several operations or peers saves
+  semaphores ("every peer signals, then wait for all of them"); the checker proves that every wait still
+  consumes the signal it is meant to, and rejects the program otherwise.
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ class Instr:
     step: Step
     lane: int | None = None
     instance: int = 0
+    channel: int | None = None  # the channel asked for (None: the compiler chooses); see Step.channel
+    sem: int | None = None  # the semaphore the step's waits use (None: the compiler chooses)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,23 +63,28 @@ class Chunk:
     size: int = 1
 
     def copy(self, dst_rank: int, buffer: str, index: int, *, lane: int | None = None,
-             via: str = "put") -> "Chunk":
+             channel: int | None = None, sem: int | None = None, via: str = "put") -> "Chunk":
         """Write this chunk to `buffer[index]` of `dst_rank`; returns the destination chunk. `via="put"` runs
-        the step on this chunk's rank, `via="get"` on the destination's."""
+        the step on this chunk's rank, `via="get"` on the destination's. `lane`, `channel` and `sem` override
+        the compiler's choice for this operation (see the module docstring)."""
         dst = self.prog._chunk(dst_rank, buffer, index, self.size)
         if via not in ("put", "get"):
             raise PlanError(f"copy via={via!r}: expected 'put' or 'get'")
         executor = self.rank if via == "put" else dst_rank
         op = Op.COPY if self.rank == dst_rank else (Op.PUT if via == "put" else Op.GET)
-        self.prog._record(executor, Step(op, (self._ref(),), (dst._ref(),)), lane)
+        self.prog._record(executor, Step(op, (self._ref(),), (dst._ref(),)), lane, channel, sem,
+                          what=f"{self!r}.copy({dst!r})")
         return dst
 
-    def reduce(self, other: "Chunk", *, lane: int | None = None) -> "Chunk":
-        """self <- self (+) other, run on this chunk's rank; returns self."""
+    def reduce(self, other: "Chunk", *, lane: int | None = None, channel: int | None = None,
+               sem: int | None = None) -> "Chunk":
+        """self <- self (+) other, run on this chunk's rank; returns self. `lane`, `channel` (when `other` is on
+        a peer) and `sem` override the compiler's choice for this operation."""
         if other.size != self.size:
             raise PlanError(f"reduce of {other!r} into {self!r}: sizes differ ({other.size} != {self.size})")
         op = Op.REDUCE if other.rank == self.rank else Op.READ_REDUCE
-        self.prog._record(self.rank, Step(op, (self._ref(), other._ref()), (self._ref(),)), lane)
+        self.prog._record(self.rank, Step(op, (self._ref(), other._ref()), (self._ref(),)), lane, channel, sem,
+                          what=f"{self!r}.reduce({other!r})")
         return self
 
     def _ref(self) -> ChunkRef:
@@ -98,14 +115,16 @@ class program:
     - `pipeline`: split every chunk into that many pieces moved one after another, so that consecutive hops of
       a chunk overlap;
     - `in_place`, `in_blocks`, `out_blocks`, `root`, `perm`: as in `jaxcoll.plan.Plan`;
-    - `postcondition`: for custom collectives, see `jaxcoll.lang.check`;
+    - `postcondition`: for custom collectives, a function (rank, output chunk) -> expected symbolic value or
+      None (see `jaxcoll.lang.postcondition`), stated for `reduce_op` ("sum", or "max"/"min" for plans that
+      reduce a contribution in more than once); the compiled plan carries it as `Plan.expect`;
     - `max_lanes`: cap on automatically assigned lanes per rank; `fuse`: run instruction fusion.
     """
 
     def __init__(self, name: str, collective, nranks: int, *, chunks: int = 1, instances: int = 1,
                  pipeline: int = 1, in_place: bool = False, in_blocks: int = 0, out_blocks: int = 0,
-                 root: int = 0, perm=(), postcondition: Callable | None = None, max_lanes: int | None = None,
-                 fuse: bool = True):
+                 root: int = 0, perm=(), postcondition: Callable | None = None, reduce_op: str = "sum",
+                 max_lanes: int | None = None, fuse: bool = True):
         self.name = name
         self.collective = Collective(collective)
         self.nranks = nranks
@@ -116,11 +135,15 @@ class program:
         din, dout = default_blocks(self.collective, nranks)
         if self.collective is Collective.CUSTOM and not (in_blocks and out_blocks):
             raise PlanError("a custom program must state in_blocks and out_blocks")
+        if postcondition is not None and self.collective is not Collective.CUSTOM:
+            raise PlanError(f"postcondition= is for custom programs; a {self.collective.value} program's follows "
+                            f"from its collective")
         self.in_blocks = in_blocks or din
         self.out_blocks = out_blocks or dout
         self.root = root
         self.perm = tuple(perm)
         self.postcondition = postcondition
+        self.reduce_op = reduce_op
         self.max_lanes = max_lanes
         self.fuse = fuse
         self.instrs: list[Instr] = []
@@ -159,10 +182,18 @@ class program:
         ids = self._scratch_names.setdefault(name, len(self._scratch_names))
         return _NAMED_BASE * (ids + 1) + index
 
-    def _record(self, rank: int, step: Step, lane: int | None) -> None:
+    def _record(self, rank: int, step: Step, lane: int | None, channel: int | None = None,
+                sem: int | None = None, *, what: str = "") -> None:
         if self._plan is not None:
             raise PlanError(f"program {self.name!r} is already compiled; record operations before plan()")
-        self.instrs.append(Instr(rank, step, lane))
+        for name, v in (("lane", lane), ("channel", channel), ("sem", sem)):
+            if v is not None and (not isinstance(v, int) or v < 0):
+                raise PlanError(f"{what}: {name}={v!r}, expected an integer >= 0 (or None to let the compiler "
+                                f"choose)")
+        if channel is not None and all(ref.rank == rank for ref in step.srcs + step.dsts):
+            raise PlanError(f"{what}: channel={channel} on a local operation of rank {rank}; a channel is a "
+                            f"connection between two ranks")
+        self.instrs.append(Instr(rank, step, lane, channel=channel, sem=sem))
 
     # -- compiling -----------------------------------------------------------------------------------------
     def plan(self, *, check: bool = True) -> Plan:

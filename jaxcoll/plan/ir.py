@@ -109,6 +109,10 @@ class Step:
     dsts: tuple[ChunkRef, ...] = ()
     peer: int = -1  # SIGNAL: the rank whose semaphore is incremented
     sem: int = -1  # SIGNAL / WAIT: semaphore index on the receiving rank
+    # Data steps that reach a peer: the connection (MSCCL channel, MSCCL++ memory channel) of the pair of ranks
+    # the transfer uses; -1 is "none named". The executors do not need it (the serialized form leaves it out);
+    # the checker keeps one channel to one lane of the sending rank, and the file formats carry it.
+    channel: int = -1
 
     def __post_init__(self):
         object.__setattr__(self, "op", Op(self.op))
@@ -133,6 +137,10 @@ class Step:
                 raise PlanError(f"{op.value} step needs a semaphore index >= 0, got sem={self.sem}")
             if op is Op.SIGNAL and self.peer < 0:
                 raise PlanError(f"signal step needs a peer rank >= 0, got peer={self.peer}")
+            if self.channel != -1:
+                raise PlanError(f"{op.value} step moves no data but names channel={self.channel}")
+        if self.channel < -1:
+            raise PlanError(f"channel must be >= 0 (or -1 for none), got channel={self.channel} in {self}")
 
     def to_json(self) -> dict:
         d: dict[str, Any] = {"op": self.op.value}
@@ -144,6 +152,8 @@ class Step:
             d["peer"] = self.peer
         if self.op in (Op.SIGNAL, Op.WAIT):
             d["sem"] = self.sem
+        if self.channel >= 0:
+            d["channel"] = self.channel
         return d
 
     @classmethod
@@ -154,6 +164,7 @@ class Step:
             tuple(ChunkRef.from_json(r) for r in d.get("dsts", ())),
             int(d.get("peer", -1)),
             int(d.get("sem", -1)),
+            int(d.get("channel", -1)),
         )
 
     def __repr__(self) -> str:
@@ -163,7 +174,8 @@ class Step:
             return f"wait(sem{self.sem})"
         if self.op is Op.BARRIER:
             return "barrier()"
-        return f"{self.op.value}({', '.join(map(repr, self.srcs))} -> {', '.join(map(repr, self.dsts))})"
+        ch = f" @ch{self.channel}" if self.channel >= 0 else ""
+        return f"{self.op.value}({', '.join(map(repr, self.srcs))} -> {', '.join(map(repr, self.dsts))}{ch})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +204,56 @@ class RankProgram:
     def chunks(self, buffer: Buffer) -> int:
         return {Buffer.INPUT: self.input_chunks, Buffer.OUTPUT: self.output_chunks,
                 Buffer.SCRATCH: self.scratch_chunks}[Buffer(buffer)]
+
+
+ZERO = ("zero",)  # a contribution term: the chunk holds zeros (a zero step wrote it)
+REDUCE_OPS = ("sum", "max", "min")
+
+
+@dataclasses.dataclass(frozen=True)
+class Expect:
+    """The postcondition of a custom plan, stated in the plan file so the plan can be proved from the file alone.
+
+    `outputs[r][i]` says what output chunk i of rank r must hold at exit: None (anything: the chunk is not part
+    of the result), or the *contributions* reduced into it, each a term (rank, input chunk index) meaning that
+    chunk of that rank's input as it was at entry, or ZERO for zeros. One term is a copy; several are their
+    reduction with the call's op; a term listed twice must be reduced in twice. `reduce_op` is the reduction
+    the postcondition is stated for: "sum" counts every term with its multiplicity (a plan proved for sum is
+    right for max and min too); for "max" and "min", which forgive duplicates, only the set of terms must match
+    and the plan must only ever be run with that op. The executors never see it (not in the serialized form).
+    """
+
+    outputs: tuple[tuple[tuple | None, ...], ...]
+    reduce_op: str = "sum"
+
+    def __post_init__(self):
+        def term(t) -> tuple:
+            if t == ZERO[0] or t == ZERO:
+                return ZERO
+            if not isinstance(t, (tuple, list)) or len(t) != 2:
+                raise PlanError(f"expect: a contribution is [rank, input chunk] or \"zero\", got {t!r}")
+            return int(t[0]), int(t[1])
+
+        def chunk(v):
+            if v is None:
+                return None
+            if not isinstance(v, (tuple, list)):
+                raise PlanError(f"expect: an output chunk lists its contributions, got {v!r}")
+            return tuple(sorted(map(term, v), key=lambda t: (t == ZERO, t)))
+
+        object.__setattr__(self, "outputs", tuple(tuple(chunk(v) for v in row) for row in self.outputs))
+        if self.reduce_op not in REDUCE_OPS:
+            raise PlanError(f"expect: reduce_op={self.reduce_op!r}, expected one of {list(REDUCE_OPS)}")
+
+    def to_json(self) -> dict:
+        def term(t):
+            return t[0] if t == ZERO else list(t)
+        return {"reduce_op": self.reduce_op,
+                "outputs": [[None if v is None else [term(t) for t in v] for v in row] for row in self.outputs]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Expect":
+        return cls(tuple(tuple(row) for row in d["outputs"]), d.get("reduce_op", "sum"))
 
 
 def default_blocks(collective: Collective, nranks: int) -> tuple[int, int]:
@@ -229,6 +291,7 @@ class Plan:
     # not need them (the steps say everything), so the serialized form leaves them out.
     root: int = 0  # broadcast: the rank whose input every rank receives
     perm: tuple[tuple[int, int], ...] = ()  # ppermute: (source, destination) pairs, as in lax.ppermute
+    expect: Expect | None = None  # custom: the postcondition (a built-in collective's follows from its kind)
 
     def __post_init__(self):
         object.__setattr__(self, "collective", Collective(self.collective))
@@ -238,6 +301,9 @@ class Plan:
             raise PlanError(f"plan needs nranks >= 1, got nranks={self.nranks}")
         if len(self.ranks) != self.nranks:
             raise PlanError(f"plan for nranks={self.nranks} has {len(self.ranks)} rank programs")
+        if self.expect is not None and self.collective is not Collective.CUSTOM:
+            raise PlanError(f"expect is the postcondition of a custom plan; a {self.collective.value} plan's "
+                            f"postcondition follows from its collective (and root or perm)")
         din, dout = default_blocks(self.collective, self.nranks)
         if self.in_blocks == 0:
             object.__setattr__(self, "in_blocks", din)
@@ -262,7 +328,7 @@ class Plan:
 
     # -- files -----------------------------------------------------------------------------------------------
     def to_json(self) -> dict:
-        return {
+        d = {
             "format": "jaxcoll.plan/1",
             "name": self.name,
             "collective": self.collective.value,
@@ -284,6 +350,9 @@ class Plan:
                 for p in self.ranks
             ],
         }
+        if self.expect is not None:
+            d["expect"] = self.expect.to_json()
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "Plan":
@@ -298,6 +367,7 @@ class Plan:
                 protocol=d.get("protocol", "auto"),
                 root=int(d.get("root", 0)),
                 perm=tuple(tuple(p) for p in d.get("perm", ())),
+                expect=Expect.from_json(d["expect"]) if d.get("expect") is not None else None,
                 ranks=tuple(
                     RankProgram(
                         int(p["input_chunks"]),

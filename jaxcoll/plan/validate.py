@@ -8,7 +8,7 @@ checker's business (`jaxcoll.lang.check`).
 from __future__ import annotations
 
 from jaxcoll.plan.errors import PlanError
-from jaxcoll.plan.ir import Buffer, Op, Plan
+from jaxcoll.plan.ir import ZERO, Buffer, Op, Plan
 
 
 def validate(plan: Plan) -> Plan:
@@ -52,4 +52,28 @@ def validate(plan: Plan) -> Plan:
         if step.op is Op.WAIT and step.sem >= plan.ranks[r].semaphores:
             raise PlanError(f"{where}: semaphore {step.sem} does not exist on rank {r} "
                             f"(it has {plan.ranks[r].semaphores})")
+        if step.channel >= 0 and all(ref.rank == r for ref in refs):
+            raise PlanError(f"{where}: names channel {step.channel} but reaches no peer; a channel is a "
+                            f"connection between two ranks")
+    if plan.expect is not None:
+        _validate_expect(plan)
     return plan
+
+
+def _validate_expect(plan: Plan) -> None:
+    outputs = plan.expect.outputs
+    if len(outputs) != plan.nranks:
+        raise PlanError(f"expect lists {len(outputs)} ranks' outputs, the plan has nranks={plan.nranks}")
+    for r, (row, prog) in enumerate(zip(outputs, plan.ranks)):
+        if len(row) != prog.output_chunks:
+            raise PlanError(f"expect: rank {r} lists {len(row)} output chunks, its output holds "
+                            f"{prog.output_chunks}")
+        for i, terms in enumerate(row):
+            for t in terms or ():
+                if t == ZERO:
+                    continue
+                src, index = t
+                if not 0 <= src < plan.nranks or not 0 <= index < plan.ranks[src].input_chunks:
+                    raise PlanError(f"expect: rank {r}, output chunk {i} names input chunk {index} of rank {src}, "
+                                    f"which does not exist (nranks={plan.nranks}, input_chunks="
+                                    f"{plan.ranks[0].input_chunks})")

@@ -14,7 +14,8 @@ The model (docs/synthesis.md, "The simulator"):
 - Local work (a local copy, or a reduction of several chunks) streams through the rank's memory:
   (sources read + local destinations written) x bytes / `Topology.memory_bandwidth_GBps`; free when the topology
   has none. A plain put or get streams at the link's rate and adds no local cost.
-  A reduce_put reduces first, then sends; a read_reduce receives first, then reduces.
+  A reduce_put streams (reads its sources and sends the sum as it goes): it takes the longer of the two; a
+  read_reduce receives first, then reduces.
 - The plan ends when every lane has finished and every byte and signal has landed (the exit barrier).
 
 Under this model a ring all_reduce on N ranks joined by links of bandwidth B and latency alpha takes exactly
@@ -122,7 +123,7 @@ class _Simulation:
                     entry[1] = max(entry[1], f.latency if entry[3] else 0.0)
                     if entry[0] == 0:
                         del self.pending[f.owner]
-                        self.push(self.now + entry[1] + entry[2], "lane", f.owner)
+                        self.push(max(self.now + entry[1] + entry[2], entry[4]), "lane", f.owner)
                 dirty = True
                 continue
             # every event at this instant, then one rate computation
@@ -201,12 +202,12 @@ class _Simulation:
             return
         pulls = bool(remote_srcs)
         flows = [(ref.rank, r) for ref in remote_srcs] + [(r, ref.rank) for ref in remote_dsts]
-        # [transfers left, landing delay the lane waits for (pulls only), local work after, pulls?]
-        self.pending[r, l] = [len(flows), 0.0, compute if pulls else 0.0, pulls]
-        if pulls or compute == 0.0:
-            self.add_flows(r, l, flows, nbytes)
-        else:  # a reduce_put reduces before it sends
-            self.push(self.now + compute, "flows", (r, l, flows, nbytes))
+        # [transfers left, landing delay the lane waits for (pulls only), local work after, pulls?, earliest
+        # finish]. A reduce_put streams: it reads its sources and sends their sum as it goes (the point of the
+        # fused step), so the lane finishes when both the sending and the reading are done.
+        self.pending[r, l] = [len(flows), 0.0, compute if pulls else 0.0, pulls,
+                              0.0 if pulls else self.now + compute]
+        self.add_flows(r, l, flows, nbytes)
 
     def add_flows(self, r: int, l: int, pairs, nbytes: float) -> None:
         for a, b in pairs:
@@ -214,28 +215,32 @@ class _Simulation:
             self.flows.append(_Flow(links, nbytes, (r, l), latency))
 
     def share(self) -> None:
-        """Max-min fair rates for the active flows (progressive filling)."""
-        flows = self.flows
-        if not flows:
-            return
-        lens = np.fromiter((len(f.links) for f in flows), dtype=np.int64, count=len(flows))
-        links = np.concatenate([f.links for f in flows])
-        owner = np.repeat(np.arange(len(flows)), lens)
-        remaining = self.capacity.copy()
-        rate = np.zeros(len(flows))
-        active = np.ones(len(flows), dtype=bool)
-        while active.any():
-            on = active[owner]
-            counts = np.bincount(links[on], minlength=len(remaining))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
-            s = share.min()
-            bottleneck = share <= s * (1 + 1e-12)
-            frozen = np.zeros(len(flows), dtype=bool)
-            frozen[owner[on & bottleneck[links]]] = True
-            frozen &= active
-            rate[frozen] = s
-            np.subtract.at(remaining, links[frozen[owner]], s)
-            active &= ~frozen
-        for f, x in zip(flows, rate):
-            f.rate = float(x)
+        """Max-min fair rates for the active flows."""
+        if self.flows:
+            for f, x in zip(self.flows, max_min_rates([f.links for f in self.flows], self.capacity)):
+                f.rate = float(x)
+
+
+def max_min_rates(flow_links, capacity: np.ndarray) -> np.ndarray:
+    """Max-min fair rates of flows that cross the given links (arrays of link indices), by progressive filling:
+    raise every unfrozen flow's rate together; when a link fills, freeze the flows that cross it."""
+    lens = np.fromiter((len(l) for l in flow_links), dtype=np.int64, count=len(flow_links))
+    links = np.concatenate(flow_links).astype(np.int64)
+    owner = np.repeat(np.arange(len(flow_links)), lens)
+    remaining = np.array(capacity, dtype=float)
+    rate = np.zeros(len(flow_links))
+    active = np.ones(len(flow_links), dtype=bool)
+    while active.any():
+        on = active[owner]
+        counts = np.bincount(links[on], minlength=len(remaining))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
+        s = share.min()
+        bottleneck = share <= s * (1 + 1e-12)
+        frozen = np.zeros(len(flow_links), dtype=bool)
+        frozen[owner[on & bottleneck[links]]] = True
+        frozen &= active
+        rate[frozen] = s
+        np.subtract.at(remaining, links[frozen[owner]], s)
+        active &= ~frozen
+    return rate

@@ -36,6 +36,8 @@ from jaxcoll.topology import Topology
 MAX_ROUNDS = 400
 IMPROVE_STEPS = 400
 ROUNDING_TOLERANCE = 0.002
+MILP_COLUMNS = 2000  # the rounding MILP runs on packings of at most this many trees
+MILP_SECONDS = 0.3
 
 
 @dataclasses.dataclass
@@ -50,17 +52,28 @@ class Packing:
     t_unit: float
     rounds: int
     columns: list[tuple[int, tuple[int, ...]]] = dataclasses.field(default_factory=list)
-    loads: np.ndarray | None = None  # links x columns: edges of each column routed over each link
+    loads: np.ndarray | None = None  # capacities x columns: edges of each column over each link and pair
+    pairs: list = dataclasses.field(default_factory=list)  # rank pairs with a direct route
+    capacities: np.ndarray | None = None  # GB/s of each link, then of each pair (its max-min fair share)
     _rounded: dict = dataclasses.field(default_factory=dict)
 
     def _load(self, parent) -> np.ndarray:
-        load = np.zeros(len(self.topology.links))
+        """Edges of a tree over each link, then over each pair's fair-share capacity (see `capacities`)."""
+        nlinks = len(self.topology.links)
+        load = np.zeros(len(self.capacities))
         for v, p in enumerate(parent):
             if p >= 0:
                 a, b = (v, p) if self.inward else (p, v)
                 for e in self.topology.route(a, b):
                     load[e] += 1
+                if len(load) > nlinks:
+                    load[nlinks + self._pair_index()[a, b]] += 1
         return load
+
+    def _pair_index(self) -> dict:
+        if "pairs" not in self._rounded:
+            self._rounded["pairs"] = {p: i for i, p in enumerate(self.pairs)}
+        return self._rounded["pairs"]
 
     def counts(self, k: int) -> list[list[tuple[tuple[int, ...], int]]]:
         """Chunks per tree, per root, when each block is cut into k chunks (the MILP rounding)."""
@@ -76,20 +89,47 @@ class Packing:
 
     def _round(self, k: int):
         n = self.topology.nranks
-        cap = np.array([l.bandwidth_GBps for l in self.topology.links])
-        m = len(self.columns)
+        cap = self.capacities
         counts = self._largest_remainder(k)
         index = {col: j for j, col in enumerate(self.columns)}
-        x = np.zeros(m, dtype=np.int64)
+        x = np.zeros(len(self.columns), dtype=np.int64)
         for r, trees in enumerate(counts):
             for parent, cnt in trees:
                 x[index[(r, parent)]] = cnt
         x = self._improve(x, cap)
+        x = self._milp(x, k, cap)
         counts = [[] for _ in range(n)]
         for (r, parent), cnt in zip(self.columns, x):
             if cnt > 0:
                 counts[r].append((parent, int(cnt)))
         return counts, self._busiest(counts, k)
+
+    def _milp(self, x: np.ndarray, k: int, cap: np.ndarray) -> np.ndarray:
+        """Whole chunks per tree that minimize the busiest (link or pair) load: a small MILP over the trees the
+        column generation produced (HiGHS, warm bound from the rounding, time-limited); keeps `x` if the
+        solver finds nothing better."""
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        loads = self.loads / cap[:, None]
+        m = len(self.columns)
+        if m > MILP_COLUMNS:
+            return x
+        roots = np.array([r for r, _ in self.columns])
+        current = float((loads @ x).max())
+        # variables: chunks per column, then the peak load z; minimize z
+        c = np.zeros(m + 1)
+        c[-1] = 1.0
+        a_links = np.hstack([loads, -np.ones((loads.shape[0], 1))])
+        a_roots = np.zeros((self.topology.nranks, m + 1))
+        a_roots[roots, np.arange(m)] = 1.0
+        cons = [LinearConstraint(a_links, -np.inf, 0.0), LinearConstraint(a_roots, k, k)]
+        integrality = np.ones(m + 1)
+        integrality[-1] = 0
+        res = milp(c, constraints=cons, integrality=integrality,
+                   bounds=Bounds(np.zeros(m + 1), np.r_[np.full(m, k), current]),
+                   options={"time_limit": MILP_SECONDS, "mip_rel_gap": 1e-3})
+        if res.x is None or res.x[-1] >= current * (1 - 1e-9):
+            return x
+        return np.rint(res.x[:m]).astype(np.int64)
 
     def _improve(self, x: np.ndarray, cap: np.ndarray) -> np.ndarray:
         """Local search on the rounded counts: move one chunk of a root from a tree that crosses the busiest link
@@ -123,7 +163,7 @@ class Packing:
         return x
 
     def _busiest(self, counts, k: int) -> float:
-        cap = np.array([l.bandwidth_GBps for l in self.topology.links])
+        cap = self.capacities
         load = np.zeros(len(cap))
         index = {col: j for j, col in enumerate(self.columns)}
         for r, trees in enumerate(counts):
@@ -154,8 +194,23 @@ class Packing:
 
 
 def _pairs(topology: Topology):
+    """Rank pairs a tree edge may join: every direct pair inside a box; across boxes, from each rank only to the
+    ranks of each other box that it reaches in the fewest hops (its own rail): the longer routes (through the
+    spine) share the same NIC links, so they add no bandwidth, only more flows splitting it."""
     n = topology.nranks
-    pairs = [(u, v) for u in range(n) for v in range(n) if u != v and topology.direct(u, v)]
+    box = [topology.box_of(v) for v in range(n)]
+    pairs = []
+    for u in range(n):
+        near: dict[int, int] = {}
+        direct = [v for v in range(n) if u != v and topology.direct(u, v)]
+        for v in direct:
+            if box[v] != box[u]:
+                near[box[v]] = min(near.get(box[v], 1 << 30), len(topology.route(u, v)))
+        pairs += [(u, v) for v in direct if box[v] == box[u] or len(topology.route(u, v)) == near[box[v]]]
+    # A pair inside a box whose route leaves the box (through the NICs) would only take bandwidth from the
+    # links between boxes.
+    network = {e for u, v in pairs if box[u] != box[v] for e in topology.route(u, v)}
+    pairs = [(u, v) for u, v in pairs if box[u] != box[v] or not network.intersection(topology.route(u, v))]
     rows, cols = [], []
     for i, (u, v) in enumerate(pairs):
         for e in topology.route(u, v):
@@ -165,11 +220,18 @@ def _pairs(topology: Topology):
     return pairs, incidence
 
 
-def pack_trees(topology: Topology, inward: bool = False) -> Packing:
+def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> Packing:
     """Optimal weighted spanning trees for all_gather (out-trees) or, with inward=True, reduce_scatter."""
     n = topology.nranks
     pairs, incidence = _pairs(topology)
     cap = np.array([l.bandwidth_GBps for l in topology.links])  # GB/s; T below is in ns per byte of block
+    nlinks = len(cap)
+    if fair:
+        from jaxcoll.sim.engine import max_min_rates
+        rates = max_min_rates([np.asarray(topology.route(u, v)) for u, v in pairs], cap)
+        from scipy.sparse import hstack, identity
+        incidence = hstack([incidence, identity(len(pairs), format="csr")]).tocsr()
+        cap = np.concatenate([cap, rates])
 
     def cost_matrix(edge_cost: np.ndarray) -> np.ndarray:
         m = np.full((n, n), np.inf)
@@ -202,7 +264,7 @@ def pack_trees(topology: Topology, inward: bool = False) -> Packing:
     start = cost_matrix(np.asarray(incidence @ (1.0 / cap)).ravel())
     for r in range(n):
         add(r, min_arborescence(start, r))
-        if all(topology.direct(r, v) if not inward else topology.direct(v, r) for v in range(n) if v != r):
+        if all(((r, v) if not inward else (v, r)) in pair_index for v in range(n) if v != r):
             add(r, tuple(-1 if v == r else r for v in range(n)))  # the star: optimal on a single switch
     rounds = 0
     while True:
@@ -242,12 +304,14 @@ def pack_trees(topology: Topology, inward: bool = False) -> Packing:
     for r in range(n):
         total = sum(x for _, x in trees[r])
         trees[r] = [(p, x / total) for p, x in trees[r]]
-    return Packing(topology, inward, trees, float(res.x[0]) * 1e-9, rounds, columns, np.stack(loads, axis=1))
+    return Packing(topology, inward, trees, float(res.x[0]) * 1e-9, rounds, columns, np.stack(loads, axis=1),
+                   pairs, cap)
 
 
 def chunk_cap(nranks: int) -> int:
-    """Largest chunk factor we try: plans hold about N^2 k moves, kept near 64k."""
-    return max(1, min(64, 65536 // max(1, nranks * nranks)))
+    """Chunks per block for large messages: plans hold about N^2 k moves, kept near 64k. The pipeline's fill and
+    drain cost a few chunk times, so more chunks bring the plan closer to the bound (about 1/k)."""
+    return max(1, min(128, 65536 // max(1, nranks * nranks)))
 
 
 def forest(topology: Topology, collective, chunk_factor: int | None = None,
@@ -265,10 +329,7 @@ def forest(topology: Topology, collective, chunk_factor: int | None = None,
         out_p = pack_trees(topology)
     if need_in and in_p is None:
         in_p = pack_trees(topology, inward=True)
-    if chunk_factor is None:
-        cap = chunk_cap(n)
-        chunk_factor = max(p.choose_k(cap) for p in (out_p, in_p) if p is not None)
-    k = chunk_factor
+    k = chunk_cap(n) if chunk_factor is None else chunk_factor
     def spread(counts):
         # Each tree's chunks evenly over the run, at the times a fluid schedule would send them.
         out = []
@@ -294,4 +355,4 @@ def forest(topology: Topology, collective, chunk_factor: int | None = None,
                 (w_in, t_in), (w_out, t_out) = ins[r][j], outs[r][j]
                 routes.append(TreeRoute(r, c, c, reduce_parent=t_in, bcast_parent=t_out, wave=w_in, hop=hop))
     kk = n * k if collective is Collective.ALL_REDUCE else k
-    return tree_plan(collective, n, kk, routes, name=f"forest{k}")
+    return tree_plan(collective, n, kk, routes, name=f"forest{k}", topology=topology)

@@ -56,6 +56,80 @@ class Schedule:
         self.moves.append(Move(rank, lane, tuple(priority), Step(op, tuple(srcs), tuple(dsts)), tuple(deps)))
         return len(self.moves) - 1
 
+    def list_schedule(self, topology, chunk_bytes: float = 1 << 20) -> None:
+        """Reorder every lane by greedy list scheduling: each lane is a server whose rate is its share of the
+        links under max-min fair sharing when all lanes send at once (`jaxcoll.sim.max_min_rates`, the
+        simulator's own rule); a free lane starts, among its moves whose inputs have landed, the one of smallest
+        priority. Each move's priority becomes (start time, old priority). A lane then never waits on a move
+        whose inputs come later than those of a move behind it, which removes the head-of-line stalls of a
+        fixed order. Dependencies start strictly earlier, so `build`'s deadlock argument still holds."""
+        import heapq
+
+        import numpy as np
+
+        from jaxcoll.sim.engine import max_min_rates
+
+        moves = self.moves
+        lanes = sorted({(m.rank, m.lane) for m in moves}, key=repr)
+        lane_id = {key: i for i, key in enumerate(lanes)}
+        peer = [next((ref.rank for ref in (*m.step.dsts, *m.step.srcs) if ref.rank != m.rank), m.rank)
+                for m in moves]
+        lane_peer: dict[int, int] = {}
+        for i, m in enumerate(moves):
+            lane_peer.setdefault(lane_id[m.rank, m.lane], peer[i])
+        cap = np.array([l.bandwidth_GBps for l in topology.links])
+        remote = [l for l in range(len(lanes)) if lane_peer[l] != lanes[l][0]]
+        routes = [np.asarray(topology.route(lanes[l][0], lane_peer[l]) if lanes[l][0] != lane_peer[l]
+                             else topology.route(lane_peer[l], lanes[l][0])) for l in remote]
+        rate = np.full(len(lanes), float(topology.memory_bandwidth_GBps or max(cap)))
+        if remote:
+            rate[remote] = max_min_rates(routes, cap)
+        latency = [0.0] * len(lanes)
+        for l in remote:
+            latency[l] = topology.path_latency_us(lanes[l][0], lane_peer[l]) * 1e-6
+        users: dict[int, list[int]] = {}
+        waiting = [len(m.deps) for m in moves]
+        ready_at = [0.0] * len(moves)
+        for i, m in enumerate(moves):
+            for d in m.deps:
+                users.setdefault(d, []).append(i)
+        queue: list[list] = [[] for _ in lanes]  # per lane: heap of (priority, move) whose inputs are there
+        free_at = [0.0] * len(lanes)
+        events: list = []  # (time, order, kind, x): kind 0 = a move's inputs arrive, 1 = a lane frees up
+        seq = 0
+        for i, m in enumerate(moves):
+            if not m.deps:
+                events.append((0.0, seq, 0, i))
+                seq += 1
+        heapq.heapify(events)
+        idle = [True] * len(lanes)
+        start = [0.0] * len(moves)
+        while events:
+            now, _, kind, x = heapq.heappop(events)
+            if kind == 0:
+                l = lane_id[moves[x].rank, moves[x].lane]
+                heapq.heappush(queue[l], (moves[x].priority, x))
+            else:
+                l = x
+                idle[l] = True
+            if idle[l] and queue[l]:
+                _, i = heapq.heappop(queue[l])
+                idle[l] = False
+                start[i] = now
+                m = moves[i]
+                size = max(ref.count for ref in (*m.step.srcs, *m.step.dsts))
+                done = now + size * chunk_bytes / (rate[l] * 1e9) * (len(m.step.srcs) if peer[i] == m.rank else 1)
+                heapq.heappush(events, (done, seq, 1, l))
+                seq += 1
+                for u in users.get(i, ()):
+                    ready_at[u] = max(ready_at[u], done + latency[l])
+                    waiting[u] -= 1
+                    if not waiting[u]:
+                        heapq.heappush(events, (ready_at[u], seq, 0, u))
+                        seq += 1
+        for i, m in enumerate(moves):
+            m.priority = (start[i], m.priority)
+
     def build(self) -> Plan:
         moves = self.moves
         for i, m in enumerate(moves):

@@ -67,7 +67,7 @@ def _reverse(p: Packing) -> Packing:
     # On a topology whose every link has an equal reverse, reduce_scatter's in-trees are the all_gather trees
     # with edges turned around; routes are recomputed by tree_plan, loads by Packing.
     import numpy as np
-    rev = Packing(p.topology, True, p.trees, p.t_unit, p.rounds, p.columns, None)
+    rev = Packing(p.topology, True, p.trees, p.t_unit, p.rounds, p.columns, None, p.pairs, p.capacities)
     loads = np.stack([rev._load(parent) for _, parent in p.columns], axis=1)
     rev.loads = loads
     return rev

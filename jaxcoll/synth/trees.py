@@ -29,6 +29,7 @@ class TreeRoute:
     dst: int
     reduce_parent: tuple[int, ...] | None = None
     bcast_parent: tuple[int, ...] | None = None
+    lane: int = 0  # lanes are per (rank, peer, phase, lane): routes with different tags never queue behind each other
     wave: float = 0  # pipelining: lanes run moves in order of (phase, wave + level * hop, ...); see tree_plan
     hop: float = 1.0
 
@@ -75,7 +76,7 @@ def _levels(parent: Sequence[int], root: int) -> tuple[list[int], list[int], lis
 
 
 def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Sequence[TreeRoute],
-              name: str = "") -> Plan:
+              name: str = "", topology=None, lane_of=None) -> Plan:
     """The plan that moves every chunk along its `TreeRoute`.
 
     Lanes: one per (rank, peer, phase), plus a local one. A lane runs its moves in order of (phase, wave, tree
@@ -104,7 +105,7 @@ def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Se
                     p = route.reduce_parent[v]
                     slot = sched.scratch(p, route.src)
                     op = Op.PUT if len(srcs) == 1 else Op.REDUCE_PUT
-                    delivered[v] = (slot, sched.move(v, ("to", p, 0), prio, op, srcs, [slot], deps))
+                    delivered[v] = (slot, sched.move(v, ("to", p, 0, lane_of(v, p, 0) if lane_of else route.lane), prio, op, srcs, [slot], deps))
         if route.bcast_parent is not None:
             order, depth, below = _levels(route.bcast_parent, root)
             kids = _children(route.bcast_parent)
@@ -119,6 +120,8 @@ def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Se
                     src = ChunkRef(v, Buffer.OUTPUT, route.dst)
                 deps = [arrived[v]] if arrived[v] is not None else []
                 for c in kids[v]:
-                    arrived[c] = sched.move(v, ("to", c, 1), (1, route.wave + depth[v] * route.hop, depth[v], -below[c], item), Op.PUT, [src],
+                    arrived[c] = sched.move(v, ("to", c, 1, lane_of(v, c, 1) if lane_of else route.lane), (1, route.wave + depth[v] * route.hop, depth[v], -below[c], item), Op.PUT, [src],
                                             [ChunkRef(c, Buffer.OUTPUT, route.dst)], deps)
+    if topology is not None:
+        sched.list_schedule(topology)
     return sched.build()
