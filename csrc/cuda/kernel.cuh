@@ -100,7 +100,7 @@ __device__ __forceinline__ bool aborted(const ErrorRecord* rec) {
   return *reinterpret_cast<const volatile uint32_t*>(&rec->claim) != 0;
 }
 
-__device__ void fail(ErrorRecord* rec, Failure why, const Where& w, uint64_t have, uint64_t need, uint64_t epoch) {
+__device__ inline void fail(ErrorRecord* rec, Failure why, const Where& w, uint64_t have, uint64_t need, uint64_t epoch) {
   ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_system> claim(rec->claim);
   uint32_t expected = 0;
   if (!claim.compare_exchange_strong(expected, 1u, ::cuda::memory_order_relaxed)) return;
