@@ -76,6 +76,19 @@ def check_words(words: np.ndarray) -> None:
     _jaxcoll.check_plan(np.ascontiguousarray(words, dtype=np.int32).ravel())
 
 
+def _rank_inputs(inputs: Sequence[np.ndarray], api: str):
+    """Contiguous copies of one input per rank, all of one shape and dtype: (inputs, dtype, shape)."""
+    if not inputs:
+        raise ValueError(f"{api}: needs one input per rank, got none")
+    inputs = [np.ascontiguousarray(x) for x in inputs]
+    dtype, shape = inputs[0].dtype, inputs[0].shape
+    for r, x in enumerate(inputs):
+        if x.dtype != dtype or x.shape != shape:
+            raise ValueError(f"{api}: input {r} is {x.dtype}{list(x.shape)}, input 0 is {dtype}{list(shape)}; "
+                             "every rank passes the same shape and dtype")
+    return inputs, dtype, shape
+
+
 def run_words(words: np.ndarray, inputs: Sequence[np.ndarray], output_shape: Sequence[int], reduce_op: int = 0,
               timeout_s: float = DEFAULT_TIMEOUT_S) -> list[np.ndarray]:
     """Run serialized plan words on the C++ executor, one thread per rank, without JAX.
@@ -85,14 +98,7 @@ def run_words(words: np.ndarray, inputs: Sequence[np.ndarray], output_shape: Seq
     timeout names the collective, the ranks that never arrived or the semaphore never signalled).
     """
     words = np.ascontiguousarray(words, dtype=np.int32).ravel()
-    if not inputs:
-        raise ValueError("run_words: needs one input per rank, got none")
-    inputs = [np.ascontiguousarray(x) for x in inputs]
-    dtype, shape = inputs[0].dtype, inputs[0].shape
-    for r, x in enumerate(inputs):
-        if x.dtype != dtype or x.shape != shape:
-            raise ValueError(f"run_words: input {r} is {x.dtype}{list(x.shape)}, input 0 is {dtype}{list(shape)}; "
-                             "every rank passes the same shape and dtype")
+    inputs, dtype, shape = _rank_inputs(inputs, "run_words")
     outputs = [np.empty(tuple(output_shape), dtype) for _ in inputs]
     _jaxcoll.run_plan(words, [x.reshape(-1).view(np.uint8) for x in inputs],
                       [y.reshape(-1).view(np.uint8) for y in outputs], dtype.name,
@@ -151,14 +157,7 @@ def run_words_cuda(words: np.ndarray, inputs: Sequence[np.ndarray], output_shape
     outputs and {"protocol", "blocks_per_lane", "traffic_bytes"} of the run. RuntimeError names a failing
     step (a timeout reports the rank, lane, step and semaphore)."""
     words = np.ascontiguousarray(words, dtype=np.int32).ravel()
-    if not inputs:
-        raise ValueError("run_words_cuda: needs one input per rank, got none")
-    inputs = [np.ascontiguousarray(x) for x in inputs]
-    dtype, shape = inputs[0].dtype, inputs[0].shape
-    for r, x in enumerate(inputs):
-        if x.dtype != dtype or x.shape != shape:
-            raise ValueError(f"run_words_cuda: input {r} is {x.dtype}{list(x.shape)}, input 0 is "
-                             f"{dtype}{list(shape)}; every rank passes the same shape and dtype")
+    inputs, dtype, shape = _rank_inputs(inputs, "run_words_cuda")
     outputs = [np.empty(tuple(output_shape), dtype) for _ in inputs]
     info = _jaxcoll.cuda_emulate(words, [x.reshape(-1).view(np.uint8) for x in inputs],
                                  [y.reshape(-1).view(np.uint8) for y in outputs], dtype.name,

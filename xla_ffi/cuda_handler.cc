@@ -106,29 +106,25 @@ ffi::Error Execute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::B
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER(kInitialize, Initialize,
-                       ffi::Ffi::BindInitialize()
-                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .Ctx<ffi::DeviceOrdinal>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::Buffer<ffi::S32>>()
-                           .Arg<ffi::Buffer<ffi::S32>>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Attr<ffi::Span<const int32_t>>("plan")
-                           .Attr<int32_t>("reduce_op")
-                           .Attr<int64_t>("callsite"));
+namespace {
+// Both stages see the whole call: stream, device, operands, result and attributes.
+template <ffi::ExecutionStage stage>
+auto call_binding() {
+  return ffi::Ffi::Bind<stage>()
+      .template Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .template Ctx<ffi::DeviceOrdinal>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::Buffer<ffi::S32>>()
+      .template Arg<ffi::Buffer<ffi::S32>>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attr<ffi::Span<const int32_t>>("plan")
+      .template Attr<int32_t>("reduce_op")
+      .template Attr<int64_t>("callsite");
+}
+}  // namespace
 
-XLA_FFI_DEFINE_HANDLER(kExecute, Execute,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .Ctx<ffi::DeviceOrdinal>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::Buffer<ffi::S32>>()
-                           .Arg<ffi::Buffer<ffi::S32>>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Attr<ffi::Span<const int32_t>>("plan")
-                           .Attr<int32_t>("reduce_op")
-                           .Attr<int64_t>("callsite"),
+XLA_FFI_DEFINE_HANDLER(kInitialize, Initialize, call_binding<ffi::ExecutionStage::kInitialize>());
+XLA_FFI_DEFINE_HANDLER(kExecute, Execute, call_binding<ffi::ExecutionStage::kExecute>(),
                        {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_Error* initialize(XLA_FFI_CallFrame* frame) { return kInitialize(frame); }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "dtype.hpp"
 #include "kernel_params.hpp"
 
 namespace jaxcoll::cuda {
@@ -575,6 +576,17 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const KernelParams p) {
     __syncthreads();
   }
   if (threadIdx.x == 0 && !sh.stop) store_release(&hdr.epoch, e + 1);
+}
+
+// The kernel of element type T for a reduction, as an untyped pointer for cudaLaunchKernelExC.
+template <class T>
+const void* plan_kernel_by_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return reinterpret_cast<const void*>(&plan_kernel<T, Sum>);
+    case ReduceOp::kMax: return reinterpret_cast<const void*>(&plan_kernel<T, Max>);
+    case ReduceOp::kMin: return reinterpret_cast<const void*>(&plan_kernel<T, Min>);
+  }
+  return nullptr;
 }
 
 }  // namespace jaxcoll::cuda
