@@ -80,7 +80,7 @@ Status set_up(DeviceGroup& g, double timeout_s) {
   int blocks = 1 << 30;  // the fewest any device allows: waits count the blocks of every rank alike
   for (int device : g.device_of_rank) {
     int b = 0;
-    if (Status st = choose_blocks_per_lane(g.image, device, 1, in_bytes, protocol, b); !st.ok()) return st;
+    if (Status st = choose_blocks_per_lane(g.image, g.shape, device, 1, protocol, b); !st.ok()) return st;
     blocks = std::min(blocks, b);
   }
   g.layout = slot_layout(g.image, g.shape, protocol);

@@ -43,7 +43,7 @@ Status EmulatedGroup::create(const Plan& plan, CallShape shape, const Options& o
     if (Status st = choose_protocol(g->image_, in_bytes, ll_max_bytes(), protocol); !st.ok()) return st;
   int blocks = o.blocks_per_lane;
   if (blocks <= 0) {
-    if (Status st = choose_blocks_per_lane(g->image_, o.device, plan.nranks, in_bytes, protocol, blocks); !st.ok())
+    if (Status st = choose_blocks_per_lane(g->image_, shape, o.device, plan.nranks, protocol, blocks); !st.ok())
       return st;
   }
   const SlotLayout layout = slot_layout(g->image_, shape, protocol);

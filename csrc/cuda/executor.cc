@@ -171,11 +171,11 @@ Status resident_blocks(int device, const CallShape& shape, int& blocks) {
   return {};
 }
 
-Status choose_blocks_per_lane(const PlanImage& im, int device, int launch_ranks, int64_t input_bytes,
+Status choose_blocks_per_lane(const PlanImage& im, const CallShape& shape, int device, int launch_ranks,
                               Protocol protocol, int& blocks) {
-  CallShape probe;  // occupancy barely depends on the element type; f32 sum stands for all
   int resident = 0;
-  if (Status st = resident_blocks(device, probe, resident); !st.ok()) return st;
+  if (Status st = resident_blocks(device, shape, resident); !st.ok()) return st;
+  const int64_t input_bytes = shape.input_elements * int64_t(dtype_size(shape.dtype));
   const int lanes = launch_ranks * im.max_lanes;
   const int most = resident / std::max(lanes, 1);
   if (most < 1)

@@ -78,7 +78,7 @@ SlotLayout slot_layout(const PlanImage& image, const CallShape& shape, Protocol 
 // Thread blocks per lane: enough to move large messages at full bandwidth, few enough that every block of the
 // launch is resident at once (waits spin; a block that is not resident would never be signalled). The same for
 // every rank of a group, since waits count signals of all of a lane's blocks. JAXCOLL_CUDA_BLOCKS overrides.
-Status choose_blocks_per_lane(const PlanImage& image, int device, int launch_ranks, int64_t input_bytes,
+Status choose_blocks_per_lane(const PlanImage& image, const CallShape& shape, int device, int launch_ranks,
                               Protocol protocol, int& blocks);
 
 // The most lane thread blocks of this kernel one device can hold resident at once.
