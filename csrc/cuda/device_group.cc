@@ -1,5 +1,7 @@
 #include "device_group.hpp"
 
+#include "cuda_status.hpp"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,11 +34,6 @@ std::mutex registry_mutex;
 std::condition_variable joined;
 std::map<std::pair<int64_t, int32_t>, std::unique_ptr<DeviceGroup>> groups;  // (callsite, group)
 std::map<std::pair<int64_t, int>, GroupMember*> members;                     // (callsite, device)
-
-Status cuda_error(cudaError_t err, const std::string& what) {
-  cudaGetLastError();
-  return Status::Error("CUDA: " + what + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-}
 
 // Every device of the group reaches every other's memory (slots, and in the bulk protocol XLA's buffers).
 Status enable_peer_access(const std::vector<int>& devices) {

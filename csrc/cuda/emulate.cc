@@ -4,19 +4,11 @@
 
 #include <algorithm>
 
+#include "cuda_status.hpp"
+
 namespace jaxcoll::cuda {
 
 namespace {
-
-Status cuda_error(cudaError_t err, const std::string& what) {
-  cudaGetLastError();
-  return Status::Error("CUDA: " + what + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-}
-
-#define JAXCOLL_CUDA_TRY(expr, what)                                                    \
-  do {                                                                                 \
-    if (cudaError_t err_ = (expr); err_ != cudaSuccess) return cuda_error(err_, what); \
-  } while (0)
 
 cudaStream_t native(Stream s) { return reinterpret_cast<cudaStream_t>(s); }
 

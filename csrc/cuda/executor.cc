@@ -7,21 +7,12 @@
 #include <cstring>
 #include <utility>
 
+#include "cuda_status.hpp"
 #include "kernels.hpp"
 
 namespace jaxcoll::cuda {
 
 namespace {
-
-Status cuda_error(cudaError_t err, const std::string& what) {
-  cudaGetLastError();  // clear a sticky-free error so the next call starts clean
-  return Status::Error("CUDA: " + what + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-}
-
-#define JAXCOLL_CUDA_TRY(expr, what)                                   \
-  do {                                                                \
-    if (cudaError_t err_ = (expr); err_ != cudaSuccess) return cuda_error(err_, what); \
-  } while (0)
 
 // Makes `device` current for a scope and restores the caller's device (XLA's threads have their own).
 class DeviceScope {

@@ -1,5 +1,7 @@
 #include "ipc.hpp"
 
+#include "cuda_status.hpp"
+
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -9,13 +11,6 @@ namespace jaxcoll::cuda {
 
 static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(IpcHandle), "cudaIpcMemHandle_t is 64 bytes");
 
-namespace {
-Status ipc_error(cudaError_t err, const std::string& what) {
-  cudaGetLastError();
-  return Status::Error("CUDA: " + what + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-}
-}  // namespace
-
 Status export_ipc_handle(const DeviceMemory& memory, IpcHandle& out) {
   int previous = 0;
   cudaGetDevice(&previous);
@@ -23,7 +18,7 @@ Status export_ipc_handle(const DeviceMemory& memory, IpcHandle& out) {
   cudaIpcMemHandle_t h;
   const cudaError_t err = cudaIpcGetMemHandle(&h, memory.get());
   cudaSetDevice(previous);
-  if (err != cudaSuccess) return ipc_error(err, "cudaIpcGetMemHandle");
+  if (err != cudaSuccess) return cuda_error(err, "cudaIpcGetMemHandle");
   std::memcpy(out.data(), &h, sizeof(h));
   return {};
 }
@@ -56,7 +51,7 @@ Status PeerMapping::open(const IpcHandle& handle, int device, PeerMapping& out) 
   void* p = nullptr;
   const cudaError_t err = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
   cudaSetDevice(previous);
-  if (err != cudaSuccess) return ipc_error(err, "cudaIpcOpenMemHandle");
+  if (err != cudaSuccess) return cuda_error(err, "cudaIpcOpenMemHandle");
   PeerMapping m;
   m.ptr_ = static_cast<char*>(p);
   m.device_ = device;
