@@ -10,6 +10,7 @@
 #include <string>
 
 #include "communicator.hpp"
+#include "dtypes.hpp"
 #include "executor.hpp"
 #include "plan.hpp"
 #include "xla/ffi/api/ffi.h"
@@ -30,22 +31,6 @@ struct PlanState {
 };
 ffi::TypeId PlanState::id = XLA_FFI_UNKNOWN_TYPE_ID;
 constexpr ffi::TypeInfo kPlanStateInfo = ffi::MakeTypeInfo<PlanState>();
-
-std::optional<DType> dtype_of(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::F16: return DType::kF16;
-    case ffi::DataType::BF16: return DType::kBF16;
-    case ffi::DataType::F32: return DType::kF32;
-    case ffi::DataType::F64: return DType::kF64;
-    case ffi::DataType::S8: return DType::kI8;
-    case ffi::DataType::S32: return DType::kI32;
-    case ffi::DataType::S64: return DType::kI64;
-    case ffi::DataType::U8: return DType::kU8;
-    case ffi::DataType::U32: return DType::kU32;
-    case ffi::DataType::PRED: return DType::kBool;
-    default: return std::nullopt;
-  }
-}
 
 ffi::ErrorOr<std::unique_ptr<PlanState>> Instantiate(ffi::Span<const int32_t> words, int32_t reduce_op,
                                                      int64_t callsite) {
