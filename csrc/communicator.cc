@@ -41,10 +41,13 @@ void Rendezvous::reset(int64_t run_id, uint64_t iteration) {
   phase_ = Phase::kGathering;
   arrived_ = 0;
   deadline_ = Clock::time_point::max();
+  status_ = {};
+  holders_.store(0, std::memory_order_relaxed);
   for (int32_t r = 0; r < nranks_; ++r) {
     slots_[r].arrived = false;
     slots_[r].completion = nullptr;
     slots_[r].copy_out = {};
+    slots_[r].handoff.store(kWaiting, std::memory_order_relaxed);
   }
 }
 
@@ -62,6 +65,7 @@ Rendezvous::Arrival Rendezvous::arrive(int32_t rank, int32_t nsemaphores, const 
   std::lock_guard<std::mutex> lock(mu_);
   if (phase_ != Phase::kGathering || owner_.failed()) return Arrival::kFailed;
   s.arrived = true;
+  holders_.fetch_add(1, std::memory_order_relaxed);
   deadline_ = std::min(deadline_, deadline);
   if (++arrived_ < nranks_) {
     s.completion = std::move(completion);
@@ -71,12 +75,41 @@ Rendezvous::Arrival Rendezvous::arrive(int32_t rank, int32_t nsemaphores, const 
   return Arrival::kLeader;
 }
 
-std::vector<Completion> Rendezvous::take_completions() {
+bool Rendezvous::wait_finished(int32_t rank, Clock::time_point until) {
+  std::atomic<int>& h = slots_[rank].handoff;
+  wait_for(finished_, [&] { return h.load(std::memory_order_acquire) != kWaiting; },
+           [&] { return owner_.failed(); }, until);
+  return h.load(std::memory_order_acquire) == kDone;
+}
+
+bool Rendezvous::defer(int32_t rank) {
+  int expected = kWaiting;
+  return slots_[rank].handoff.compare_exchange_strong(expected, kDeferred, std::memory_order_acq_rel);
+}
+
+std::vector<Completion> Rendezvous::finish(int32_t leader, const Status& status) {
+  status_ = status;
+  std::vector<Completion> owed;
+  bool woke = false;
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<Completion> out;
-  for (int32_t r = 0; r < nranks_; ++r)
-    if (slots_[r].completion) out.push_back(std::move(slots_[r].completion));
-  return out;
+  for (int32_t r = 0; r < nranks_; ++r) {
+    RankSlot& s = slots_[r];
+    if (r == leader || !s.completion) continue;  // no completion: it was called already (abort_gathering)
+    int expected = kWaiting;
+    if (s.handoff.compare_exchange_strong(expected, kDone, std::memory_order_acq_rel)) {
+      s.completion = nullptr;  // finished on its own thread
+      woke = true;
+    } else {
+      owed.push_back(std::move(s.completion));
+    }
+  }
+  if (woke) finished_.ring();
+  return owed;
+}
+
+void Rendezvous::release() {
+  if (holders_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (phase_ == Phase::kRunning && status_.ok()) owner_.recycle(this);
 }
 
 std::vector<Completion> Rendezvous::abort_gathering() {

@@ -77,8 +77,11 @@ struct RankSlot {
   int32_t nsemaphores = 0;
   RankBuffers buffers;
   CopyOut copy_out;
-  Completion completion;  // set when this rank arrived before the last
-  bool arrived = false;   // for error messages
+  Completion completion;  // kept when this rank arrived before the last
+  // Whether a rank that arrived before the last is still waiting on its own thread (kWaiting), was finished
+  // there by the leader (kDone), or gave up waiting and is owed its completion (kDeferred); see arrive().
+  std::atomic<int> handoff{0};
+  bool arrived = false;  // for error messages
   GrowableBuffer scratch;
   GrowableBuffer staging;
 };
@@ -102,17 +105,29 @@ class Rendezvous {
   int32_t nranks() const { return nranks_; }
 
   // Publish this rank's buffers (resetting its semaphores, sized to `nsemaphores`) and arrive. The last rank to
-  // arrive gets kLeader and must run the call and then finish(); a rank before it gets kPending and is completed
-  // later through `completion`; kFailed means the call had already failed (the communicator says why) and
-  // `completion` was not kept.
+  // arrive gets kLeader: it must run the call, then finish(). A rank before it gets kPending and may wait on its
+  // own thread a short while (wait_finished) for the leader to finish it there; if the leader has not by then, the
+  // rank defers (defer) and its `completion` is called when the call is done. kFailed means the call had already
+  // failed (the communicator says why) and `completion` was not kept.
   enum class Arrival { kLeader, kPending, kFailed };
   Arrival arrive(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers, const CopyOut& copy_out,
                  Completion completion, Clock::time_point deadline);
 
-  // The leader is done: the completions of the ranks that arrived first, to be called with the call's status
-  // after the rendezvous is recycled (they must not touch it).
-  std::vector<Completion> take_completions();
+  // A pending rank waits on its own thread until `until` for the leader to finish the call; true if it did (the
+  // call's status is then status()).
+  bool wait_finished(int32_t rank, Clock::time_point until);
+  // A pending rank stops waiting: its completion will be called. False if the leader finished it first.
+  bool defer(int32_t rank);
+  const Status& status() const { return status_; }
 
+  // The leader is done (copies included): record `status`, release the ranks still waiting on their threads and
+  // hand back the completions owed to the ranks that deferred. They must be called after release() (they must not
+  // touch the rendezvous).
+  std::vector<Completion> finish(int32_t leader, const Status& status);
+
+  // A rank is done with the rendezvous; the last one recycles it (a failed call's never is: its communicator is
+  // finished).
+  void release();
   // Increment semaphore `sem` of rank `peer` (release) and ring the call's doorbell.
   void signal(int32_t peer, int32_t sem) {
     slots_[peer].semaphores[sem].fetch_add(1, std::memory_order_release);
@@ -128,11 +143,16 @@ class Rendezvous {
   std::vector<Completion> abort_gathering();
   std::string missing_ranks();
 
+  enum Handoff { kWaiting = 0, kDone = 1, kDeferred = 2 };
+
   enum class Phase { kGathering, kRunning, kFailed };
   Communicator& owner_;
   int32_t nranks_;
   std::unique_ptr<RankSlot[]> slots_;
-  Doorbell bell_;  // rung by every signal and by helpers leaving
+  Doorbell bell_;      // rung by every signal
+  Doorbell finished_;  // rung when the leader has finished the call
+  Status status_;
+  std::atomic<int32_t> holders_{0};  // ranks not yet done with the rendezvous
   std::mutex mu_;  // guards phase_, arrived_, deadline_ and the slots' completions
   Phase phase_ = Phase::kGathering;
   int32_t arrived_ = 0;
