@@ -1,6 +1,11 @@
 #include "communicator.hpp"
 
+#include "memory.hpp"
+
+#include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
+#include <thread>
 #include <utility>
 
 namespace jaxcoll {
@@ -12,6 +17,7 @@ void* GrowableBuffer::reserve(size_t bytes) {
     const size_t rounded = (bytes + 4095) / 4096 * 4096;
     void* p = std::aligned_alloc(4096, rounded);
     if (!p) return nullptr;
+    advise_huge_pages(p, rounded);
     data_.reset(p);
     size_ = rounded;
   }
@@ -29,107 +35,176 @@ Rendezvous::Rendezvous(Communicator& owner, int32_t nranks)
     : owner_(owner), nranks_(nranks), slots_(std::make_unique<RankSlot[]>(nranks)) {}
 
 void Rendezvous::reset(int64_t run_id, uint64_t iteration) {
+  std::lock_guard<std::mutex> lock(mu_);
   run_id_ = run_id;
   iteration_ = iteration;
-  phase_.word.store(0, std::memory_order_relaxed);
-  left_.store(0, std::memory_order_relaxed);
+  phase_ = Phase::kGathering;
+  arrived_ = 0;
+  deadline_ = Clock::time_point::max();
+  status_ = {};
+  holders_.store(0, std::memory_order_relaxed);
   for (int32_t r = 0; r < nranks_; ++r) {
-    slots_[r].entered.store(false, std::memory_order_relaxed);
-    slots_[r].finished.store(false, std::memory_order_relaxed);
+    slots_[r].arrived = false;
+    slots_[r].completion = nullptr;
+    slots_[r].copy_out = {};
+    slots_[r].handoff.store(kWaiting, std::memory_order_relaxed);
   }
 }
 
-void Rendezvous::wake_all() {
-  phase_.word.fetch_add(0, std::memory_order_seq_cst);
-  futex_wake_all(phase_.word);
-  for (int32_t r = 0; r < nranks_; ++r) {
-    slots_[r].doorbell.word.fetch_add(1, std::memory_order_seq_cst);
-    futex_wake_all(slots_[r].doorbell.word);
-  }
-}
-
-Status Rendezvous::arrive(int32_t rank, uint32_t target, const CallSite& site, Clock::time_point deadline,
-                          bool at_exit) {
-  const uint32_t after = phase_.word.fetch_add(1, std::memory_order_acq_rel) + 1;
-  if (after == target) {  // the last to arrive releases the others
-    if (phase_.sleepers.load(std::memory_order_seq_cst)) futex_wake_all(phase_.word);
-    return {};
-  }
-  auto reached = [&] { return phase_.word.load(std::memory_order_acquire) >= target; };
-  const WaitResult w = wait_for(phase_, reached, [&] { return owner_.failed(); }, deadline);
-  if (w == WaitResult::kReady) return {};
-  if (w == WaitResult::kAborted) return Status::Error(site.describe() + ": " + owner_.failure());
-  std::string missing;
-  for (int32_t r = 0; r < nranks_; ++r) {
-    const bool seen = at_exit ? slots_[r].finished.load() : slots_[r].entered.load();
-    if (!seen) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-  }
-  Status err = Status::Error(
-      site.describe() + ": rank " + std::to_string(rank) + " timed out in the " + (at_exit ? "exit" : "entry") +
-      " rendezvous (launch " + std::to_string(run_id_) + ", call " + std::to_string(iteration_) +
-      " of this site in it); ranks that never arrived: [" + missing +
-      "] (timeout set by JAXCOLL_TIMEOUT; a rank that never arrives usually ran a different program or "
-      "deadlocked on another collective)");
-  owner_.fail(err.message());
-  return err;
-}
-
-void Rendezvous::publish(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers) {
+Rendezvous::Arrival Rendezvous::arrive(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers,
+                                       const CopyOut& copy_out, Completion completion, Clock::time_point deadline) {
   RankSlot& s = slots_[rank];
-  // Peers touch these only after the entry rendezvous.
+  // The slot's memory is this rank's until it arrives; the leader reads it after the last arrival (mu_ orders).
   if (nsemaphores > s.nsemaphores) {
     s.semaphores = std::make_unique<std::atomic<uint32_t>[]>(nsemaphores);
     s.nsemaphores = nsemaphores;
   }
   for (int32_t i = 0; i < s.nsemaphores; ++i) s.semaphores[i].store(0, std::memory_order_relaxed);
   s.buffers = buffers;
-  s.entered.store(true, std::memory_order_relaxed);
+  s.copy_out = copy_out;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (phase_ != Phase::kGathering || owner_.failed()) return Arrival::kFailed;
+  s.arrived = true;
+  holders_.fetch_add(1, std::memory_order_relaxed);
+  deadline_ = std::min(deadline_, deadline);
+  if (++arrived_ < nranks_) {
+    s.completion = std::move(completion);
+    return Arrival::kPending;
+  }
+  phase_ = Phase::kRunning;
+  return Arrival::kLeader;
 }
 
-Status Rendezvous::enter(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers, const CallSite& site,
-                         Clock::time_point deadline) {
-  publish(rank, nsemaphores, buffers);
-  return arrive(rank, static_cast<uint32_t>(nranks_), site, deadline, false);
+bool Rendezvous::wait_finished(int32_t rank, Clock::time_point until) {
+  std::atomic<int>& h = slots_[rank].handoff;
+  wait_for(finished_, [&] { return h.load(std::memory_order_acquire) != kWaiting; },
+           [&] { return owner_.failed(); }, until);
+  return h.load(std::memory_order_acquire) == kDone;
 }
 
-void Rendezvous::enter_solo(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers, bool& leader) {
-  publish(rank, nsemaphores, buffers);
-  leader = phase_.word.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(nranks_);
+bool Rendezvous::defer(int32_t rank) {
+  int expected = kWaiting;
+  return slots_[rank].handoff.compare_exchange_strong(expected, kDeferred, std::memory_order_acq_rel);
 }
 
-void Rendezvous::finish_solo() {
-  for (int32_t r = 0; r < nranks_; ++r) slots_[r].finished.store(true, std::memory_order_relaxed);
-  phase_.word.store(static_cast<uint32_t>(2 * nranks_), std::memory_order_seq_cst);
-  if (phase_.sleepers.load(std::memory_order_seq_cst)) futex_wake_all(phase_.word);
+std::vector<Completion> Rendezvous::finish(int32_t leader, const Status& status) {
+  status_ = status;
+  std::vector<Completion> owed;
+  bool woke = false;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int32_t r = 0; r < nranks_; ++r) {
+    RankSlot& s = slots_[r];
+    if (r == leader || !s.completion) continue;  // no completion: it was called already (abort_gathering)
+    int expected = kWaiting;
+    if (s.handoff.compare_exchange_strong(expected, kDone, std::memory_order_acq_rel)) {
+      s.completion = nullptr;  // finished on its own thread
+      woke = true;
+    } else {
+      owed.push_back(std::move(s.completion));
+    }
+  }
+  if (woke) finished_.ring();
+  return owed;
 }
 
-Status Rendezvous::wait_solo(int32_t rank, const CallSite& site, Clock::time_point deadline) {
-  const uint32_t target = static_cast<uint32_t>(2 * nranks_);
-  auto reached = [&] { return phase_.word.load(std::memory_order_acquire) >= target; };
-  const WaitResult w = wait_for(phase_, reached, [&] { return owner_.failed(); }, deadline);
-  if (w == WaitResult::kReady) return {};
-  if (w == WaitResult::kAborted) return Status::Error(site.describe() + ": " + owner_.failure());
+void Rendezvous::release() {
+  if (holders_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (phase_ == Phase::kRunning && status_.ok()) owner_.recycle(this);
+}
+
+std::vector<Completion> Rendezvous::abort_gathering() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Completion> out;
+  if (phase_ != Phase::kGathering) return out;
+  phase_ = Phase::kFailed;
+  for (int32_t r = 0; r < nranks_; ++r)
+    if (slots_[r].completion) out.push_back(std::move(slots_[r].completion));
+  return out;
+}
+
+std::string Rendezvous::missing_ranks() {
   std::string missing;
   for (int32_t r = 0; r < nranks_; ++r)
-    if (!slots_[r].entered.load()) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-  Status err = Status::Error(
-      site.describe() + ": rank " + std::to_string(rank) + " timed out waiting for the call (launch " +
-      std::to_string(run_id_) + ", call " + std::to_string(iteration_) + " of this site in it); ranks that never " +
-      "arrived: [" + missing + "] (timeout set by JAXCOLL_TIMEOUT; a rank that never arrives usually ran a "
-      "different program or deadlocked on another collective)");
-  owner_.fail(err.message());
-  return err;
-}
-
-Status Rendezvous::exit(int32_t rank, const CallSite& site, Clock::time_point deadline) {
-  slots_[rank].finished.store(true, std::memory_order_relaxed);
-  return arrive(rank, static_cast<uint32_t>(2 * nranks_), site, deadline, true);
+    if (!slots_[r].arrived) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  return missing;
 }
 
 // ---- Communicator ----------------------------------------------------------------------------------------------
 
-Rendezvous* Communicator::join(int32_t rank, int64_t run_id) {
+namespace {
+
+// Every live communicator, for the watchdog.
+struct Watchdog {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Communicator*> comms;
+  bool poked = false;
+  std::thread thread;
+
+  Watchdog() {
+    thread = std::thread([this] { loop(); });
+    thread.detach();  // lives as long as the process; never joined at exit
+  }
+
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu);
+    bool gathering = false;
+    for (;;) {
+      if (gathering)
+        cv.wait_for(lock, std::chrono::milliseconds(20));
+      else
+        cv.wait(lock, [&] { return poked; });
+      poked = false;
+      gathering = false;
+      const auto now = Clock::now();
+      // Completions run outside the lock: they may start XLA's continuation of a program, which can call into
+      // jaxcoll again (and create communicators, which takes this lock).
+      std::vector<std::pair<std::vector<Completion>, Status>> failed;
+      for (Communicator* c : comms) {
+        std::vector<Completion> pending;
+        Status error;
+        gathering |= c->expire(now, pending, error);
+        if (!pending.empty()) failed.emplace_back(std::move(pending), error);
+      }
+      lock.unlock();
+      for (auto& [pending, error] : failed)
+        for (Completion& c : pending) c(error);
+      lock.lock();
+    }
+  }
+};
+
+Watchdog& watchdog() {
+  static Watchdog* w = new Watchdog();  // leaked on purpose: its thread outlives static destruction
+  return *w;
+}
+
+}  // namespace
+
+void watchdog_notify() {
+  Watchdog& w = watchdog();
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.poked = true;
+  }
+  w.cv.notify_one();
+}
+
+Communicator::Communicator(int32_t nranks) : nranks_(nranks), iterations_(nranks) {
+  Watchdog& w = watchdog();
+  std::lock_guard<std::mutex> lock(w.mu);
+  w.comms.push_back(this);
+}
+
+Communicator::~Communicator() {
+  Watchdog& w = watchdog();
+  std::lock_guard<std::mutex> lock(w.mu);
+  w.comms.erase(std::remove(w.comms.begin(), w.comms.end(), this), w.comms.end());
+}
+
+Rendezvous* Communicator::join(int32_t rank, int64_t run_id, const CallSite& site) {
   std::lock_guard<std::mutex> lock(mu_);
+  site_ = site;
   auto& iters = iterations_[rank];
   const uint64_t iteration = ++iters[run_id];
   if (iters.size() > 64) iters.erase(iters.begin());  // run ids grow: forget the oldest launch
@@ -147,8 +222,7 @@ Rendezvous* Communicator::join(int32_t rank, int64_t run_id) {
   return active_.back().get();
 }
 
-void Communicator::leave(Rendezvous* r) {
-  if (r->left_.fetch_add(1, std::memory_order_acq_rel) + 1 != nranks_) return;
+void Communicator::recycle(Rendezvous* r) {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < active_.size(); ++i) {
     if (active_[i].get() != r) continue;
@@ -159,14 +233,52 @@ void Communicator::leave(Rendezvous* r) {
   }
 }
 
-void Communicator::fail(const std::string& message) {
+std::vector<Completion> Communicator::fail_gathering(const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(failure_mu_);
     if (failure_.empty()) failure_ = message;
   }
   failed_.store(true, std::memory_order_release);
+  std::vector<Completion> pending;
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& r : active_) r->wake_all();
+  for (auto& r : active_) {
+    for (Completion& c : r->abort_gathering()) pending.push_back(std::move(c));
+    r->bell_.ring();  // a leader waiting for a signal notices the failure at once
+  }
+  return pending;
+}
+
+void Communicator::fail(const std::string& message) {
+  std::vector<Completion> pending = fail_gathering(message);
+  const Status err = Status::Error(failure());
+  for (Completion& c : pending) c(err);  // last: a completion may let the owner of this communicator destroy it
+}
+
+bool Communicator::expire(Clock::time_point now, std::vector<Completion>& pending, Status& error) {
+  std::string message;
+  bool gathering = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& r : active_) {
+      std::lock_guard<std::mutex> rl(r->mu_);
+      if (r->phase_ != Rendezvous::Phase::kGathering || r->arrived_ == 0) continue;
+      if (now < r->deadline_) {
+        gathering = true;
+        continue;
+      }
+      message = site_.describe() + ": timed out waiting for every rank to arrive (launch " +
+                std::to_string(r->run_id_) + ", call " + std::to_string(r->iteration_) +
+                " of this site in it); ranks that never arrived: [" + r->missing_ranks() +
+                "] (timeout set by JAXCOLL_TIMEOUT; a rank that never arrives usually ran a different program or "
+                "failed before this collective)";
+      break;
+    }
+  }
+  if (!message.empty()) {
+    pending = fail_gathering(message);
+    error = Status::Error(failure());
+  }
+  return gathering;
 }
 
 std::string Communicator::failure() const {
@@ -176,9 +288,10 @@ std::string Communicator::failure() const {
 
 Communicator* communicator_for(int64_t callsite, int32_t group, int32_t nranks, Status& status) {
   static std::mutex mu;
-  static std::map<std::pair<int64_t, int32_t>, std::unique_ptr<Communicator>> registry;
+  static std::map<std::pair<int64_t, int32_t>, std::unique_ptr<Communicator>>* registry =
+      new std::map<std::pair<int64_t, int32_t>, std::unique_ptr<Communicator>>();  // outlives the watchdog
   std::lock_guard<std::mutex> lock(mu);
-  auto& c = registry[{callsite, group}];
+  auto& c = (*registry)[{callsite, group}];
   if (!c) c = std::make_unique<Communicator>(nranks);
   if (c->nranks() != nranks) {
     status = Status::Error("jaxcoll callsite " + std::to_string(callsite) + ", group " + std::to_string(group) +

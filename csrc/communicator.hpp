@@ -6,16 +6,25 @@
 // computations in flight), so "the n-th call of a rank" is not enough to pair calls: a call is identified by
 // the launch's run id (shared by every device of one launch) and by how many times this rank has run the call
 // site within that launch (a call site inside a loop runs once per iteration). Each such call gets its own
-// Rendezvous: N slots with published buffers, semaphores and doorbells, an arrival counter for the entry
-// rendezvous and the exit barrier. Finished rendezvous are recycled with their scratch and staging memory, so
-// the steady state allocates nothing.
+// Rendezvous: N slots with published buffers and semaphores, and the completions of the ranks that arrived
+// first. Finished rendezvous are recycled with their scratch and staging memory, so the steady state allocates
+// nothing.
 //
-// A failure (timeout, bad buffer) marks the communicator failed and wakes everyone, so peers error out promptly
-// instead of waiting for their own timeout; a failed communicator stays failed for the life of the process.
+// No rank ever blocks waiting for its peers. XLA:CPU runs independent thunks of a program concurrently and
+// offloads some of them to its small intra-op thread pool; a collective that blocked a pool thread until every
+// peer arrived could wait for a peer whose own call sits queued behind it on that same pool (seen here: two
+// independent all-reduces, ranks 6 and 7 never arriving). So a rank that arrives before the last publishes its
+// buffers and a completion and returns at once (XLA gets a pending future); the last rank to arrive runs the
+// call for the whole group and completes the others.
+//
+// A failure (timeout, bad buffer) marks the communicator failed and completes every pending rank with the
+// error; a failed communicator stays failed for the life of the process. A watchdog thread fails a call whose
+// peers do not all arrive within the timeout, naming the ranks that never did.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -52,13 +61,27 @@ struct RankBuffers {
   DType dtype = DType::kF32;
 };
 
+// How a rank that arrived before the last learns that its call has finished: called exactly once, with the
+// call's status, on whichever thread finishes the call.
+using Completion = std::function<void(const Status&)>;
+
+// A copy the call owes a rank after its steps: an in-place reduce_scatter runs in staging and copies block r out.
+struct CopyOut {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+};
+
 struct RankSlot {
-  Doorbell doorbell;  // rung whenever one of this rank's semaphores is signalled
   std::unique_ptr<std::atomic<uint32_t>[]> semaphores;
   int32_t nsemaphores = 0;
   RankBuffers buffers;
-  std::atomic<bool> entered{false};   // arrived at entry (for error messages)
-  std::atomic<bool> finished{false};  // arrived at exit
+  CopyOut copy_out;
+  Completion completion;  // kept when this rank arrived before the last
+  // Whether a rank that arrived before the last is still waiting on its own thread (kWaiting), was finished
+  // there by the leader (kDone), or gave up waiting and is owed its completion (kDeferred); see arrive().
+  std::atomic<int> handoff{0};
+  bool arrived = false;  // for error messages
   GrowableBuffer scratch;
   GrowableBuffer staging;
 };
@@ -79,69 +102,103 @@ class Rendezvous {
   Rendezvous(Communicator& owner, int32_t nranks);
   RankSlot& slot(int32_t rank) { return slots_[rank]; }
   Communicator& owner() { return owner_; }
+  int32_t nranks() const { return nranks_; }
 
-  // Entry rendezvous: reset this rank's semaphores (sized to `nsemaphores`), publish its buffers, wait for every
-  // rank.
-  Status enter(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers, const CallSite& site,
-               Clock::time_point deadline);
-  // Exit barrier: no rank returns before every rank has finished its steps.
-  Status exit(int32_t rank, const CallSite& site, Clock::time_point deadline);
+  // Publish this rank's buffers (resetting its semaphores, sized to `nsemaphores`) and arrive. The last rank to
+  // arrive gets kLeader: it must run the call, then finish(). A rank before it gets kPending and may wait on its
+  // own thread a short while (wait_finished) for the leader to finish it there; if the leader has not by then, the
+  // rank defers (defer) and its `completion` is called when the call is done. kFailed means the call had already
+  // failed (the communicator says why) and `completion` was not kept.
+  enum class Arrival { kLeader, kPending, kFailed };
+  Arrival arrive(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers, const CopyOut& copy_out,
+                 Completion completion, Clock::time_point deadline);
 
-  // Solo calls (small messages): one rendezvous instead of two. Every rank publishes as in enter(); the last to
-  // arrive becomes the leader (`leader` set), runs every rank's lanes and calls finish_solo(); the others wait
-  // in wait_solo() until it has.
-  void enter_solo(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers, bool& leader);
-  void finish_solo();
-  Status wait_solo(int32_t rank, const CallSite& site, Clock::time_point deadline);
+  // A pending rank waits on its own thread until `until` for the leader to finish the call; true if it did (the
+  // call's status is then status()).
+  bool wait_finished(int32_t rank, Clock::time_point until);
+  // A pending rank stops waiting: its completion will be called. False if the leader finished it first.
+  bool defer(int32_t rank);
+  const Status& status() const { return status_; }
 
-  // Increment semaphore `sem` of rank `peer` (release) and ring its doorbell.
+  // The leader is done (copies included): record `status`, release the ranks still waiting on their threads and
+  // hand back the completions owed to the ranks that deferred. They must be called after release() (they must not
+  // touch the rendezvous).
+  std::vector<Completion> finish(int32_t leader, const Status& status);
+
+  // A rank is done with the rendezvous; the last one recycles it (a failed call's never is: its communicator is
+  // finished).
+  void release();
+  // Increment semaphore `sem` of rank `peer` (release) and ring the call's doorbell.
   void signal(int32_t peer, int32_t sem) {
-    RankSlot& s = slots_[peer];
-    s.semaphores[sem].fetch_add(1, std::memory_order_release);
-    s.doorbell.ring();
+    slots_[peer].semaphores[sem].fetch_add(1, std::memory_order_release);
+    bell_.ring();
   }
-  void wake_all();
+  Doorbell& bell() { return bell_; }
 
  private:
   friend class Communicator;
-  void publish(int32_t rank, int32_t nsemaphores, const RankBuffers& buffers);
-  Status arrive(int32_t rank, uint32_t target, const CallSite& site, Clock::time_point deadline, bool at_exit);
   void reset(int64_t run_id, uint64_t iteration);
+  // Fail a call still gathering its ranks: returns the completions to call with the error (empty if the call
+  // had already started or failed).
+  std::vector<Completion> abort_gathering();
+  std::string missing_ranks();
 
+  enum Handoff { kWaiting = 0, kDone = 1, kDeferred = 2 };
+
+  enum class Phase { kGathering, kRunning, kFailed };
   Communicator& owner_;
   int32_t nranks_;
   std::unique_ptr<RankSlot[]> slots_;
-  Doorbell phase_;  // phase_.word counts arrivals: entry completes at N, exit at 2N
-  std::atomic<int32_t> left_{0};
+  Doorbell bell_;      // rung by every signal
+  Doorbell finished_;  // rung when the leader has finished the call
+  Status status_;
+  std::atomic<int32_t> holders_{0};  // ranks not yet done with the rendezvous
+  std::mutex mu_;  // guards phase_, arrived_, deadline_ and the slots' completions
+  Phase phase_ = Phase::kGathering;
+  int32_t arrived_ = 0;
+  Clock::time_point deadline_{};
   int64_t run_id_ = 0;
   uint64_t iteration_ = 0;
 };
 
 class Communicator {
  public:
-  explicit Communicator(int32_t nranks) : nranks_(nranks), iterations_(nranks) {}
+  explicit Communicator(int32_t nranks);
+  ~Communicator();
   int32_t nranks() const { return nranks_; }
 
-  // The rendezvous of this rank's next call within launch `run_id`; null if out of memory.
-  Rendezvous* join(int32_t rank, int64_t run_id);
-  // This rank is done with `r` (after its exit barrier); the last rank to leave recycles it.
-  void leave(Rendezvous* r);
+  // The rendezvous of this rank's next call within launch `run_id`; null if out of memory. `site` describes the
+  // call site in the watchdog's messages.
+  Rendezvous* join(int32_t rank, int64_t run_id, const CallSite& site);
+  // The leader is done with `r` (every rank's part has run): recycle it with its scratch and staging memory.
+  void recycle(Rendezvous* r);
 
-  // Mark the communicator failed with the first failure's message and wake every waiter.
+  // Mark the communicator failed with the first failure's message and complete every rank still waiting for
+  // its peers with it.
   void fail(const std::string& message);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   std::string failure() const;
 
+  // Fail every call whose peers have not all arrived by its deadline (the watchdog calls this), handing back
+  // the completions to call with `error`; true while some call is still gathering.
+  bool expire(Clock::time_point now, std::vector<Completion>& pending, Status& error);
+
  private:
+  std::vector<Completion> fail_gathering(const std::string& message);
+
   int32_t nranks_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Rendezvous>> active_;
   std::vector<std::unique_ptr<Rendezvous>> idle_;
   std::vector<std::map<int64_t, uint64_t>> iterations_;  // per rank: run id -> calls of this site in that launch
+  CallSite site_;
   std::atomic<bool> failed_{false};
   mutable std::mutex failure_mu_;
   std::string failure_;
 };
+
+// Wake the watchdog: a rank returned pending. It then polls every 20 ms while any call is still gathering.
+void watchdog_notify();
 
 // The process-wide communicator of (callsite, group); created on first use with `nranks` slots. Returns null
 // (and an error) if the key was first used with a different group size.

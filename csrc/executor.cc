@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "layout.hpp"
+#include "memory.hpp"
 #include "reduce.hpp"
 
 namespace jaxcoll {
@@ -112,27 +114,13 @@ class RankRun {
     return progressed;
   }
 
-  // Some lane blocked on a wait can now consume a signal.
-  bool ready() {
-    RankSlot& me = rv_.slot(rank_);
+  // Some lane is blocked on a wait (not a barrier): the state a deadlock or timeout reports.
+  bool waiting() const {
     for (int32_t l = 0; l < prog_.nlanes; ++l) {
       if (lanes_[l].done) continue;
-      const Step& s = plan_.steps[plan_.lanes[prog_.first_lane + l].first_step + lanes_[l].pc];
-      if (s.op == Op::kWait && me.semaphores[s.sem].load(std::memory_order_acquire) > consumed_[s.sem]) return true;
+      if (plan_.steps[plan_.lanes[prog_.first_lane + l].first_step + lanes_[l].pc].op == Op::kWait) return true;
     }
     return false;
-  }
-
-  // This rank's lanes on the calling thread, sleeping on the doorbell while no lane can progress.
-  Status run() {
-    while (!done()) {
-      if (advance() || done()) continue;
-      const WaitResult w = wait_for(rv_.slot(rank_).doorbell, [&] { return ready(); },
-                                    [&] { return comm_.failed(); }, deadline_);
-      if (w == WaitResult::kAborted) return Status::Error(site_.describe() + ": " + comm_.failure());
-      if (w == WaitResult::kTimeout) return blocked_error("timed out: the semaphore was never signalled: ");
-    }
-    return {};
   }
 
   // What every blocked wait of this rank is waiting for, and who should signal it.
@@ -209,7 +197,7 @@ class RankRun {
   int64_t k_;
   size_t dsize_, asize_;
   int64_t block_;
-  SmallVec<LaneState, 16> lanes_;
+  mutable SmallVec<LaneState, 16> lanes_;
   SmallVec<uint32_t, 32> consumed_;
   int32_t live_ = 0;
 };
@@ -234,36 +222,175 @@ Status check_peers(Rendezvous& rv, const Plan& plan, int32_t rank, int64_t block
   return {};
 }
 
-// Small messages are run by one thread for the whole group: the rendezvous and wakeups cost more than the
-// data moves, and eight device threads share two cores. JAXCOLL_SOLO_BYTES (per-rank input bytes) overrides.
+// Small messages are run by the leader alone: waking helpers costs more than the data moves, and eight device
+// threads share two cores here. JAXCOLL_SOLO_BYTES (per-rank input bytes) overrides.
 bool solo_call(const Plan& plan, const CallBuffers& b) {
-  return plan.nranks > 1 && b.input_elements * int64_t(dtype_size(b.dtype)) <= solo_bytes();
+  return plan.nranks == 1 || b.input_elements * int64_t(dtype_size(b.dtype)) <= solo_bytes();
 }
 
-// The leader of a solo call runs the lanes of every rank, round robin; all lanes are here, so a round in which
-// no lane moves is a deadlock of the plan.
-Status run_every_rank(Rendezvous& rv, const Plan& plan, const CallBuffers& b, const CallSite& site,
-                      Clock::time_point deadline, int64_t block) {
-  std::vector<RankRun> runs;
-  runs.reserve(plan.nranks);
-  for (int32_t r = 0; r < plan.nranks; ++r) runs.emplace_back(rv, plan, r, b, site, deadline, block);
-  for (;;) {
-    bool progressed = false, done = true;
-    for (RankRun& run : runs) {
-      progressed |= run.advance();
-      done &= run.done();
+// Every rank's lanes of one call, run by the leader and by any helpers that join. A rank is the unit of work:
+// whoever claims it advances its lanes until they block, then releases it (its lanes share semaphore counts, so
+// one thread at a time). A helper that starts late, or never, only costs parallelism: the leader alone can always
+// finish the call.
+class GroupRun {
+ public:
+  GroupRun(Rendezvous& rv, const Plan& plan, const CallBuffers& b, const CallSite& site, Clock::time_point deadline,
+           int64_t block)
+      : rv_(rv), comm_(rv.owner()), claimed_(std::make_unique<std::atomic<bool>[]>(plan.nranks)) {
+    runs_.reserve(plan.nranks);
+    for (int32_t r = 0; r < plan.nranks; ++r) {
+      runs_.emplace_back(rv, plan, r, b, site, deadline, block);
+      remaining_ += !runs_.back().done();
     }
-    if (done) return {};
-    if (progressed) continue;
-    for (RankRun& run : runs)
-      if (!run.done()) return run.blocked_error("deadlocks: every lane of every rank is blocked, so a semaphore is never signalled: ");
+    deadline_ = deadline;
   }
+
+  // A helper's whole part: claim ranks until the call is done, sleeping on the call's doorbell while every rank
+  // it could claim is blocked.
+  void help(int32_t start) {
+    active_.fetch_add(1, std::memory_order_seq_cst);
+    while (!closed_.load(std::memory_order_seq_cst) && remaining_.load(std::memory_order_acquire) > 0 &&
+           !comm_.failed()) {
+      const uint32_t seen = rv_.bell().word.load(std::memory_order_seq_cst);
+      if (pass(start)) continue;
+      if (wait_for(rv_.bell(), [&] { return changed(seen); }, [&] { return comm_.failed(); }, deadline_) !=
+          WaitResult::kReady)
+        break;
+    }
+    active_.fetch_sub(1, std::memory_order_seq_cst);
+    left_.ring();  // the group's own bell: the rendezvous may be recycled by now
+  }
+
+  // The leader's part: run until every rank is done, then wait for the helpers inside to leave.
+  Status lead() {
+    Status st = drive();
+    closed_.store(true, std::memory_order_seq_cst);
+    rv_.bell().ring();  // wakes helpers sleeping on a signal
+    wait_for(left_, [&] { return active_.load(std::memory_order_seq_cst) == 0; }, [] { return false; },
+             Clock::time_point::max());
+    return st;
+  }
+
+ private:
+  bool changed(uint32_t seen) const {
+    return rv_.bell().word.load(std::memory_order_seq_cst) != seen || closed_.load(std::memory_order_seq_cst) ||
+           remaining_.load(std::memory_order_acquire) == 0;
+  }
+
+  // One pass over the ranks nobody else holds; true if any step ran.
+  bool pass(int32_t start) {
+    bool progressed = false;
+    const int32_t n = static_cast<int32_t>(runs_.size());
+    busy_.fetch_add(1, std::memory_order_seq_cst);
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t r = (start + i) % n;
+      if (claimed_[r].exchange(true, std::memory_order_acquire)) continue;
+      RankRun& run = runs_[r];
+      if (!run.done() && run.advance()) {
+        progressed = true;
+        if (run.done()) remaining_.fetch_sub(1, std::memory_order_acq_rel);
+      }
+      claimed_[r].store(false, std::memory_order_release);
+    }
+    if (progressed) epoch_.fetch_add(1, std::memory_order_seq_cst);
+    busy_.fetch_sub(1, std::memory_order_seq_cst);
+    if (progressed && active_.load(std::memory_order_relaxed) > 0) rv_.bell().ring();  // others may now move
+    return progressed;
+  }
+
+  Status drive() {
+    while (remaining_.load(std::memory_order_acquire) > 0) {
+      if (comm_.failed()) return Status::Error(comm_.failure());
+      const uint32_t seen = rv_.bell().word.load(std::memory_order_seq_cst);
+      const uint64_t epoch = epoch_.load(std::memory_order_seq_cst);
+      if (pass(0)) continue;
+      // Nothing moved in a full pass while nobody else was working: every lane of every rank is blocked.
+      if (busy_.load(std::memory_order_seq_cst) == 0 && epoch_.load(std::memory_order_seq_cst) == epoch) {
+        for (RankRun& run : runs_)
+          if (!run.done() && run.waiting())
+            return run.blocked_error("deadlocks: every lane of every rank is blocked, so a semaphore is never "
+                                     "signalled: ");
+        return Status::Error("jaxcoll: every lane of every rank is blocked at a barrier (malformed plan)");
+      }
+      const WaitResult w = wait_for(rv_.bell(), [&] { return changed(seen); }, [&] { return comm_.failed(); },
+                                    deadline_);
+      if (w == WaitResult::kAborted) return Status::Error(comm_.failure());
+      if (w == WaitResult::kTimeout) {
+        for (RankRun& run : runs_)
+          if (!run.done() && run.waiting()) return run.blocked_error("timed out: the semaphore was never signalled: ");
+        return Status::Error("jaxcoll: timed out with every lane blocked at a barrier");
+      }
+    }
+    return {};
+  }
+
+  Rendezvous& rv_;
+  Communicator& comm_;
+  std::vector<RankRun> runs_;
+  std::unique_ptr<std::atomic<bool>[]> claimed_;
+  std::atomic<int32_t> remaining_{0};
+  std::atomic<int32_t> active_{0};  // helpers inside help()
+  std::atomic<int32_t> busy_{0};    // threads inside pass()
+  std::atomic<uint64_t> epoch_{0};  // passes that moved something
+  std::atomic<bool> closed_{false};
+  Doorbell left_;  // rung by each helper as it leaves
+  Clock::time_point deadline_;
+};
+
+// The leader: run the call for every rank, settle the copies owed, recycle the rendezvous and complete the ranks
+// that arrived first (through the helpers' scheduler, so their programs continue in parallel).
+Status lead_call(Communicator& comm, Rendezvous* rv, const Plan& plan, int32_t rank, const CallBuffers& b,
+                 const CallSite& site, Clock::time_point deadline, int64_t block, const Helpers& helpers) {
+  Status st = check_peers(*rv, plan, rank, block, b.dtype, site);
+  if (st.ok()) {
+    auto group = std::make_shared<GroupRun>(*rv, plan, b, site, deadline, block);
+    if (!solo_call(plan, b) && helpers.schedule) {
+      const int n = std::min<int>(helpers.count, plan.nranks - 1);
+      for (int h = 0; h < n; ++h)
+        helpers.schedule([group, start = (h + 1) * plan.nranks / (n + 1)] { group->help(start); });
+    }
+    st = group->lead();
+    if (!st.ok()) comm.fail(st.message());
+  }
+  if (st.ok()) {
+    for (int32_t r = 0; r < plan.nranks; ++r) {
+      const CopyOut& c = rv->slot(r).copy_out;
+      if (c.bytes) std::memcpy(c.dst, c.src, c.bytes);
+    }
+  }
+  // Ranks still waiting on their own threads continue there; the completions of those that gave up waiting go
+  // through the pool, so their programs continue in parallel (never one after another on this thread: a
+  // continuation may block in one of XLA's own collectives, waiting for the others).
+  std::vector<Completion> owed = rv->finish(rank, st);
+  rv->release();
+  for (Completion& c : owed) {
+    if (helpers.schedule)
+      helpers.schedule([c = std::move(c), st] { c(st); });
+    else
+      c(st);
+  }
+  return st;
+}
+
+// How long a rank that arrives before the last waits on its own thread for the call to finish before it
+// returns pending (JAXCOLL_SYNC_WAIT_US, default 2000). Finishing on its own thread saves the hop through a pool
+// thread that a completion costs (64 KiB all_reduce in a loop: 0.18 ms per call through the pool); the bound
+// keeps a waiting thread from ever being what a peer's call is queued behind.
+Clock::duration sync_wait() {
+  static const Clock::duration d = [] {
+    const char* v = std::getenv("JAXCOLL_SYNC_WAIT_US");
+    const long us = v && *v ? std::strtol(v, nullptr, 10) : 2000;
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(std::max(0L, us)));
+  }();
+  return d;
 }
 
 }  // namespace
 
 Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_t rank, const CallBuffers& b,
-                    const CallSite& site, double timeout_s) {
+                    const CallSite& site, double timeout_s, const Helpers& helpers, Completion completion,
+                    bool& pending) {
+  pending = false;
   if (comm.failed())
     return Status::Error(site.describe() + ": an earlier call of this collective failed and left its peers in an "
                          "unknown state; restart the process. The failure was: " + comm.failure());
@@ -287,27 +414,31 @@ Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_
   const size_t dsize = dtype_size(b.dtype);
   static const bool trace = std::getenv("JAXCOLL_TRACE") != nullptr;
   if (trace) std::fprintf(stderr, "jaxcoll trace: rank %d joins launch %lld\n", rank, (long long)run_id);
-  Rendezvous* rv = comm.join(rank, run_id);
+  Rendezvous* rv = comm.join(rank, run_id, site);
+  if (!rv) return fail_with(comm, site, rank, "out of memory for the call's rendezvous");
   RankSlot& me = rv->slot(rank);
   const RankProgram& prog = plan.ranks[rank];
 
+  // Each rank advises the output it is about to receive, before any peer writes to it.
+  advise_huge_pages(b.output, size_t(b.output_elements) * dsize);
   // Stage XLA's separate buffers into the arrangement an in-place plan expects.
   RankBuffers rb;
   rb.block = block;
   rb.dtype = b.dtype;
   rb.input = const_cast<void*>(b.input);  // out-of-place plans never write it (checked at decode)
   rb.output = b.output;
-  void* staging = nullptr;
+  CopyOut copy_out;
   if (plan.in_place) {
     if (plan.collective == Collective::kAllGather) {
       rb.input = static_cast<char*>(b.output) + rank * block * int64_t(dsize);
       if (rb.input != b.input) std::memcpy(rb.input, b.input, block * dsize);
     } else if (plan.collective == Collective::kReduceScatter) {
-      staging = me.staging.reserve(b.input_elements * dsize);
+      void* staging = me.staging.reserve(b.input_elements * dsize);
       if (!staging) return fail_with(comm, site, rank, "out of memory for the in-place staging buffer");
       std::memcpy(staging, b.input, b.input_elements * dsize);
       rb.input = staging;
       rb.output = static_cast<char*>(staging) + rank * block * int64_t(dsize);
+      copy_out = {b.output, rb.output, size_t(block) * dsize};
     } else {
       if (b.input_elements != b.output_elements)
         return fail_with(comm, site, rank, "an in-place plan needs input and output of one size, got " +
@@ -324,31 +455,23 @@ Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_
                                                             " bytes of scratch");
   }
 
-  if (solo_call(plan, b)) {
-    bool leader = false;
-    rv->enter_solo(rank, prog.semaphores, rb, leader);
-    if (leader) {
-      if (Status st = check_peers(*rv, plan, rank, block, b.dtype, site); !st.ok()) return st;
-      if (Status st = run_every_rank(*rv, plan, b, site, deadline, block); !st.ok()) return st;
-      rv->finish_solo();
-    } else if (Status st = rv->wait_solo(rank, site, deadline); !st.ok()) {
-      return st;
-    }
-    if (staging) std::memcpy(b.output, rb.output, block * dsize);
-    comm.leave(rv);
-    return {};
+  switch (rv->arrive(rank, prog.semaphores, rb, copy_out, std::move(completion), deadline)) {
+    case Rendezvous::Arrival::kPending:
+      if (rv->wait_finished(rank, std::min(deadline, Clock::now() + sync_wait())) || !rv->defer(rank)) {
+        const Status st = rv->status();
+        rv->release();
+        return st;
+      }
+      rv->release();  // the completion is owed now; this thread does not touch the rendezvous again
+      pending = true;
+      watchdog_notify();
+      return {};
+    case Rendezvous::Arrival::kFailed:
+      return Status::Error(site.describe() + ": " + comm.failure());
+    case Rendezvous::Arrival::kLeader:
+      break;
   }
-  if (Status st = rv->enter(rank, prog.semaphores, rb, site, deadline); !st.ok()) return st;
-  if (Status st = check_peers(*rv, plan, rank, block, b.dtype, site); !st.ok()) return st;
-  RankRun run(*rv, plan, rank, b, site, deadline, block);
-  if (Status st = run.run(); !st.ok()) return st;
-  // A rank stuck on a semaphore reports the more specific diagnosis; the exit barrier waits a little longer.
-  const auto grace = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-      std::min(std::max(0.1 * timeout_s, 0.05), 5.0)));
-  if (Status st = rv->exit(rank, site, deadline + grace); !st.ok()) return st;
-  if (staging) std::memcpy(b.output, rb.output, block * dsize);
-  comm.leave(rv);
-  return {};
+  return lead_call(comm, rv, plan, rank, b, site, deadline, block, helpers);
 }
 
 }  // namespace jaxcoll

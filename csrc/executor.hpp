@@ -1,9 +1,13 @@
-// The CPU executor: runs one rank's share of a plan on the calling (device) thread. The rank's lanes are
-// interleaved cooperatively: a lane runs until it blocks on a wait whose signal has not arrived or on a lane
-// barrier, then the next lane runs; the thread sleeps on its doorbell only when no lane can progress.
+// The CPU executor. The last rank of a group to arrive at a call (the leader) runs every rank's lanes; the ranks
+// before it publish their buffers and return pending (see communicator.hpp for why no rank waits for its peers).
+// A rank's lanes are interleaved cooperatively: a lane runs until it blocks on a wait whose signal has not
+// arrived or on a lane barrier, then the next lane runs. Larger calls are shared with helper threads (XLA's
+// intra-op pool): each claims a rank, advances its lanes until they block and releases it, so the work spreads
+// over the cores whatever order the ranks arrived in.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "communicator.hpp"
 #include "dtype.hpp"
@@ -22,16 +26,25 @@ struct CallBuffers {
   ReduceOp op;
 };
 
-// Run rank `rank`'s lanes of `plan` between the entry rendezvous and the exit barrier of its call on `comm`: the
-// call of launch `run_id` (XLA's run id, shared by every device of one launch) that this rank has not run yet.
-// In-place plans are staged as docs/plan-ir.md says. On error the communicator is marked failed so peers stop
-// promptly.
-Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_t rank, const CallBuffers& buffers,
-                    const CallSite& site, double timeout_s);
+// Threads that may help run a call: `schedule` runs a task on another thread (or inline); up to `count` tasks are
+// scheduled for one call. Tasks that start after the call has finished return at once.
+struct Helpers {
+  std::function<void(std::function<void()>)> schedule;
+  int count = 0;
+};
 
-// Calls whose per-rank input is at most this many bytes run solo: the last rank to arrive runs every rank's
-// lanes, so the call costs one rendezvous and no cross-thread signals. JAXCOLL_SOLO_BYTES sets the initial
-// value (default 256 KiB); 0 turns solo calls off.
+// Rank `rank`'s part of the call of launch `run_id` (XLA's run id, shared by every device of one launch) that this
+// rank has not run yet. If this rank is not the last to arrive, returns OK with `pending` set: `completion` is
+// called later, exactly once, with the call's status, on the thread that finishes the call. Otherwise the call
+// runs now (with `helpers`) and its status is returned; `completion` is not called. In-place plans are staged as
+// docs/plan-ir.md says. On error the communicator is marked failed so that every pending rank learns of it.
+Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_t rank, const CallBuffers& buffers,
+                    const CallSite& site, double timeout_s, const Helpers& helpers, Completion completion,
+                    bool& pending);
+
+// Calls whose per-rank input is at most this many bytes run solo: the leader alone runs every rank's lanes (waking
+// helpers costs more than the data moves). JAXCOLL_SOLO_BYTES sets the initial value (default 256 KiB); 0 shares
+// every call with the helpers.
 int64_t solo_bytes();
 void set_solo_bytes(int64_t bytes);
 

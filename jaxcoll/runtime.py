@@ -1,5 +1,6 @@
 """The bridge to jaxcoll's native runtime (csrc/, xla_ffi/): loads the extension, registers its XLA FFI targets
-for the CPU platform, and runs plans on the real executor without JAX (`run_plan`).
+for the CPU platform (and XLA's CUDA platform when the module was built with CUDA), and runs plans on the real
+executors without JAX: `run_plan` (CPU threads) and `run_plan_cuda` (every rank emulated on one GPU).
 
 Importing this module registers the targets (idempotent); the lowering imports it before emitting a custom
 call. The targets (`TARGETS`) and their operands and attributes are specified in docs/plan-ir.md.
@@ -47,6 +48,12 @@ def register() -> None:
         _register_state_type()
         for name, bundle in _jaxcoll.registrations().items():
             jax.ffi.register_ffi_target(name, bundle, platform="cpu", api_version=1)
+        if _jaxcoll.with_cuda:
+            # The same target names on XLA's CUDA platform: XLA resolves a custom call by (name, platform), so
+            # the lowering stays one rule. Registration is deferred by jaxlib until a CUDA backend exists, and
+            # the handler keeps no FFI state type, so no type has to be registered before it.
+            for name, bundle in _jaxcoll.cuda_registrations().items():
+                jax.ffi.register_ffi_target(name, bundle, platform="CUDA", api_version=1)
         _registered = True
 
 
@@ -69,6 +76,19 @@ def check_words(words: np.ndarray) -> None:
     _jaxcoll.check_plan(np.ascontiguousarray(words, dtype=np.int32).ravel())
 
 
+def _rank_inputs(inputs: Sequence[np.ndarray], api: str):
+    """Contiguous copies of one input per rank, all of one shape and dtype: (inputs, dtype, shape)."""
+    if not inputs:
+        raise ValueError(f"{api}: needs one input per rank, got none")
+    inputs = [np.ascontiguousarray(x) for x in inputs]
+    dtype, shape = inputs[0].dtype, inputs[0].shape
+    for r, x in enumerate(inputs):
+        if x.dtype != dtype or x.shape != shape:
+            raise ValueError(f"{api}: input {r} is {x.dtype}{list(x.shape)}, input 0 is {dtype}{list(shape)}; "
+                             "every rank passes the same shape and dtype")
+    return inputs, dtype, shape
+
+
 def run_words(words: np.ndarray, inputs: Sequence[np.ndarray], output_shape: Sequence[int], reduce_op: int = 0,
               timeout_s: float = DEFAULT_TIMEOUT_S) -> list[np.ndarray]:
     """Run serialized plan words on the C++ executor, one thread per rank, without JAX.
@@ -78,14 +98,7 @@ def run_words(words: np.ndarray, inputs: Sequence[np.ndarray], output_shape: Seq
     timeout names the collective, the ranks that never arrived or the semaphore never signalled).
     """
     words = np.ascontiguousarray(words, dtype=np.int32).ravel()
-    if not inputs:
-        raise ValueError("run_words: needs one input per rank, got none")
-    inputs = [np.ascontiguousarray(x) for x in inputs]
-    dtype, shape = inputs[0].dtype, inputs[0].shape
-    for r, x in enumerate(inputs):
-        if x.dtype != dtype or x.shape != shape:
-            raise ValueError(f"run_words: input {r} is {x.dtype}{list(x.shape)}, input 0 is {dtype}{list(shape)}; "
-                             "every rank passes the same shape and dtype")
+    inputs, dtype, shape = _rank_inputs(inputs, "run_words")
     outputs = [np.empty(tuple(output_shape), dtype) for _ in inputs]
     _jaxcoll.run_plan(words, [x.reshape(-1).view(np.uint8) for x in inputs],
                       [y.reshape(-1).view(np.uint8) for y in outputs], dtype.name,
@@ -127,6 +140,49 @@ def run_plan(plan: Plan, inputs: Sequence[np.ndarray], op: str = "sum",
                          f"reduce a contribution more than once), so it cannot run with op={op!r}")
     shape = output_shape(plan, np.shape(inputs[0]))
     return run_words(encode(plan), inputs, shape, REDUCE_OPS[op], timeout_s)
+
+
+def cuda_status() -> tuple[bool, str]:
+    """(usable, why not): whether the CUDA executor can run here. Never raises: a module built without CUDA, a
+    machine without a driver and a machine without a GPU each give False and a reason."""
+    if not getattr(_jaxcoll, "with_cuda", False):
+        return False, "jaxcoll was built without the CUDA executor (no CUDA toolkit, or -DJAXCOLL_CUDA=OFF)"
+    count, why = _jaxcoll.cuda_device_count()
+    if count == 0:
+        return False, f"no usable CUDA device: {why}"
+    return True, ""
+
+
+def run_words_cuda(words: np.ndarray, inputs: Sequence[np.ndarray], output_shape: Sequence[int],
+                   reduce_op: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, protocol: str = "auto",
+                   blocks_per_lane: int = 0, calls: int = 1, device: int = 0) -> tuple[list[np.ndarray], dict]:
+    """`run_words` on the CUDA executor with every rank emulated on ONE GPU (`device`): the group's slots share
+    the device and one launch holds every rank's thread blocks. `protocol` is "auto", "ll" or "bulk";
+    `calls` > 1 runs the call repeatedly on the same group (its counters advance as under XLA). Returns the
+    outputs and {"protocol", "blocks_per_lane", "traffic_bytes"} of the run. RuntimeError names a failing
+    step (a timeout reports the rank, lane, step and semaphore)."""
+    words = np.ascontiguousarray(words, dtype=np.int32).ravel()
+    inputs, dtype, shape = _rank_inputs(inputs, "run_words_cuda")
+    outputs = [np.empty(tuple(output_shape), dtype) for _ in inputs]
+    info = _jaxcoll.cuda_emulate(words, [x.reshape(-1).view(np.uint8) for x in inputs],
+                                 [y.reshape(-1).view(np.uint8) for y in outputs], dtype.name,
+                                 int(np.prod(shape, dtype=np.int64)), int(np.prod(output_shape, dtype=np.int64)),
+                                 int(reduce_op), float(timeout_s), protocol, int(blocks_per_lane), int(device),
+                                 int(calls))
+    return outputs, dict(info)
+
+
+def run_plan_cuda(plan: Plan, inputs: Sequence[np.ndarray], op: str = "sum", timeout_s: float = DEFAULT_TIMEOUT_S,
+                  protocol: str = "auto", blocks_per_lane: int = 0, calls: int = 1) -> list[np.ndarray]:
+    """`run_plan` on the CUDA executor, every rank emulated on one GPU (see `run_words_cuda`)."""
+    if op not in REDUCE_OPS:
+        raise ValueError(f"run_plan_cuda: op must be one of {sorted(REDUCE_OPS)}, got {op!r}")
+    if len(inputs) != plan.nranks:
+        raise ValueError(f"run_plan_cuda: the plan has {plan.nranks} ranks but got {len(inputs)} inputs")
+    shape = output_shape(plan, np.shape(inputs[0]))
+    outs, _ = run_words_cuda(encode(plan), inputs, shape, REDUCE_OPS[op], timeout_s, protocol, blocks_per_lane,
+                             calls)
+    return outs
 
 
 register()

@@ -470,3 +470,38 @@ def test_ffi_malformed_plan_fails_at_compile_time_with_the_decoder_message(mesh8
     f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("i"), out_specs=P("i"), check_vma=False))
     with pytest.raises(Exception, match="unknown collective code 99"):
         f(x).block_until_ready()
+
+
+_MISSING_RANK_PROGRAM = """
+import jax, jax.numpy as jnp
+from jax import lax
+import jaxcoll
+jax.config.update("jax_num_cpu_devices", 8)
+mesh = jax.make_mesh((8,), ("i",))
+x = jax.device_put(jnp.ones((8 * 16,)), jax.NamedSharding(mesh, jax.P("i")))
+
+def body(v):  # rank 3 skips the collective that every other rank calls
+    return lax.cond(lax.axis_index("i") == 3, lambda t: t, lambda t: jaxcoll.all_reduce(t, "i"), v)
+
+f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=jax.P("i"), out_specs=jax.P("i"), check_vma=False))
+try:
+    jax.block_until_ready(f(x))
+except Exception as e:
+    print("ERROR:", e)
+"""
+
+
+def test_a_rank_that_never_arrives_fails_its_peers_after_the_timeout_naming_it():
+    # Ranks that arrive first return pending and hold no thread; the watchdog fails them at the deadline.
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, JAXCOLL_TIMEOUT="2")
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", _MISSING_RANK_PROGRAM], capture_output=True, text=True, env=env,
+                         timeout=240)
+    assert "ERROR:" in out.stdout, out.stdout + out.stderr
+    message = out.stdout.split("ERROR:", 1)[1]
+    assert "jaxcoll all_reduce" in message and "ranks that never arrived: [3]" in message
+    assert "JAXCOLL_TIMEOUT" in message
+    assert time.monotonic() - start < 200

@@ -84,3 +84,20 @@ def test_one_compiled_program_called_1000_times_gives_each_call_its_own_result()
     first = np.asarray(got[0][0])
     for i, (a, _) in enumerate(got):  # psum(v + i) = psum(v) + 4 i
         np.testing.assert_array_equal(np.asarray(a), first + 4 * i)
+
+
+def test_many_independent_collectives_with_large_buffers_do_not_starve_xla_thread_pool():
+    # With large buffers XLA:CPU runs independent thunks concurrently and offloads some to its intra-op pool; a
+    # collective that held a pool thread while waiting for peers could wait on a peer queued behind it. Ranks
+    # that arrive early return pending instead, so any number of independent collectives complete.
+    x = put(np.random.default_rng(5).standard_normal((8, 12, 64 * 1024)).astype(np.float32), "2x4")
+
+    def body(ar):
+        def f(v):
+            parts = [jnp.sin(v[k] * (k + 1)) for k in range(v.shape[0])]
+            return jnp.stack([jnp.cos(ar(p, ("x", "y"))) for p in parts])
+        return f
+    want = run(body(lax.psum), x)
+    ours = sharded(per_rank(body(jaxcoll.all_reduce)), "2x4")
+    for _ in range(10):
+        np.testing.assert_allclose(np.asarray(ours(x)), np.asarray(want), rtol=1e-5, atol=1e-5)

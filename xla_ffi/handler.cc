@@ -1,12 +1,16 @@
 #include "handler.hpp"
 
+#include <algorithm>
 #include <array>
+#include <functional>
+#include <thread>
 #include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "communicator.hpp"
+#include "dtypes.hpp"
 #include "executor.hpp"
 #include "plan.hpp"
 #include "xla/ffi/api/ffi.h"
@@ -28,22 +32,6 @@ struct PlanState {
 ffi::TypeId PlanState::id = XLA_FFI_UNKNOWN_TYPE_ID;
 constexpr ffi::TypeInfo kPlanStateInfo = ffi::MakeTypeInfo<PlanState>();
 
-std::optional<DType> dtype_of(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::F16: return DType::kF16;
-    case ffi::DataType::BF16: return DType::kBF16;
-    case ffi::DataType::F32: return DType::kF32;
-    case ffi::DataType::F64: return DType::kF64;
-    case ffi::DataType::S8: return DType::kI8;
-    case ffi::DataType::S32: return DType::kI32;
-    case ffi::DataType::S64: return DType::kI64;
-    case ffi::DataType::U8: return DType::kU8;
-    case ffi::DataType::U32: return DType::kU32;
-    case ffi::DataType::PRED: return DType::kBool;
-    default: return std::nullopt;
-  }
-}
-
 ffi::ErrorOr<std::unique_ptr<PlanState>> Instantiate(ffi::Span<const int32_t> words, int32_t reduce_op,
                                                      int64_t callsite) {
   auto state = std::make_unique<PlanState>();
@@ -59,9 +47,27 @@ ffi::ErrorOr<std::unique_ptr<PlanState>> Instantiate(ffi::Span<const int32_t> wo
   return state;
 }
 
-ffi::Error Execute(PlanState* state, ffi::RunId run_id, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank_buf,
-                   ffi::Buffer<ffi::S32> group_buf, ffi::Result<ffi::AnyBuffer> out) {
-  if (!state) return ffi::Error::Internal("jaxcoll: the plan state is missing (instantiate did not run)");
+ffi::Error ErrorOf(const Status& st) { return ffi::Error::Internal(st.message()); }
+
+ffi::Future Failed(ffi::Error error) {
+  ffi::Promise promise;
+  promise.SetError(std::move(error));
+  return ffi::Future(promise);
+}
+
+ffi::Future Done() {
+  ffi::Promise promise;
+  promise.SetAvailable();
+  return ffi::Future(promise);
+}
+
+// A call returns a future: a rank that arrives before its last peer must not hold its thread (it may be one of
+// XLA's few intra-op pool threads, which a peer's call can be queued behind), so its future completes when the
+// call does (communicator.hpp).
+ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, ffi::AnyBuffer x,
+                    ffi::Buffer<ffi::S32> rank_buf, ffi::Buffer<ffi::S32> group_buf,
+                    ffi::Result<ffi::AnyBuffer> out) {
+  if (!state) return Failed(ffi::Error::Internal("jaxcoll: the plan state is missing (instantiate did not run)"));
   const Plan& plan = state->plan;
   CallSite site{collective_name(plan.collective), state->callsite, 0};
   const int32_t rank = rank_buf.typed_data()[0];
@@ -69,30 +75,45 @@ ffi::Error Execute(PlanState* state, ffi::RunId run_id, ffi::AnyBuffer x, ffi::B
   site.group = group;
   const auto dtype = dtype_of(x.element_type());
   if (!dtype)
-    return ffi::Error::InvalidArgument(site.describe() + ": unsupported element type " +
-                                       std::to_string(static_cast<int>(x.element_type())) +
-                                       "; jaxcoll supports float16, bfloat16, float32, float64, int8, int32, "
-                                       "int64, uint8, uint32 and bool");
+    return Failed(ffi::Error::InvalidArgument(site.describe() + ": unsupported element type " +
+                                              std::to_string(static_cast<int>(x.element_type())) +
+                                              "; jaxcoll supports float16, bfloat16, float32, float64, int8, "
+                                              "int32, int64, uint8, uint32 and bool"));
   if (out->element_type() != x.element_type())
-    return ffi::Error::InvalidArgument(site.describe() + ": the result's element type differs from the operand's");
+    return Failed(ffi::Error::InvalidArgument(site.describe() +
+                                              ": the result's element type differs from the operand's"));
   if (rank < 0 || rank >= plan.nranks)
-    return ffi::Error::InvalidArgument(site.describe() + ": rank operand " + std::to_string(rank) +
-                                       " is out of range for a plan of " + std::to_string(plan.nranks) +
-                                       " ranks; pass lax.axis_index over the collective's axes");
+    return Failed(ffi::Error::InvalidArgument(site.describe() + ": rank operand " + std::to_string(rank) +
+                                              " is out of range for a plan of " + std::to_string(plan.nranks) +
+                                              " ranks; pass lax.axis_index over the collective's axes"));
   Communicator* comm = nullptr;
   const bool cached = group >= 0 && group < static_cast<int32_t>(state->by_group.size());
   if (cached) comm = state->by_group[group].load(std::memory_order_acquire);
   if (!comm) {
     Status st;
     comm = communicator_for(state->callsite, group, plan.nranks, st);
-    if (!comm) return ffi::Error::InvalidArgument(st.message());
+    if (!comm) return Failed(ffi::Error::InvalidArgument(st.message()));
     if (cached) state->by_group[group].store(comm, std::memory_order_release);
   }
   CallBuffers b{x.untyped_data(), out->untyped_data(), static_cast<int64_t>(x.element_count()),
                 static_cast<int64_t>(out->element_count()), *dtype, state->op};
-  if (Status st = execute_rank(*comm, run_id.run_id, plan, rank, b, site, default_timeout_s()); !st.ok())
-    return ffi::Error::Internal(st.message());
-  return ffi::Error::Success();
+  // Helpers and completions go to XLA's intra-op pool; the pool handle is valid for the length of this call,
+  // which is as long as the leader schedules on it. One helper per core beyond the leader's own.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const Helpers helpers{[&pool](std::function<void()> task) { pool.Schedule(std::move(task)); },
+                        static_cast<int>(std::min<int64_t>(pool.num_threads(), cores - 1))};
+  ffi::Promise promise;
+  Completion complete = [promise](const Status& st) mutable {
+    if (st.ok())
+      promise.SetAvailable();
+    else
+      promise.SetError(ErrorOf(st));
+  };
+  bool pending = false;
+  const Status st = execute_rank(*comm, run_id.run_id, plan, rank, b, site, default_timeout_s(), helpers,
+                                 std::move(complete), pending);
+  if (pending) return ffi::Future(promise);
+  return st.ok() ? Done() : Failed(ErrorOf(st));
 }
 
 }  // namespace
@@ -107,6 +128,7 @@ XLA_FFI_DEFINE_HANDLER(kExecute, Execute,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::State<PlanState>>()
                            .Ctx<ffi::RunId>()
+                           .Ctx<ffi::ThreadPool>()
                            .Arg<ffi::AnyBuffer>()
                            .Arg<ffi::Buffer<ffi::S32>>()
                            .Arg<ffi::Buffer<ffi::S32>>()

@@ -16,6 +16,9 @@
 #include "executor.hpp"
 #include "local_group.hpp"
 #include "plan.hpp"
+#ifdef JAXCOLL_WITH_CUDA
+#include "cuda_module.hpp"
+#endif
 
 namespace nb = nanobind;
 
@@ -40,7 +43,13 @@ jaxcoll::Plan decode_or_throw(const Words& words) {
 }  // namespace
 
 NB_MODULE(_jaxcoll, m) {
-  m.doc() = "jaxcoll's native runtime: the XLA FFI handler and the CPU executor.";
+  m.doc() = "jaxcoll's native runtime: the XLA FFI handlers, the CPU executor and (when built with CUDA) the CUDA one.";
+#ifdef JAXCOLL_WITH_CUDA
+  m.attr("with_cuda") = true;
+  jaxcoll::xla_cuda::add_bindings(m);
+#else
+  m.attr("with_cuda") = false;
+#endif
 
   m.def("registrations", [] {
     nb::dict out;

@@ -2,7 +2,8 @@
 
 Each measurement is one jitted shard_map program that runs the collective `iters` times back to back inside a
 fori_loop (the carry feeds each call, so XLA can neither hoist nor merge them), timed per program call and
-divided by `iters`, as nccl-tests times back-to-back iterations. jaxcoll and XLA programs alternate call by call
+divided by `iters`, as nccl-tests times back-to-back iterations; from 1 MiB up `iters` is 1, one collective per
+launch (see `_iterations`). jaxcoll and XLA programs alternate call by call
 in one run, so both see the same machine state; the tables quote medians and the ratio of medians.
 
 Bandwidths follow nccl-tests: algbw = S / t with S the per-rank input bytes (the gathered output for
@@ -83,6 +84,15 @@ def bus_factor(collective: str, n: int) -> float:
     return 2 * (n - 1) / n if collective == "all_reduce" else (n - 1) / n
 
 
+def _iterations(nbytes: int) -> int:
+    """Collective calls per timed launch: back to back below 1 MiB, where a launch of an 8-device program
+    (about 0.1 ms here) would hide the collective; one per launch from 1 MiB up. A loop's carry costs a copy of
+    the result per iteration on both sides (XLA cannot write a custom call's or an all-reduce's result into the
+    carry's buffer), which at large sizes is as much traffic as the collective itself; a one-iteration loop is
+    inlined by XLA and has no such copy."""
+    return 1 if nbytes >= 1 << 20 else int(min(20, (1 << 20) // nbytes))
+
+
 def _programs(collective, mesh, n, iters, algorithm):
     """(jaxcoll program, XLA program) running `collective` `iters` times on a carried per-rank buffer."""
     import jax
@@ -154,7 +164,7 @@ def run(args) -> int:
             for s in sizes:
                 count = max(n, s // dtype.itemsize // n * n)
                 nbytes = count * dtype.itemsize
-                iters = int(min(20, max(2, (64 << 20) // nbytes)))
+                iters = _iterations(nbytes)
                 ours, xla = _programs(collective, mesh, n, iters, algorithm)
                 x = jax.device_put(np.full(n * count, 1e-3, dtype), jax.NamedSharding(mesh, jax.P("i")))
                 jax.block_until_ready((ours(x), xla(x)))  # compile both before timing either

@@ -1,0 +1,34 @@
+// Slots shared between processes (docs/cuda.md, "Groups across processes"): a rank exports its slot as a CUDA
+// IPC handle, the handles travel through jax.distributed's key-value store, and every peer maps them. These are
+// the device-side primitives of that path; the exchange and the group setup that uses them are not wired yet.
+#pragma once
+
+#include <array>
+#include <string>
+
+#include "executor.hpp"
+
+namespace jaxcoll::cuda {
+
+// The 64 opaque bytes of a cudaIpcMemHandle_t, as they go into the key-value store.
+using IpcHandle = std::array<char, 64>;
+
+// The handle of `memory` (which must be the start of its own cudaMalloc allocation, as slots are).
+Status export_ipc_handle(const DeviceMemory& memory, IpcHandle& out);
+
+// A peer process's allocation mapped into this one on `device`, unmapped on destruction.
+class PeerMapping {
+ public:
+  PeerMapping() = default;
+  PeerMapping(PeerMapping&& o) noexcept { *this = std::move(o); }
+  PeerMapping& operator=(PeerMapping&& o) noexcept;
+  ~PeerMapping();
+  static Status open(const IpcHandle& handle, int device, PeerMapping& out);
+  char* get() const { return ptr_; }
+
+ private:
+  char* ptr_ = nullptr;
+  int device_ = -1;
+};
+
+}  // namespace jaxcoll::cuda

@@ -1,0 +1,592 @@
+// The executor kernel: one launch runs one call of a plan for `launch_ranks` ranks (docs/cuda.md). Every lane of
+// every rank is `blocks_per_lane` thread blocks that walk the lane's steps together, each moving its share of
+// every data step; they meet only where a step depends on elements another block of the lane wrote. Semaphores
+// are monotonic counters in the receiving rank's slot (release on signal, acquire on wait); a wait for the j-th
+// signal of call e waits for B*(e*S + j + 1), S being the signals the semaphore receives per call, because each
+// of the signalling lane's B blocks signals after its own share. Every spin is bounded: a timeout claims the
+// error record (host-mapped) and every block of the group stops, so a broken plan never hangs the GPU.
+//
+// Included by the kernels_*.cu files only, each instantiating plan_kernel for some element types.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cuda/atomic>
+#include <cstdint>
+#include <type_traits>
+
+#include "dtype.hpp"
+#include "kernel_params.hpp"
+
+namespace jaxcoll::cuda {
+
+// ---- element types: stored as D, reduced as A -------------------------------------------------------------
+template <class T>
+struct Plain {
+  using D = T;
+  using A = T;
+  static __device__ __forceinline__ A load(D x) { return x; }
+  static __device__ __forceinline__ D store(A x) { return x; }
+};
+struct Half {
+  using D = __half;
+  using A = float;
+  static __device__ __forceinline__ A load(D x) { return __half2float(x); }
+  static __device__ __forceinline__ D store(A x) { return __float2half_rn(x); }  // nearest even
+};
+struct BFloat16 {
+  using D = __nv_bfloat16;
+  using A = float;
+  static __device__ __forceinline__ A load(D x) { return __bfloat162float(x); }
+  static __device__ __forceinline__ D store(A x) { return __float2bfloat16_rn(x); }  // nearest even
+};
+
+// ---- reductions: floating max/min propagate NaN, integer sums wrap (as csrc/reduce.cc) ----------------------
+struct Sum {
+  template <class A>
+  static __device__ __forceinline__ A apply(A a, A b) {
+    if constexpr (std::is_integral_v<A>) {
+      using U = std::make_unsigned_t<A>;
+      return static_cast<A>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+    } else {
+      return a + b;
+    }
+  }
+};
+struct Max {
+  template <class A>
+  static __device__ __forceinline__ A apply(A a, A b) { return (a > b || a != a) ? a : b; }
+};
+struct Min {
+  template <class A>
+  static __device__ __forceinline__ A apply(A a, A b) { return (a < b || a != a) ? a : b; }
+};
+
+// ---- memory ordering ----------------------------------------------------------------------------------------
+// System scope: peers may be other GPUs (NVLink/PCIe peer memory) and the error record is host memory.
+using Counter = ::cuda::atomic_ref<unsigned long long, ::cuda::thread_scope_system>;
+
+__device__ __forceinline__ uint64_t load_acquire(uint64_t* p) {
+  return Counter(*reinterpret_cast<unsigned long long*>(p)).load(::cuda::memory_order_acquire);
+}
+__device__ __forceinline__ void store_release(uint64_t* p, uint64_t v) {
+  Counter(*reinterpret_cast<unsigned long long*>(p)).store(v, ::cuda::memory_order_release);
+}
+__device__ __forceinline__ uint64_t add_release(uint64_t* p, uint64_t v) {
+  return Counter(*reinterpret_cast<unsigned long long*>(p)).fetch_add(v, ::cuda::memory_order_release);
+}
+__device__ __forceinline__ uint64_t add_acq_rel(uint64_t* p, uint64_t v) {
+  return Counter(*reinterpret_cast<unsigned long long*>(p)).fetch_add(v, ::cuda::memory_order_acq_rel);
+}
+
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// The twin of csrc/layout.hpp's chunk_start, for the device.
+__device__ __forceinline__ int64_t chunk_start(int64_t k, int64_t block, int64_t index) {
+  const int64_t b = index / k, j = index % k;
+  return b * block + (j * block) / k;
+}
+
+// ---- failure ------------------------------------------------------------------------------------------------
+struct Where {
+  int32_t rank, lane, step, sem, peer, buffer;
+};
+
+__device__ __forceinline__ bool aborted(const ErrorRecord* rec) {
+  return *reinterpret_cast<const volatile uint32_t*>(&rec->claim) != 0;
+}
+
+__device__ inline void fail(ErrorRecord* rec, Failure why, const Where& w, uint64_t have, uint64_t need, uint64_t epoch) {
+  ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_system> claim(rec->claim);
+  uint32_t expected = 0;
+  if (!claim.compare_exchange_strong(expected, 1u, ::cuda::memory_order_relaxed)) return;
+  rec->rank = w.rank, rec->lane = w.lane, rec->step = w.step, rec->sem = w.sem, rec->peer = w.peer;
+  rec->buffer = w.buffer, rec->have = have, rec->need = need, rec->epoch = epoch;
+  ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_system>(rec->code).store(static_cast<uint32_t>(why),
+                                                                          ::cuda::memory_order_release);
+}
+
+// A bounded spin: true once `done()` holds; false (after claiming the record, unless another block already did)
+// when the timeout passes or another block of the group has failed. The clock and the record are read every
+// 256 rounds: the record is host memory, a PCIe round trip away.
+template <class Done>
+__device__ bool spin(const KernelParams& p, Done done, Failure why, const Where& w, uint64_t need, uint64_t epoch,
+                     uint64_t* counter) {
+  uint64_t start = 0;
+  for (uint32_t round = 0;; ++round) {
+    if (done()) return true;
+    if ((round & 255) == 255) {
+      if (aborted(p.error)) return false;
+      const uint64_t now = global_ns();
+      if (start == 0) start = now;
+      else if (now - start > p.timeout_ns) {
+        fail(p.error, why, w, counter ? load_acquire(counter) : 0, need, epoch);
+        return false;
+      }
+      __nanosleep(64);
+    }
+  }
+}
+
+__device__ __forceinline__ bool wait_at_least(const KernelParams& p, uint64_t* counter, uint64_t need, Failure why,
+                                              const Where& w, uint64_t epoch) {
+  return spin(p, [&] { return load_acquire(counter) >= need; }, why, w, need, epoch, counter);
+}
+
+// ---- the packet protocol ------------------------------------------------------------------------------------
+// A packet carries one element with its call's flag in a single store: 8 bytes {data, flag} for elements of up
+// to 4 bytes, 16 bytes {lo, flag, hi, flag} for 8-byte ones (both flags checked, so a torn read is never
+// accepted). Volatile accesses bypass L1, so a poll sees a peer's store as soon as it lands.
+template <class V>
+__device__ __forceinline__ void put_packet(char* base, int64_t i, V v, uint32_t flag) {
+  if constexpr (sizeof(V) <= 4) {
+    uint32_t bits = 0;
+    memcpy(&bits, &v, sizeof(V));
+    asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(base + i * 8), "r"(bits), "r"(flag) : "memory");
+  } else {
+    uint64_t bits;
+    memcpy(&bits, &v, 8);
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(base + i * 16),
+                 "r"(static_cast<uint32_t>(bits)), "r"(flag), "r"(static_cast<uint32_t>(bits >> 32)), "r"(flag)
+                 : "memory");
+  }
+}
+
+template <class V>
+__device__ __forceinline__ bool try_packet(const char* base, int64_t i, uint32_t flag, V& out) {
+  if constexpr (sizeof(V) <= 4) {
+    uint32_t bits, f;
+    asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(bits), "=r"(f) : "l"(base + i * 8) : "memory");
+    if (f != flag) return false;
+    memcpy(&out, &bits, sizeof(V));
+  } else {
+    uint32_t lo, f0, hi, f1;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(lo), "=r"(f0), "=r"(hi), "=r"(f1)
+                 : "l"(base + i * 16)
+                 : "memory");
+    if (f0 != flag || f1 != flag) return false;
+    const uint64_t bits = (uint64_t{hi} << 32) | lo;
+    memcpy(&out, &bits, 8);
+  }
+  return true;
+}
+
+template <class V>
+__device__ __forceinline__ constexpr int64_t packet_size() { return sizeof(V) <= 4 ? 8 : 16; }
+
+// ---- operands of a data step --------------------------------------------------------------------------------
+enum OperandKind : int32_t { kData = 0, kAccum = 1, kDataPackets = 2, kAccumPackets = 3 };
+
+struct Operand {
+  char* ptr;  // the first element (or packet) of the step's range
+  int32_t kind;
+};
+
+// Everything a block knows about the call it is running.
+struct Call {
+  int32_t rank, local, lane, part;
+  uint64_t epoch;
+  uint32_t flag;    // packet flag of this call: epoch + 1 (mirrors start zeroed)
+  int32_t parity;   // which of the two packet mirrors this call uses
+  bool packets;     // packet protocol
+};
+
+template <class T>
+__device__ __forceinline__ typename T::A load_elem(const KernelParams& p, const Call& c, const Operand& o,
+                                                    int64_t i, bool& ok, const Where& w) {
+  using D = typename T::D;
+  using A = typename T::A;
+  switch (o.kind) {
+    case kData: return T::load(reinterpret_cast<const D*>(o.ptr)[i]);
+    case kAccum: return reinterpret_cast<const A*>(o.ptr)[i];
+    case kDataPackets: {
+      D v{};
+      if (!spin(p, [&] { return try_packet(o.ptr, i, c.flag, v); }, Failure::kPacket, w, c.flag, c.epoch, nullptr))
+        ok = false;
+      return T::load(v);
+    }
+    default: {
+      A v{};
+      if (!spin(p, [&] { return try_packet(o.ptr, i, c.flag, v); }, Failure::kPacket, w, c.flag, c.epoch, nullptr))
+        ok = false;
+      return v;
+    }
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void store_elem(const Call& c, const Operand& o, int64_t i, typename T::A v) {
+  using D = typename T::D;
+  using A = typename T::A;
+  switch (o.kind) {
+    case kData: reinterpret_cast<D*>(o.ptr)[i] = T::store(v); break;
+    case kAccum: reinterpret_cast<A*>(o.ptr)[i] = v; break;
+    case kDataPackets: put_packet<D>(o.ptr, i, T::store(v), c.flag); break;
+    default: put_packet<A>(o.ptr, i, v, c.flag); break;
+  }
+}
+
+// 16 bytes of D: V elements. An operand in the accumulation type spans V*sizeof(A) bytes (16 or 32).
+template <class T>
+struct Vec {
+  static constexpr int V = 16 / sizeof(typename T::D);
+  static constexpr int kAccumWords = V * sizeof(typename T::A) / 16;  // 1 or 2 uint4
+};
+
+template <class T>
+__device__ __forceinline__ void load_vec(const Operand& o, int64_t i, typename T::A (&out)[Vec<T>::V]) {
+  using D = typename T::D;
+  using A = typename T::A;
+  constexpr int V = Vec<T>::V;
+  if (o.kind == kData) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(o.ptr + i * int64_t(sizeof(D)));
+    D d[V];
+    memcpy(d, &raw, 16);
+#pragma unroll
+    for (int u = 0; u < V; ++u) out[u] = T::load(d[u]);
+  } else {
+    uint4 raw[Vec<T>::kAccumWords];
+#pragma unroll
+    for (int w = 0; w < Vec<T>::kAccumWords; ++w)
+      raw[w] = reinterpret_cast<const uint4*>(o.ptr + i * int64_t(sizeof(A)))[w];
+    memcpy(out, raw, sizeof(raw));
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void store_vec(const Operand& o, int64_t i, const typename T::A (&in)[Vec<T>::V]) {
+  using D = typename T::D;
+  using A = typename T::A;
+  constexpr int V = Vec<T>::V;
+  if (o.kind == kData) {
+    D d[V];
+#pragma unroll
+    for (int u = 0; u < V; ++u) d[u] = T::store(in[u]);
+    uint4 raw;
+    memcpy(&raw, d, 16);
+    *reinterpret_cast<uint4*>(o.ptr + i * int64_t(sizeof(D))) = raw;
+  } else {
+    uint4 raw[Vec<T>::kAccumWords];
+    memcpy(raw, in, sizeof(raw));
+#pragma unroll
+    for (int w = 0; w < Vec<T>::kAccumWords; ++w) reinterpret_cast<uint4*>(o.ptr + i * int64_t(sizeof(A)))[w] = raw[w];
+  }
+}
+
+__device__ __forceinline__ int64_t operand_esize(int32_t kind, int64_t dsize, int64_t asize) {
+  return kind == kData ? dsize : asize;
+}
+
+// ---- the block's shared state -------------------------------------------------------------------------------
+struct Shared {
+  char* slots[kMaxRanks];
+  const void* inputs[kMaxRanks];   // bulk: every rank's published buffers for this call
+  void* outputs[kMaxRanks];
+  Operand ops[kMaxStepRefs];
+  uint64_t epoch;
+  int32_t stop;                    // a thread of this block failed or saw the group fail
+  int32_t last;                    // this block is its rank's last to finish the call
+};
+
+__device__ __forceinline__ SlotHeader& header(char* slot) { return *reinterpret_cast<SlotHeader*>(slot); }
+__device__ __forceinline__ uint64_t* semaphores(const KernelParams& p, char* slot) {
+  return reinterpret_cast<uint64_t*>(slot + p.layout.semaphores);
+}
+
+// Elements [lo, hi) of a range of n elements that block `part` of `parts` moves: contiguous pieces, rounded to
+// whole vectors so only the last piece has a scalar tail.
+__device__ __forceinline__ void share(int64_t n, int32_t part, int32_t parts, int64_t v, int64_t& lo, int64_t& hi) {
+  int64_t per = (n + parts - 1) / parts;
+  per = (per + v - 1) / v * v;
+  lo = min(n, per * part);
+  hi = min(n, lo + per);
+}
+
+// One data step, this block's share: reduce the sources in order in the accumulation type, write every
+// destination. Vectorised (16-byte accesses) where every operand is plain memory and can be aligned together.
+template <class T, class R>
+__device__ void data_step(const KernelParams& p, const Call& c, Shared& sh, const DeviceStep& s, Where w) {
+  using D = typename T::D;
+  using A = typename T::A;
+  constexpr int V = Vec<T>::V;
+  const int32_t nref = s.nsrc + s.ndst;
+  const ChunkRef* refs = p.refs + s.first_ref;
+  for (int32_t j = threadIdx.x; j < nref; j += blockDim.x) {
+    const ChunkRef r = refs[j];
+    const bool accum = r.buffer == BufferKind::kScratch;
+    const int b = static_cast<int>(r.buffer);
+    const bool packets = c.packets && (p.ranks[r.rank].shared >> b & 1u);
+    char* base;
+    int32_t kind;
+    if (packets) {
+      base = sh.slots[r.rank] + p.layout.packets[b] + c.parity * p.layout.packet_bytes[b];
+      kind = accum ? kAccumPackets : kDataPackets;
+    } else {
+      kind = accum ? kAccum : kData;
+      if (accum) base = sh.slots[r.rank] + p.layout.scratch;
+      else if (r.buffer == BufferKind::kInput) base = static_cast<char*>(const_cast<void*>(sh.inputs[r.rank]));
+      else base = static_cast<char*>(sh.outputs[r.rank]);
+    }
+    const int64_t esize = packets ? (accum ? packet_size<A>() : packet_size<D>()) : (accum ? sizeof(A) : sizeof(D));
+    sh.ops[j] = {base + chunk_start(p.k, p.block, r.index) * esize, kind};
+  }
+  __syncthreads();
+  const int64_t n = chunk_start(p.k, p.block, refs[0].index + refs[0].count) - chunk_start(p.k, p.block, refs[0].index);
+  int64_t lo, hi;
+  share(n, c.part, p.blocks_per_lane, V, lo, hi);
+  if (lo >= hi) return;
+  const Operand* ops = sh.ops;
+
+  // Vector path: peel `head` elements so that every operand is 16-byte aligned, if one head fits all.
+  bool vec = true;
+  int64_t head = 0;
+  for (int32_t j = 0; j < nref && vec; ++j) {
+    const Operand& o = ops[j];
+    if (o.kind >= kDataPackets) { vec = false; break; }
+    const int64_t es = operand_esize(o.kind, sizeof(D), sizeof(A));
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(o.ptr) + uintptr_t(lo * es);
+    if (j == 0) {
+      const int64_t rem = int64_t((16 - (addr & 15)) & 15);
+      if (rem % es) vec = false;
+      else head = rem / es;
+    } else if ((addr + uintptr_t(head * es)) & 15) {
+      vec = false;
+    }
+  }
+  int64_t nvec = vec ? (hi - lo - head) / V : 0;
+  if (nvec <= 0) nvec = 0, head = hi - lo;  // all scalar
+  const int64_t vstart = lo + head, vstop = vstart + nvec * V;
+
+  bool ok = true;
+  auto scalar = [&](int64_t i) {
+    A acc = A(0);
+    if (s.nsrc) {
+      acc = load_elem<T>(p, c, ops[0], i, ok, w);
+      for (int32_t j = 1; j < s.nsrc; ++j) acc = R::apply(acc, load_elem<T>(p, c, ops[j], i, ok, w));
+    }
+    if (!ok) return;
+    for (int32_t j = s.nsrc; j < nref; ++j) store_elem<T>(c, ops[j], i, acc);
+  };
+  for (int64_t i = lo + threadIdx.x; i < vstart && ok; i += blockDim.x) scalar(i);
+  for (int64_t i = vstop + threadIdx.x; i < hi && ok; i += blockDim.x) scalar(i);
+  // Two vectors per thread per round: twice the loads in flight.
+  for (int64_t v = threadIdx.x; v < nvec; v += 2 * blockDim.x) {
+    const int64_t i0 = vstart + v * V, i1 = i0 + int64_t(blockDim.x) * V;
+    const bool two = v + blockDim.x < nvec;
+    A a0[V], a1[V];
+    if (s.nsrc) {
+      load_vec<T>(ops[0], i0, a0);
+      if (two) load_vec<T>(ops[0], i1, a1);
+      for (int32_t j = 1; j < s.nsrc; ++j) {
+        A b0[V], b1[V];
+        load_vec<T>(ops[j], i0, b0);
+        if (two) load_vec<T>(ops[j], i1, b1);
+#pragma unroll
+        for (int u = 0; u < V; ++u) a0[u] = R::apply(a0[u], b0[u]);
+        if (two) {
+#pragma unroll
+          for (int u = 0; u < V; ++u) a1[u] = R::apply(a1[u], b1[u]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < V; ++u) a0[u] = a1[u] = A(0);
+    }
+    for (int32_t j = s.nsrc; j < nref; ++j) {
+      store_vec<T>(ops[j], i0, a0);
+      if (two) store_vec<T>(ops[j], i1, a1);
+    }
+  }
+  if (!ok) sh.stop = 1;
+}
+
+// The packet protocol's first and last moves of a call, spread over all of a rank's blocks: publish the input
+// as packets (when peers read it), and copy the output chunks written in packets into the output.
+template <class T>
+__device__ void pack_input(const KernelParams& p, const Call& c, Shared& sh, int64_t elements, int32_t rank_block,
+                           int32_t rank_blocks) {
+  using D = typename T::D;
+  char* mirror = sh.slots[c.rank] + p.layout.packets[0] + c.parity * p.layout.packet_bytes[0];
+  const D* in = static_cast<const D*>(p.calls[c.local].input);
+  int64_t lo, hi;
+  share(elements, rank_block, rank_blocks, 1, lo, hi);
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) put_packet<D>(mirror, i, in[i], c.flag);
+}
+
+template <class T>
+__device__ void unpack_output(const KernelParams& p, const Call& c, Shared& sh, const DeviceRank& dr,
+                              int32_t rank_block, int32_t rank_blocks) {
+  using D = typename T::D;
+  const char* mirror = sh.slots[c.rank] + p.layout.packets[1] + c.parity * p.layout.packet_bytes[1];
+  D* out = static_cast<D*>(p.calls[c.local].output);
+  bool ok = true;
+  const Where w{c.rank, -1, -1, -1, c.rank, static_cast<int32_t>(BufferKind::kOutput)};
+  for (int32_t u = 0; u < dr.nunpack && ok; ++u) {
+    const ChunkRun run = p.unpack[dr.first_unpack + u];
+    const int64_t start = chunk_start(p.k, p.block, run.index);
+    const int64_t n = chunk_start(p.k, p.block, run.index + run.count) - start;
+    int64_t lo, hi;
+    share(n, rank_block, rank_blocks, 1, lo, hi);
+    for (int64_t i = start + lo + threadIdx.x; i < start + hi && ok; i += blockDim.x) {
+      D v{};
+      ok = spin(p, [&] { return try_packet(mirror, i, c.flag, v); }, Failure::kPacket, w, c.flag, c.epoch, nullptr);
+      if (ok) out[i] = v;
+    }
+  }
+  if (!ok) sh.stop = 1;
+}
+
+// ---- the kernel ---------------------------------------------------------------------------------------------
+template <class T, class R>
+__global__ void __launch_bounds__(kThreads) plan_kernel(const KernelParams p) {
+  __shared__ Shared sh;
+  const int32_t B = p.blocks_per_lane;
+  const int32_t per_rank = p.max_lanes * B;
+  Call c;
+  c.local = blockIdx.x / per_rank;
+  c.rank = p.first_rank + c.local;
+  c.lane = (blockIdx.x % per_rank) / B;
+  c.part = blockIdx.x % B;
+  const DeviceRank dr = p.ranks[c.rank];
+  if (c.lane >= dr.nlanes) return;  // ranks with fewer lanes than the widest leave these blocks idle
+  const int32_t rank_block = c.lane * B + c.part, rank_blocks = dr.nlanes * B;
+  c.packets = p.protocol == static_cast<int32_t>(Protocol::kLL);
+
+  for (int32_t t = threadIdx.x; t < p.nranks; t += blockDim.x) sh.slots[t] = p.slots[t];
+  if (threadIdx.x == 0) {
+    sh.stop = 0;
+    sh.last = 0;
+    sh.epoch = load_acquire(&header(p.slots[c.rank]).epoch);
+  }
+  __syncthreads();
+  char* const me = sh.slots[c.rank];
+  SlotHeader& hdr = header(me);
+  c.epoch = sh.epoch;
+  c.flag = static_cast<uint32_t>(c.epoch + 1);
+  c.parity = static_cast<int32_t>(c.epoch & 1);
+  const uint64_t e = c.epoch;
+
+  // Entry. Bulk: publish this call's buffers, then read every peer's once it has published its own.
+  // Packets: no rendezvous; only make sure no peer still reads the mirrors of the call before last, which
+  // this call overwrites (almost always long finished).
+  if (!c.packets) {
+    if (rank_block == 0 && threadIdx.x == 0) {
+      hdr.input = p.calls[c.local].input;
+      hdr.output = p.calls[c.local].output;
+      store_release(&hdr.arrived, e + 1);
+    }
+    for (int32_t t = threadIdx.x; t < p.nranks; t += blockDim.x) {
+      SlotHeader& peer = header(sh.slots[t]);
+      const Where w{c.rank, c.lane, -1, -1, t, -1};
+      if (!wait_at_least(p, &peer.arrived, e + 1, Failure::kEntry, w, e)) sh.stop = 1;
+      sh.inputs[t] = peer.input;
+      sh.outputs[t] = peer.output;
+    }
+  } else {
+    if (rank_block == 0 && threadIdx.x == 0) store_release(&hdr.arrived, e + 1);
+    for (int32_t t = threadIdx.x; t < p.nranks; t += blockDim.x) {
+      sh.inputs[t] = t == c.rank ? p.calls[c.local].input : nullptr;  // peers' buffers are never touched
+      sh.outputs[t] = t == c.rank ? p.calls[c.local].output : nullptr;
+      const Where w{c.rank, c.lane, -1, -1, t, -1};
+      if (e >= 2 && t != c.rank && !wait_at_least(p, &header(sh.slots[t]).epoch, e - 1, Failure::kPrevious, w, e))
+        sh.stop = 1;
+    }
+    if (dr.shared & kSharedInput)
+      pack_input<T>(p, c, sh, int64_t(dr.input_chunks / p.k) * p.block, rank_block, rank_blocks);
+  }
+  __syncthreads();
+
+  // The lane's steps.
+  const DeviceLane ln = p.lanes[dr.first_lane + c.lane];
+  int32_t barriers = 0;
+  for (int32_t i = 0; i < ln.nsteps && !sh.stop; ++i) {
+    const DeviceStep s = p.steps[ln.first_step + i];
+    const Where w{c.rank, c.lane, i, s.sem, s.peer, -1};
+    if (s.sync_before && B > 1) {  // this step depends on elements another block of the lane wrote
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        uint64_t* m = &hdr.lane_meetings[c.lane];
+        add_release(m, 1);
+        if (!wait_at_least(p, m, uint64_t(B) * (e * ln.nsyncs + s.sync_before), Failure::kMeeting, w, e))
+          sh.stop = 1;
+      }
+      __syncthreads();
+      if (sh.stop) break;
+    }
+    switch (static_cast<Op>(s.op)) {
+      case Op::kWait:
+        if (threadIdx.x == 0) {
+          const uint64_t per_call = p.signals_per_call[c.rank * p.max_semaphores + s.sem];
+          const uint64_t need = uint64_t(B) * (e * per_call + s.ordinal + 1);
+          if (!wait_at_least(p, &semaphores(p, me)[s.sem], need, Failure::kWait, w, e)) sh.stop = 1;
+        }
+        __syncthreads();
+        break;
+      case Op::kSignal:
+        __syncthreads();  // the block's writes before the signal ...
+        if (threadIdx.x == 0) add_release(&semaphores(p, sh.slots[s.peer])[s.sem], 1);  // ... released with it
+        break;
+      case Op::kBarrier:
+        __syncthreads();
+        ++barriers;
+        if (threadIdx.x == 0) {
+          add_release(&hdr.lane_arrivals[c.lane], 1);
+          for (int32_t o = 0; o < dr.nlanes && !sh.stop; ++o) {
+            const int32_t nb = p.lanes[dr.first_lane + o].nbarriers + 1;  // + 1: the lane's end
+            const uint64_t need = uint64_t(B) * (e * nb + min(barriers, nb));
+            const Where wo{c.rank, o, i, -1, -1, -1};
+            if (!wait_at_least(p, &hdr.lane_arrivals[o], need, Failure::kBarrier, wo, e)) sh.stop = 1;
+          }
+        }
+        __syncthreads();
+        break;
+      default:
+        data_step<T, R>(p, c, sh, s, w);
+        __syncthreads();
+        break;
+    }
+  }
+  if (dr.has_barriers && threadIdx.x == 0)  // a finished lane counts as arrived at every later barrier
+    add_release(&hdr.lane_arrivals[c.lane], uint64_t(ln.nbarriers + 1 - barriers));
+
+  if (c.packets && (dr.shared & kSharedOutput) && !sh.stop) unpack_output<T>(p, c, sh, dr, rank_block, rank_blocks);
+  __syncthreads();
+
+  // Exit: the rank's last block to finish waits until every peer has finished this call's steps (bulk: peers
+  // read and write this rank's buffers), then opens the next call by advancing the epoch.
+  if (threadIdx.x == 0 && !sh.stop) {
+    const uint64_t before = add_acq_rel(&hdr.blocks_done, 1);
+    sh.last = before == (e + 1) * uint64_t(rank_blocks) - 1;
+  }
+  __syncthreads();
+  if (!sh.last) return;
+  if (!c.packets) {
+    for (int32_t t = threadIdx.x; t < p.nranks; t += blockDim.x)
+      if (t != c.rank) store_release(&header(sh.slots[t]).exit_from[c.rank], e + 1);
+    for (int32_t t = threadIdx.x; t < p.nranks; t += blockDim.x) {
+      const Where w{c.rank, -1, -1, -1, t, -1};
+      if (t != c.rank && !wait_at_least(p, &hdr.exit_from[t], e + 1, Failure::kExit, w, e)) sh.stop = 1;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0 && !sh.stop) store_release(&hdr.epoch, e + 1);
+}
+
+// The kernel of element type T for a reduction, as an untyped pointer for cudaLaunchKernelExC.
+template <class T>
+const void* plan_kernel_by_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return reinterpret_cast<const void*>(&plan_kernel<T, Sum>);
+    case ReduceOp::kMax: return reinterpret_cast<const void*>(&plan_kernel<T, Max>);
+    case ReduceOp::kMin: return reinterpret_cast<const void*>(&plan_kernel<T, Min>);
+  }
+  return nullptr;
+}
+
+}  // namespace jaxcoll::cuda

@@ -1,0 +1,85 @@
+// What the executor kernel sees: the workspace slot of a rank (its header, semaphores, scratch, staging and
+// packet mirrors), the error record, and the kernel's one by-value parameter. Plain structs, no CUDA headers:
+// the host code that sets them up is ordinary C++.
+#pragma once
+
+#include <cstdint>
+
+#include "plan_image.hpp"
+
+namespace jaxcoll::cuda {
+
+// Threads of every executor block.
+inline constexpr int kThreads = 512;
+
+// Ranks one launch may run (the emulated-rank harness runs a whole group in one launch; XLA runs one rank).
+inline constexpr int32_t kMaxLaunchRanks = 16;
+
+// The head of a rank's slot: the synchronisation words of one call site's group on this rank. Every counter is
+// monotonic over the life of the slot, so nothing is ever reset between calls (a reset would need the host, or
+// a second launch, and could race with a fast peer's next call); call e compares against e-based thresholds.
+struct SlotHeader {
+  uint64_t epoch;                    // calls this rank has finished; written by its last block, read at entry
+  uint64_t arrived;                  // e+1 once this rank has published its buffers for call e
+  uint64_t blocks_done;              // this rank's thread blocks that finished, over all calls
+  const void* input;                 // this rank's buffers in the current call (bulk protocol)
+  void* output;
+  uint64_t exit_from[kMaxRanks];     // peer p stores e+1 here when it has finished call e's steps
+  uint64_t lane_arrivals[kMaxLanes]; // lane barriers: each block of a lane adds 1 per barrier and 1 at its end
+  uint64_t lane_meetings[kMaxLanes]; // the blocks of one lane meeting between dependent steps
+};
+
+// Byte offsets inside a slot; the same for every rank of a group (sizes are maxima over ranks).
+struct SlotLayout {
+  int64_t semaphores = 0;      // uint64 counters, max_semaphores of them
+  int64_t scratch = 0;         // scratch_chunks/k blocks of the accumulation type
+  int64_t staging = 0;         // in-place reduce_scatter: a copy of the input
+  int64_t packets[3] = {0, 0, 0};       // packet mirror of input, output, scratch (two parities each)
+  int64_t packet_bytes[3] = {0, 0, 0};  // bytes of one parity of each mirror
+  int64_t bytes = 0;           // the whole slot
+};
+
+// Why a call stopped. The first failing block claims the record; the host formats it (describe_error).
+enum class Failure : uint32_t {
+  kNone = 0,
+  kWait = 1,         // a wait's semaphore was not signalled in time
+  kEntry = 2,        // a peer never arrived (published its buffers) for this call
+  kExit = 3,         // a peer never finished this call's steps
+  kPacket = 4,       // a packet of this call never arrived
+  kBarrier = 5,      // a lane never reached a lane barrier
+  kMeeting = 6,      // a block of the same lane never reached a meeting
+  kPrevious = 7,     // packet protocol: a peer had not finished the call before last
+};
+
+struct ErrorRecord {
+  uint32_t claim;    // 0 until a block claims the record; spinning blocks of every rank abort when set
+  uint32_t code;     // a Failure, published (release) after the fields below
+  int32_t rank, lane, step, sem, peer, buffer;
+  uint64_t have, need, epoch;
+};
+
+struct RankCall {
+  const void* input;
+  void* output;
+};
+
+struct KernelParams {
+  const DeviceRank* ranks;
+  const DeviceLane* lanes;
+  const DeviceStep* steps;
+  const ChunkRef* refs;
+  const int32_t* signals_per_call;
+  const ChunkRun* unpack;
+  char* const* slots;          // [nranks] each rank's slot, as addressed from the launching device
+  ErrorRecord* error;          // host-mapped, shared by every rank of the group
+  SlotLayout layout;
+  int64_t block;               // elements per buffer block
+  uint64_t timeout_ns;
+  int32_t nranks, k, max_semaphores, max_lanes;
+  int32_t first_rank, launch_ranks;
+  int32_t blocks_per_lane;
+  int32_t protocol;            // Protocol::kLL or kBulk
+  RankCall calls[kMaxLaunchRanks];  // [launch_ranks], buffers as staged for the plan
+};
+
+}  // namespace jaxcoll::cuda

@@ -1,0 +1,133 @@
+#include "cuda_handler.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "device_group.hpp"
+#include "dtypes.hpp"
+#include "executor.hpp"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jaxcoll::xla_cuda {
+namespace {
+
+using cuda::GroupMember;
+
+std::string site_of(int64_t callsite, const char* stage) {
+  return std::string("jaxcoll CUDA ") + stage + ", callsite " + std::to_string(callsite);
+}
+
+ffi::ErrorOr<cuda::CallShape> shape_of(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>& out, int32_t reduce_op,
+                                       int64_t callsite) {
+  const auto dtype = dtype_of(x.element_type());
+  if (!dtype)
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        site_of(callsite, "call") + ": unsupported element type " + std::to_string(static_cast<int>(x.element_type())) +
+        "; jaxcoll supports float16, bfloat16, float32, float64, int8, int32, int64, uint8, uint32 and bool"));
+  if (out->element_type() != x.element_type())
+    return ffi::Unexpected(ffi::Error::InvalidArgument(site_of(callsite, "call") +
+                                                       ": the result's element type differs from the operand's"));
+  if (reduce_op < 0 || reduce_op > 2)
+    return ffi::Unexpected(ffi::Error::InvalidArgument(site_of(callsite, "call") + ": reduce_op=" +
+                                                       std::to_string(reduce_op) + " is not 0 (sum), 1 (max) or 2 (min)"));
+  cuda::CallShape s;
+  s.dtype = *dtype;
+  s.op = static_cast<ReduceOp>(reduce_op);
+  s.input_elements = static_cast<int64_t>(x.element_count());
+  s.output_elements = static_cast<int64_t>(out->element_count());
+  return s;
+}
+
+// A device's first call of a call site: its rank and group are computed on the device (lax.axis_index), so
+// read them once here, where XLA allows a synchronisation, and join the group.
+ffi::ErrorOr<GroupMember*> join(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank_buf,
+                                ffi::Buffer<ffi::S32> group_buf, ffi::Result<ffi::AnyBuffer>& out,
+                                ffi::Span<const int32_t> words, int32_t reduce_op, int64_t callsite) {
+  if (GroupMember* m = cuda::find_member(callsite, device)) return m;
+  auto shape = shape_of(x, out, reduce_op, callsite);
+  if (!shape.has_value()) return ffi::Unexpected(shape.error());
+  int32_t ids[2] = {0, 0};
+  cudaError_t err = cudaMemcpyAsync(&ids[0], rank_buf.typed_data(), sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
+  if (err == cudaSuccess)
+    err = cudaMemcpyAsync(&ids[1], group_buf.typed_data(), sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  if (err != cudaSuccess)
+    return ffi::Unexpected(ffi::Error::Internal(site_of(callsite, "initialize") +
+                                                ": reading the rank and group operands failed: " +
+                                                cudaGetErrorString(err)));
+  GroupMember* member = nullptr;
+  if (Status st = cuda::join_group(callsite, ids[1], ids[0], device,
+                                   std::span<const int32_t>(words.begin(), words.size()), *shape,
+                                   default_timeout_s(), member);
+      !st.ok())
+    return ffi::Unexpected(ffi::Error::Internal(site_of(callsite, "initialize") + ": " + st.message()));
+  return member;
+}
+
+ffi::Error Initialize(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank,
+                      ffi::Buffer<ffi::S32> group, ffi::Result<ffi::AnyBuffer> out, ffi::Span<const int32_t> words,
+                      int32_t reduce_op, int64_t callsite) {
+  auto member = join(stream, device, x, rank, group, out, words, reduce_op, callsite);
+  return member.has_value() ? ffi::Error::Success() : member.error();
+}
+
+ffi::Error Execute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank,
+                   ffi::Buffer<ffi::S32> group, ffi::Result<ffi::AnyBuffer> out, ffi::Span<const int32_t> words,
+                   int32_t reduce_op, int64_t callsite) {
+  GroupMember* member = cuda::find_member(callsite, device);
+  if (!member) {
+    // Initialize normally ran; joining here needs a synchronisation, which a CUDA graph capture forbids.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capturing) == cudaSuccess && capturing != cudaStreamCaptureStatusNone)
+      return ffi::Error::Internal(site_of(callsite, "execute") + ": the group was not set up before CUDA graph "
+                                  "capture (XLA did not run the initialize stage)");
+    auto joined = join(stream, device, x, rank, group, out, words, reduce_op, callsite);
+    if (!joined.has_value()) return joined.error();
+    member = *joined;
+  }
+  if (std::string why = cuda::group_failure(*member->group); !why.empty())
+    return ffi::Error::Internal(site_of(callsite, "execute") + ": an earlier call of this group failed and left "
+                                "its peers in an unknown state; restart the process. The failure was: " + why);
+  if (static_cast<int64_t>(x.element_count()) != member->shape.input_elements ||
+      static_cast<int64_t>(out->element_count()) != member->shape.output_elements ||
+      dtype_of(x.element_type()) != member->shape.dtype)
+    return ffi::Error::InvalidArgument(site_of(callsite, "execute") + ": the operand's shape or type changed "
+                                       "since the group was set up");
+  const void* in = x.untyped_data();
+  void* result = out->untyped_data();
+  if (Status st = member->launcher->enqueue(&in, &result, reinterpret_cast<cuda::Stream>(stream)); !st.ok())
+    return ffi::Error::Internal(site_of(callsite, "execute") + ", rank " + std::to_string(member->rank) + ": " +
+                                st.message());
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+namespace {
+// Both stages see the whole call: stream, device, operands, result and attributes.
+template <ffi::ExecutionStage stage>
+auto call_binding() {
+  return ffi::Ffi::Bind<stage>()
+      .template Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .template Ctx<ffi::DeviceOrdinal>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::Buffer<ffi::S32>>()
+      .template Arg<ffi::Buffer<ffi::S32>>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attr<ffi::Span<const int32_t>>("plan")
+      .template Attr<int32_t>("reduce_op")
+      .template Attr<int64_t>("callsite");
+}
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER(kInitialize, Initialize, call_binding<ffi::ExecutionStage::kInitialize>());
+XLA_FFI_DEFINE_HANDLER(kExecute, Execute, call_binding<ffi::ExecutionStage::kExecute>(),
+                       {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_Error* initialize(XLA_FFI_CallFrame* frame) { return kInitialize(frame); }
+XLA_FFI_Error* execute(XLA_FFI_CallFrame* frame) { return kExecute(frame); }
+
+}  // namespace jaxcoll::xla_cuda

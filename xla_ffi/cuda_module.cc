@@ -1,0 +1,172 @@
+#include "cuda_module.hpp"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda_handler.hpp"
+#include "emulate.hpp"
+#include "plan.hpp"
+
+namespace nb = nanobind;
+
+namespace jaxcoll::xla_cuda {
+namespace {
+
+using Words = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Bytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+const char* kTargets[] = {"jaxcoll_all_reduce", "jaxcoll_all_gather", "jaxcoll_reduce_scatter", "jaxcoll_all_to_all",
+                          "jaxcoll_broadcast", "jaxcoll_ppermute", "jaxcoll_custom"};
+
+cuda::Protocol protocol_from(const std::string& name) {
+  if (name == "auto") return cuda::Protocol::kAuto;
+  if (name == "ll") return cuda::Protocol::kLL;
+  if (name == "bulk") return cuda::Protocol::kBulk;
+  throw nb::value_error(("protocol must be 'auto', 'll' or 'bulk', got '" + name + "'").c_str());
+}
+
+// A group on one GPU for `words`, sized for these calls; raises on any error.
+std::unique_ptr<cuda::EmulatedGroup> emulated_group(const Words& words, const std::string& dtype_name,
+                                                    int64_t input_elements, int64_t output_elements, int reduce_op,
+                                                    double timeout_s, const std::string& protocol, int blocks,
+                                                    int device) {
+  Plan plan;
+  if (Status st = decode_plan(std::span<const int32_t>(words.data(), words.shape(0)), plan); !st.ok())
+    throw nb::value_error(("malformed jaxcoll plan: " + st.message()).c_str());
+  const auto dtype = dtype_from_name(dtype_name);
+  if (!dtype) throw nb::value_error(("unsupported dtype " + dtype_name).c_str());
+  if (reduce_op < 0 || reduce_op > 2) throw nb::value_error("reduce_op must be 0 (sum), 1 (max) or 2 (min)");
+  if (!(timeout_s > 0)) throw nb::value_error("timeout_s must be positive");
+  cuda::CallShape shape;
+  shape.dtype = *dtype;
+  shape.op = static_cast<ReduceOp>(reduce_op);
+  shape.input_elements = input_elements;
+  shape.output_elements = output_elements;
+  cuda::EmulatedGroup::Options o;
+  o.device = device;
+  o.protocol = protocol_from(protocol);
+  o.blocks_per_lane = blocks;
+  o.timeout_s = timeout_s;
+  std::unique_ptr<cuda::EmulatedGroup> g;
+  if (Status st = cuda::EmulatedGroup::create(plan, shape, o, g); !st.ok()) throw std::runtime_error(st.message());
+  return g;
+}
+
+nb::dict describe(const cuda::EmulatedGroup& g) {
+  nb::dict d;
+  d["protocol"] = cuda::protocol_name(g.protocol());
+  d["blocks_per_lane"] = g.blocks_per_lane();
+  d["traffic_bytes"] = g.traffic_bytes();
+  return d;
+}
+
+}  // namespace
+
+void add_bindings(nb::module_& m) {
+  m.def("cuda_registrations", [] {
+    nb::dict out;
+    for (const char* name : kTargets) {
+      nb::dict bundle;
+      bundle["initialize"] = nb::capsule(reinterpret_cast<void*>(&initialize));
+      bundle["execute"] = nb::capsule(reinterpret_cast<void*>(&execute));
+      out[name] = bundle;
+    }
+    return out;
+  }, "FFI target name -> {stage: capsule}, for jax.ffi.register_ffi_target(platform='CUDA').");
+
+  m.def("cuda_device_count", [] {
+    std::string why;
+    const int n = cuda::device_count(&why);
+    return std::make_tuple(n, why);
+  }, "(visible CUDA devices, why none) without raising: (0, reason) where there is no driver or no GPU.");
+
+  m.def("cuda_plan_info", [](Words words) {
+    Plan plan;
+    if (Status st = decode_plan(std::span<const int32_t>(words.data(), words.shape(0)), plan); !st.ok())
+      throw nb::value_error(("malformed jaxcoll plan: " + st.message()).c_str());
+    cuda::PlanImage im;
+    if (Status st = cuda::build_plan_image(plan, im); !st.ok()) throw nb::value_error(st.message().c_str());
+    nb::dict d;
+    d["ll_ok"] = im.ll_ok;
+    d["ll_reason"] = im.ll_reason;
+    d["max_lanes"] = im.max_lanes;
+    int meetings = 0;
+    for (const cuda::DeviceLane& l : im.lanes) meetings += l.nsyncs;
+    d["lane_meetings"] = meetings;
+    return d;
+  }, nb::arg("words"), "How the CUDA executor lays out a plan (no GPU needed): packet-protocol eligibility and "
+                       "why not, lanes, meetings between a lane's blocks.");
+
+  m.def("cuda_emulate",
+        [](Words words, std::vector<Bytes> inputs, std::vector<Bytes> outputs, const std::string& dtype,
+           int64_t input_elements, int64_t output_elements, int reduce_op, double timeout_s,
+           const std::string& protocol, int blocks_per_lane, int device, int calls) {
+          auto g = emulated_group(words, dtype, input_elements, output_elements, reduce_op, timeout_s, protocol,
+                                  blocks_per_lane, device);
+          std::vector<const void*> in;
+          std::vector<void*> out;
+          for (Bytes& b : inputs) in.push_back(b.data());
+          for (Bytes& b : outputs) out.push_back(b.data());
+          {
+            nb::gil_scoped_release release;
+            for (int c = 0; c < std::max(calls, 1); ++c)
+              if (Status st = g->run_host(in, out); !st.ok()) {
+                nb::gil_scoped_acquire acquire;
+                throw std::runtime_error(st.message());
+              }
+          }
+          return describe(*g);
+        },
+        nb::arg("words"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("dtype"), nb::arg("input_elements"),
+        nb::arg("output_elements"), nb::arg("reduce_op"), nb::arg("timeout_s"), nb::arg("protocol") = "auto",
+        nb::arg("blocks_per_lane") = 0, nb::arg("device") = 0, nb::arg("calls") = 1,
+        "Run a plan with every rank emulated on ONE GPU (`calls` times, same inputs) on raw byte views of "
+        "host buffers; returns the protocol and blocks per lane it ran with.");
+
+  m.def("cuda_time",
+        [](Words words, const std::string& dtype, int64_t input_elements, int64_t output_elements, int reduce_op,
+           int iters, bool graph, const std::string& protocol, int blocks_per_lane, int device, double timeout_s) {
+          auto g = emulated_group(words, dtype, input_elements, output_elements, reduce_op, timeout_s, protocol,
+                                  blocks_per_lane, device);
+          double seconds = 0;
+          {
+            nb::gil_scoped_release release;
+            if (Status st = g->time_calls(iters, graph, seconds); !st.ok()) {
+              nb::gil_scoped_acquire acquire;
+              throw std::runtime_error(st.message());
+            }
+          }
+          nb::dict d = describe(*g);
+          d["seconds_per_call"] = seconds;
+          return d;
+        },
+        nb::arg("words"), nb::arg("dtype"), nb::arg("input_elements"), nb::arg("output_elements"),
+        nb::arg("reduce_op") = 0, nb::arg("iters") = 20, nb::arg("graph") = false, nb::arg("protocol") = "auto",
+        nb::arg("blocks_per_lane") = 0, nb::arg("device") = 0, nb::arg("timeout_s") = 60.0,
+        "Time emulated calls of a plan on one GPU (device buffers): seconds per call, protocol, blocks per lane "
+        "and the bytes each call reads and writes.");
+
+  m.def("cuda_memcpy_bandwidth",
+        [](size_t bytes, int iters, int device) {
+          double bw = 0;
+          Status st;
+          {
+            nb::gil_scoped_release release;
+            st = cuda::memcpy_bandwidth(device, bytes, iters, bw);
+          }
+          if (!st.ok()) throw std::runtime_error(st.message());
+          return bw;
+        },
+        nb::arg("bytes"), nb::arg("iters") = 10, nb::arg("device") = 0,
+        "Device-to-device cudaMemcpy bandwidth (bytes copied per second, best of `iters`).");
+}
+
+}  // namespace jaxcoll::xla_cuda
