@@ -28,33 +28,40 @@ def validate(plan: Plan) -> Plan:
             raise PlanError(f"rank {r}: scratch_chunks={prog.scratch_chunks} is not a multiple of k={k}")
         if prog.semaphores < 0:
             raise PlanError(f"rank {r}: semaphores={prog.semaphores} is negative")
-    for r, l, i, step in plan.steps():
-        where = f"rank {r}, lane {l}, step {i} ({step!r})"
-        refs = step.srcs + step.dsts
-        for ref in refs:
-            if not 0 <= ref.rank < n:
-                raise PlanError(f"{where}: rank {ref.rank} is out of range for nranks={n}")
-            have = plan.ranks[ref.rank].chunks(ref.buffer)
-            if ref.index + ref.count > have:
-                raise PlanError(f"{where}: {ref!r} is out of range: rank {ref.rank}'s {ref.buffer.value} "
-                                f"buffer holds {have} chunks")
-        if refs and len({ref.index % k for ref in refs}) != 1:
-            raise PlanError(f"{where}: chunks at different positions within their blocks (index mod k={k}) "
-                            f"may differ in size and cannot be combined")
-        if any(ref.buffer is Buffer.INPUT for ref in step.dsts) and not plan.in_place:
-            raise PlanError(f"{where}: an out-of-place plan never writes its input buffer")
-        if step.op is Op.SIGNAL:
-            if not 0 <= step.peer < n:
-                raise PlanError(f"{where}: signal peer {step.peer} is out of range for nranks={n}")
-            if step.sem >= plan.ranks[step.peer].semaphores:
-                raise PlanError(f"{where}: semaphore {step.sem} does not exist on rank {step.peer} "
-                                f"(it has {plan.ranks[step.peer].semaphores})")
-        if step.op is Op.WAIT and step.sem >= plan.ranks[r].semaphores:
-            raise PlanError(f"{where}: semaphore {step.sem} does not exist on rank {r} "
-                            f"(it has {plan.ranks[r].semaphores})")
-        if step.channel >= 0 and all(ref.rank == r for ref in refs):
-            raise PlanError(f"{where}: names channel {step.channel} but reaches no peer; a channel is a "
-                            f"connection between two ranks")
+    # Formatting a step is most of the cost of a pass over a large plan: messages are built only on failure.
+    have_chunks = [{Buffer.INPUT: p.input_chunks, Buffer.OUTPUT: p.output_chunks, Buffer.SCRATCH: p.scratch_chunks}
+                   for p in plan.ranks]
+    sems = [p.semaphores for p in plan.ranks]
+    in_place = plan.in_place
+    for r, prog in enumerate(plan.ranks):
+        for l, lane in enumerate(prog.lanes):
+            for i, step in enumerate(lane.steps):
+                op = step.op
+                if op is Op.WAIT:
+                    if step.sem >= sems[r]:
+                        _fail_step(plan, r, l, i, step)
+                    continue
+                if op is Op.SIGNAL:
+                    if not 0 <= step.peer < n or step.sem >= sems[step.peer]:
+                        _fail_step(plan, r, l, i, step)
+                    continue
+                refs = step.srcs + step.dsts
+                position = -1
+                local = True
+                for ref in refs:
+                    if not 0 <= ref.rank < n or ref.index + ref.count > have_chunks[ref.rank][ref.buffer]:
+                        _fail_step(plan, r, l, i, step)
+                    j = ref.index % k
+                    if position != j:
+                        if position >= 0:
+                            _fail_step(plan, r, l, i, step)
+                        position = j
+                    if ref.rank != r:
+                        local = False
+                if not in_place and any(ref.buffer is Buffer.INPUT for ref in step.dsts):
+                    _fail_step(plan, r, l, i, step)
+                if step.channel >= 0 and local:
+                    _fail_step(plan, r, l, i, step)
     if plan.expect is not None:
         _validate_expect(plan)
     return plan
@@ -77,3 +84,35 @@ def _validate_expect(plan: Plan) -> None:
                     raise PlanError(f"expect: rank {r}, output chunk {i} names input chunk {index} of rank {src}, "
                                     f"which does not exist (nranks={plan.nranks}, input_chunks="
                                     f"{plan.ranks[0].input_chunks})")
+
+
+def _fail_step(plan: Plan, r: int, l: int, i: int, step) -> None:
+    """Raise the PlanError of the first check that `step` fails (the fast pass in `validate` found one)."""
+    n, k = plan.nranks, plan.chunk_factor
+    where = f"rank {r}, lane {l}, step {i} ({step!r})"
+    refs = step.srcs + step.dsts
+    for ref in refs:
+        if not 0 <= ref.rank < n:
+            raise PlanError(f"{where}: rank {ref.rank} is out of range for nranks={n}")
+        have = plan.ranks[ref.rank].chunks(ref.buffer)
+        if ref.index + ref.count > have:
+            raise PlanError(f"{where}: {ref!r} is out of range: rank {ref.rank}'s {ref.buffer.value} "
+                            f"buffer holds {have} chunks")
+    if refs and len({ref.index % k for ref in refs}) != 1:
+        raise PlanError(f"{where}: chunks at different positions within their blocks (index mod k={k}) "
+                        f"may differ in size and cannot be combined")
+    if any(ref.buffer is Buffer.INPUT for ref in step.dsts) and not plan.in_place:
+        raise PlanError(f"{where}: an out-of-place plan never writes its input buffer")
+    if step.op is Op.SIGNAL:
+        if not 0 <= step.peer < n:
+            raise PlanError(f"{where}: signal peer {step.peer} is out of range for nranks={n}")
+        if step.sem >= plan.ranks[step.peer].semaphores:
+            raise PlanError(f"{where}: semaphore {step.sem} does not exist on rank {step.peer} "
+                            f"(it has {plan.ranks[step.peer].semaphores})")
+    if step.op is Op.WAIT and step.sem >= plan.ranks[r].semaphores:
+        raise PlanError(f"{where}: semaphore {step.sem} does not exist on rank {r} "
+                        f"(it has {plan.ranks[r].semaphores})")
+    if step.channel >= 0 and all(ref.rank == r for ref in refs):
+        raise PlanError(f"{where}: names channel {step.channel} but reaches no peer; a channel is a "
+                        f"connection between two ranks")
+    raise AssertionError(f"{where}: validate's fast pass and its messages disagree")

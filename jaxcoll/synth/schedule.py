@@ -87,45 +87,44 @@ class Schedule:
         latency = [0.0] * len(lanes)
         for l in remote:
             latency[l] = topology.path_latency_us(lanes[l][0], lane_peer[l]) * 1e-6
-        users: dict[int, list[int]] = {}
+        lane = [lane_id[m.rank, m.lane] for m in moves]
+        duration = [max(ref.count for ref in (*m.step.srcs, *m.step.dsts)) * chunk_bytes / (rate[lane[i]] * 1e9)
+                    * (len(m.step.srcs) if peer[i] == m.rank else 1) for i, m in enumerate(moves)]
+        users: list[list[int]] = [[] for _ in moves]
         waiting = [len(m.deps) for m in moves]
         ready_at = [0.0] * len(moves)
         for i, m in enumerate(moves):
             for d in m.deps:
-                users.setdefault(d, []).append(i)
+                users[d].append(i)
         queue: list[list] = [[] for _ in lanes]  # per lane: heap of (priority, move) whose inputs are there
-        free_at = [0.0] * len(lanes)
-        events: list = []  # (time, order, kind, x): kind 0 = a move's inputs arrive, 1 = a lane frees up
-        seq = 0
-        for i, m in enumerate(moves):
-            if not m.deps:
-                events.append((0.0, seq, 0, i))
-                seq += 1
+        events = [(0.0, i, 0, i) for i, m in enumerate(moves) if not m.deps]
+        seq = len(moves)  # (time, order, kind, x): kind 0 = a move's inputs arrive, 1 = a lane frees up
         heapq.heapify(events)
         idle = [True] * len(lanes)
         start = [0.0] * len(moves)
+        push, pop = heapq.heappush, heapq.heappop
         while events:
-            now, _, kind, x = heapq.heappop(events)
+            now, _, kind, x = pop(events)
             if kind == 0:
-                l = lane_id[moves[x].rank, moves[x].lane]
-                heapq.heappush(queue[l], (moves[x].priority, x))
+                l = lane[x]
+                push(queue[l], (moves[x].priority, x))
             else:
                 l = x
                 idle[l] = True
             if idle[l] and queue[l]:
-                _, i = heapq.heappop(queue[l])
+                _, i = pop(queue[l])
                 idle[l] = False
                 start[i] = now
-                m = moves[i]
-                size = max(ref.count for ref in (*m.step.srcs, *m.step.dsts))
-                done = now + size * chunk_bytes / (rate[l] * 1e9) * (len(m.step.srcs) if peer[i] == m.rank else 1)
-                heapq.heappush(events, (done, seq, 1, l))
+                done = now + duration[i]
+                push(events, (done, seq, 1, l))
                 seq += 1
-                for u in users.get(i, ()):
-                    ready_at[u] = max(ready_at[u], done + latency[l])
+                arrive = done + latency[l]
+                for u in users[i]:
+                    if ready_at[u] < arrive:
+                        ready_at[u] = arrive
                     waiting[u] -= 1
                     if not waiting[u]:
-                        heapq.heappush(events, (ready_at[u], seq, 0, u))
+                        push(events, (ready_at[u], seq, 0, u))
                         seq += 1
         for i, m in enumerate(moves):
             m.priority = (start[i], m.priority)
@@ -137,48 +136,61 @@ class Schedule:
                 if not moves[d].priority < m.priority:
                     raise AssertionError(f"move {i} {m.step!r} (priority {m.priority}) depends on move {d} "
                                          f"{moves[d].step!r} of priority {moves[d].priority}: not earlier")
-        lane_keys = [sorted({m.lane for m in moves if m.rank == r}, key=repr) for r in range(self.nranks)]
+        keys: list[set] = [set() for _ in range(self.nranks)]
+        for m in moves:
+            keys[m.rank].add(m.lane)
+        lane_keys = [sorted(k, key=repr) for k in keys]
         lane_of = [{key: i for i, key in enumerate(keys)} for keys in lane_keys]
-        order = sorted(range(len(moves)), key=lambda i: (moves[i].priority, i))
-        where = {i: (moves[i].rank, lane_of[moves[i].rank][moves[i].lane]) for i in range(len(moves))}
+        order = sorted(range(len(moves)), key=[m.priority for m in moves].__getitem__)  # stable: ties by id
+        where = [(m.rank, lane_of[m.rank][m.lane]) for m in moves]
         # A stream is (consumer lane, producer lane); it gets a semaphore on the consumer's rank. All of a
         # stream's signals come from one producer lane, issued in priority order, so the n-th signal of a stream
         # is the n-th of its producer's moves (in priority order) that the consumer lane depends on.
         sems: list[dict] = [{} for _ in range(self.nranks)]
         signals_after: dict[int, list[tuple[int, int]]] = defaultdict(list)  # move -> [(peer, sem)]
+        waits_for: dict[int, list[tuple[int, int]]] = {}  # move -> [(sem, producer move)]
         for i in order:
             m = moves[i]
+            wi, rank_sems = where[i], sems[m.rank]
             for d in m.deps:
-                if where[d] != where[i]:
-                    sem = sems[m.rank].setdefault((where[i], where[d]), len(sems[m.rank]))
-                    if (m.rank, sem) not in signals_after[d]:
-                        signals_after[d].append((m.rank, sem))
+                wd = where[d]
+                if wd != wi:
+                    sem = rank_sems.setdefault((wi, wd), len(rank_sems))
+                    waits_for.setdefault(i, []).append((sem, d))
+                    after = signals_after[d]
+                    if (m.rank, sem) not in after:
+                        after.append((m.rank, sem))
         ordinal: dict[tuple[int, int, int], int] = {}
         issued: dict[tuple[int, int], int] = defaultdict(int)
         for d in order:
             for peer, sem in signals_after.get(d, ()):
                 issued[peer, sem] += 1
                 ordinal[d, peer, sem] = issued[peer, sem]
-        needs: dict[int, list[tuple[int, int]]] = defaultdict(list)  # move -> [(sem, signal number)]
-        for i in order:
-            m = moves[i]
-            for d in m.deps:
-                if where[d] != where[i]:
-                    sem = sems[m.rank][(where[i], where[d])]
-                    needs[i].append((sem, ordinal[d, m.rank, sem]))
+        # Sync steps are immutable and identical wherever they name the same semaphore: build each once.
+        waits = [[] for _ in range(self.nranks)]
+        signals: dict[tuple[int, int], Step] = {}
         lanes: list[list[list[Step]]] = [[[] for _ in keys] for keys in lane_keys]
-        consumed: dict[tuple[int, int], int] = defaultdict(int)
+        consumed = [[] for _ in range(self.nranks)]
         for i in order:
             m = moves[i]
             r, l = where[i]
             steps = lanes[r][l]
-            for sem, n in sorted(needs.get(i, ())):
-                while consumed[r, sem] < n:
-                    steps.append(Step(Op.WAIT, sem=sem))
-                    consumed[r, sem] += 1
+            if i in waits_for:
+                have, wait = consumed[r], waits[r]
+                need = [(sem, ordinal[d, r, sem]) for sem, d in waits_for[i]]
+                for sem, n in (sorted(need) if len(need) > 1 else need):
+                    while len(have) <= sem:
+                        have.append(0)
+                        wait.append(Step(Op.WAIT, sem=len(wait)))
+                    if have[sem] < n:
+                        steps.extend([wait[sem]] * (n - have[sem]))
+                        have[sem] = n
             steps.append(m.step)
-            for peer, sem in signals_after.get(i, ()):
-                steps.append(Step(Op.SIGNAL, peer=peer, sem=sem))
+            for key in signals_after.get(i, ()):
+                step = signals.get(key)
+                if step is None:
+                    step = signals[key] = Step(Op.SIGNAL, peer=key[0], sem=key[1])
+                steps.append(step)
         ranks = []
         for r in range(self.nranks):
             scratch = max((n for n in self._scratch[r].values()), default=0) * self.k

@@ -113,15 +113,14 @@ def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Se
                 sched.move(root, "local", (0, 0, item), Op.COPY, [ChunkRef(root, Buffer.INPUT, route.src)],
                            [ChunkRef(root, Buffer.OUTPUT, route.dst)])
             arrived = {root: produced}
+            # each rank's output chunk is written by its parent's put and read by its own: one ref serves both
+            out = {v: ChunkRef(v, Buffer.OUTPUT, route.dst) for v in order}
             for v in order:
-                if v == root and produced is None:
-                    src = ChunkRef(v, Buffer.INPUT, route.src)
-                else:
-                    src = ChunkRef(v, Buffer.OUTPUT, route.dst)
+                src = ChunkRef(v, Buffer.INPUT, route.src) if v == root and produced is None else out[v]
                 deps = [arrived[v]] if arrived[v] is not None else []
                 for c in kids[v]:
                     arrived[c] = sched.move(v, ("to", c, 1, lane_of(v, c, 1) if lane_of else route.lane), (1, route.wave + depth[v] * route.hop, depth[v], -below[c], item), Op.PUT, [src],
-                                            [ChunkRef(c, Buffer.OUTPUT, route.dst)], deps)
+                                            [out[c]], deps)
     if topology is not None:
         sched.list_schedule(topology)
     return sched.build()

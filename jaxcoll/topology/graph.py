@@ -144,8 +144,11 @@ class Topology:
         TopologyError if the two ranks have no such path (then data must be relayed through a rank)."""
         key = (src, dst)
         if key not in self._routes:
-            self._routes[key] = self._shortest(src, dst)
-        return self._routes[key]
+            self._routes.update(self._shortest_from(src))
+        path = self._routes.get(key)
+        if path is None:
+            raise TopologyError(f"{self.name}: rank {src} has no path to rank {dst} through switches")
+        return path
 
     def direct(self, src: int, dst: int) -> bool:
         """Whether rank src reaches rank dst without relaying through another rank."""
@@ -161,8 +164,10 @@ class Topology:
     def path_bandwidth_GBps(self, src: int, dst: int) -> float:
         return min(self.links[i].bandwidth_GBps for i in self.route(src, dst))
 
-    def _shortest(self, src: int, dst: int) -> tuple[int, ...]:
-        # Dijkstra on (latency, hops, -bottleneck); inner nodes must be switches.
+    def _shortest_from(self, src: int) -> dict[tuple[int, int], tuple[int, ...] | None]:
+        # Dijkstra on (latency, hops, -bottleneck); inner nodes must be switches. Every extension adds a hop, so a
+        # node's route is final when it is popped: one pass gives the same route to each rank as a search that
+        # stops there. Ranks without a route map to None.
         best: dict[int, tuple] = {src: (0.0, 0, -float("inf"))}
         prev: dict[int, int] = {}
         heap = [(0.0, 0, -float("inf"), src)]
@@ -170,8 +175,6 @@ class Topology:
             lat, hops, negbw, u = heapq.heappop(heap)
             if best.get(u) != (lat, hops, negbw):
                 continue
-            if u == dst:
-                break
             if u != src and self.is_rank(u):
                 continue
             for i in self._out[u]:
@@ -181,15 +184,19 @@ class Topology:
                     best[l.dst] = cand
                     prev[l.dst] = i
                     heapq.heappush(heap, (*cand, l.dst))
-        if dst not in prev or src == dst:
-            raise TopologyError(f"{self.name}: rank {src} has no path to rank {dst} through switches")
-        path = []
-        v = dst
-        while v != src:
-            i = prev[v]
-            path.append(i)
-            v = self.links[i].src
-        return tuple(reversed(path))
+        routes: dict[tuple[int, int], tuple[int, ...] | None] = {}
+        for dst in range(self.nranks):
+            if dst == src or dst not in prev:
+                routes[src, dst] = None
+                continue
+            path = []
+            v = dst
+            while v != src:
+                i = prev[v]
+                path.append(i)
+                v = self.links[i].src
+            routes[src, dst] = tuple(reversed(path))
+        return routes
 
     def _check_connected(self) -> None:
         # Every rank must reach every other, relaying through ranks if need be (a plan can forward chunks):
