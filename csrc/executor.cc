@@ -18,7 +18,7 @@ namespace jaxcoll {
 namespace {
 std::atomic<int64_t> solo_limit{[] {
   const char* v = std::getenv("JAXCOLL_SOLO_BYTES");
-  return v && *v ? std::strtoll(v, nullptr, 10) : int64_t{256} << 10;
+  return v && *v ? std::strtoll(v, nullptr, 10) : int64_t{4} << 20;
 }()};
 }  // namespace
 
@@ -222,10 +222,13 @@ Status check_peers(Rendezvous& rv, const Plan& plan, int32_t rank, int64_t block
   return {};
 }
 
-// Small messages are run by the leader alone: waking helpers costs more than the data moves, and eight device
-// threads share two cores here. JAXCOLL_SOLO_BYTES (per-rank input bytes) overrides.
+// Small calls are run by the leader alone: waking helpers costs more than the data moves. "Small" counts every
+// byte the call reads and writes, so an all_gather (N^2 S bytes written) gets help sooner than an all_reduce
+// (2 N S bytes) of the same input size. JAXCOLL_SOLO_BYTES overrides.
 bool solo_call(const Plan& plan, const CallBuffers& b) {
-  return plan.nranks == 1 || b.input_elements * int64_t(dtype_size(b.dtype)) <= solo_bytes();
+  const int64_t block = b.input_elements / plan.in_blocks;
+  const int64_t bytes = plan.traffic_chunks * block / plan.chunk_factor * int64_t(dtype_size(b.dtype));
+  return plan.nranks == 1 || bytes <= solo_bytes();
 }
 
 // Every rank's lanes of one call, run by the leader and by any helpers that join. A rank is the unit of work:

@@ -42,9 +42,10 @@ Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_
                     const CallSite& site, double timeout_s, const Helpers& helpers, Completion completion,
                     bool& pending);
 
-// Calls whose per-rank input is at most this many bytes run solo: the leader alone runs every rank's lanes (waking
-// helpers costs more than the data moves). JAXCOLL_SOLO_BYTES sets the initial value (default 256 KiB); 0 shares
-// every call with the helpers.
+// Calls that read and write at most this many bytes in all (every rank's steps together) run solo: the leader
+// alone runs every rank's lanes (waking helpers costs more than the data moves). JAXCOLL_SOLO_BYTES sets the
+// initial value (default 4 MiB: the 8-rank two-shot all_reduce of 256 KiB per rank); 0 shares every call with
+// the helpers.
 int64_t solo_bytes();
 void set_solo_bytes(int64_t bytes);
 

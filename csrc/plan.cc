@@ -115,6 +115,7 @@ Status validate(Plan& plan) {
         const std::string where = plan.where(r, l, i) + ": ";
         if (s.is_data()) {
           if (s.ndst < 1) return Status::Error(where + "a data step needs at least one destination chunk");
+          plan.traffic_chunks += int64_t{s.nsrc + s.ndst} * plan.refs[s.first_ref].count;
           if (s.op == Op::kZero && s.nsrc != 0) return Status::Error(where + "a zero step takes no sources");
           if (s.op != Op::kZero && s.nsrc < 1) return Status::Error(where + "a data step needs at least one source");
         } else {

@@ -70,6 +70,9 @@ struct Plan {
   int32_t chunk_factor = 1;  // k: chunks per block, the same in every buffer of every rank
   int32_t max_lanes = 0;     // most lanes of any rank
   int32_t max_semaphores = 0;
+  // Chunks read plus chunks written by every data step of every rank: a call moves about
+  // traffic_chunks * block / chunk_factor elements in all (how the executor sizes its help).
+  int64_t traffic_chunks = 0;
   std::vector<RankProgram> ranks;
   std::vector<Lane> lanes;
   std::vector<Step> steps;

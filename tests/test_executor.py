@@ -491,15 +491,17 @@ except Exception as e:
 """
 
 
-def test_a_rank_that_never_arrives_fails_its_peers_after_the_timeout_naming_it():
+def test_a_rank_that_never_arrives_fails_its_peers_after_the_timeout_naming_it(tmp_path):
     # Ranks that arrive first return pending and hold no thread; the watchdog fails them at the deadline.
     import os
     import subprocess
     import sys
     env = dict(os.environ, JAXCOLL_TIMEOUT="2")
     start = time.monotonic()
+    # Run outside the checkout, so that `python -c` imports jaxcoll as this test session does (installed, or from
+    # PYTHONPATH), never a checkout's unbuilt sources from the working directory.
     out = subprocess.run([sys.executable, "-c", _MISSING_RANK_PROGRAM], capture_output=True, text=True, env=env,
-                         timeout=240)
+                         timeout=240, cwd=tmp_path)
     assert "ERROR:" in out.stdout, out.stdout + out.stderr
     message = out.stdout.split("ERROR:", 1)[1]
     assert "jaxcoll all_reduce" in message and "ranks that never arrived: [3]" in message

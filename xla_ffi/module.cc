@@ -78,7 +78,7 @@ NB_MODULE(_jaxcoll, m) {
   }, nb::arg("k"), nb::arg("block"), nb::arg("index"), nb::arg("count") = 1,
         "Element range [start, stop) of chunks index..index+count-1 (csrc/layout.hpp).");
 
-  m.def("solo_bytes", &jaxcoll::solo_bytes, "Per-rank input bytes up to which one thread runs the whole call.");
+  m.def("solo_bytes", &jaxcoll::solo_bytes, "Bytes a call reads and writes in all (every rank together) up to which one thread runs it.");
   m.def("set_solo_bytes", &jaxcoll::set_solo_bytes, nb::arg("bytes"),
         "Set the solo threshold (tuning and tests; JAXCOLL_SOLO_BYTES sets it at load).");
 
