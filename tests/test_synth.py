@@ -96,7 +96,9 @@ def test_synthesized_plans_run_on_the_cpu_executor(name, boxes, coll):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{plan.name} rank {r}")
 
 
-@pytest.mark.parametrize("name, boxes", [("dgx1", 1), ("mi250", 2)])
+# Hybrid cube mesh and a switched box: the xGMI mesh presets (mi250) take minutes to simulate every candidate
+# at three sizes on 2 cores (docs/synthesis.md), too long for the test suite; the benchmark covers them.
+@pytest.mark.parametrize("name, boxes", [("dgx1", 1), ("dgx-h100", 1)])
 def test_all_reduce_is_never_slower_than_ring_or_tree(name, boxes):
     t = preset(name, boxes)
     for size in (1 << 10, 1 << 20, 1 << 30):
@@ -107,7 +109,7 @@ def test_all_reduce_is_never_slower_than_ring_or_tree(name, boxes):
 
 @pytest.mark.parametrize("coll", COLLECTIVES)
 def test_no_plan_beats_the_bound(coll):
-    t = preset("mi250", 2)
+    t = preset("dgx-h100", 2)
     size = 1 << 30
     for c in evaluate(t, coll, size):
         assert c.seconds >= lower_bound(t, coll, size) * (1 - 1e-9), c.name
