@@ -63,10 +63,9 @@ struct LaneState {
 
 class RankRun {
  public:
-  RankRun(Rendezvous& rv, const Plan& plan, int32_t rank, const CallBuffers& b, const CallSite& site,
-          Clock::time_point deadline, int64_t block)
+  RankRun(Rendezvous& rv, const Plan& plan, int32_t rank, const CallBuffers& b, const CallSite& site, int64_t block)
       : rv_(rv), comm_(rv.owner()), plan_(plan), rank_(rank), prog_(plan.ranks[rank]), b_(b), site_(site),
-        deadline_(deadline), k_(plan.chunk_factor), dsize_(dtype_size(b.dtype)), asize_(accum_size(b.dtype)),
+        k_(plan.chunk_factor), dsize_(dtype_size(b.dtype)), asize_(accum_size(b.dtype)),
         block_(block), lanes_(prog_.nlanes), consumed_(prog_.semaphores) {
     for (int32_t l = 0; l < prog_.nlanes; ++l) {
       lanes_[l].done = plan_.lanes[prog_.first_lane + l].nsteps == 0;
@@ -115,7 +114,7 @@ class RankRun {
   }
 
   // Some lane is blocked on a wait (not a barrier): the state a deadlock or timeout reports.
-  bool waiting() const {
+  bool waiting() {
     for (int32_t l = 0; l < prog_.nlanes; ++l) {
       if (lanes_[l].done) continue;
       if (plan_.steps[plan_.lanes[prog_.first_lane + l].first_step + lanes_[l].pc].op == Op::kWait) return true;
@@ -123,36 +122,8 @@ class RankRun {
     return false;
   }
 
-  // What every blocked wait of this rank is waiting for, and who should signal it.
-  Status blocked_error(const std::string& why) { return wait_timeout(why); }
-
- private:
-  void* base(const ChunkRef& ref) {
-    const RankBuffers& rb = rv_.slot(ref.rank).buffers;
-    switch (ref.buffer) {
-      case BufferKind::kInput: return rb.input;
-      case BufferKind::kOutput: return rb.output;
-      case BufferKind::kScratch: return rb.scratch;
-    }
-    return nullptr;
-  }
-
-  void data_step(const Step& s) {
-    const ChunkRef* refs = plan_.srcs(s);
-    const int32_t nref = s.nsrc + s.ndst;
-    const ElementRange range = chunk_range(k_, block_, refs[0].index, refs[0].count);
-    if (range.size() == 0) return;
-    SmallVec<Operand, 24> ops(nref);
-    for (int32_t j = 0; j < nref; ++j) {
-      const ChunkRef& ref = refs[j];
-      const bool accum = ref.buffer == BufferKind::kScratch;
-      const int64_t start = chunk_start(k_, block_, ref.index);
-      ops[j] = {static_cast<char*>(base(ref)) + start * int64_t(accum ? asize_ : dsize_), accum};
-    }
-    reduce_chunks(b_.dtype, b_.op, ops.data(), s.nsrc, ops.data() + s.nsrc, s.ndst, range.size());
-  }
-
-  Status wait_timeout(const std::string& why) {
+  // What every blocked wait of this rank is waiting for, and who should signal it (marks the call failed).
+  Status blocked_error(const std::string& why) {
     LaneState* lanes = lanes_.data();
     const uint32_t* consumed = consumed_.data();
     std::string what;
@@ -186,6 +157,34 @@ class RankRun {
     return err;
   }
 
+ private:
+  void* base(const ChunkRef& ref) {
+    const RankBuffers& rb = rv_.slot(ref.rank).buffers;
+    switch (ref.buffer) {
+      case BufferKind::kInput: return rb.input;
+      case BufferKind::kOutput: return rb.output;
+      case BufferKind::kScratch: return rb.scratch;
+    }
+    return nullptr;
+  }
+
+  void data_step(const Step& s) {
+    const ChunkRef* refs = plan_.srcs(s);
+    const int32_t nref = s.nsrc + s.ndst;
+    const ElementRange range = chunk_range(k_, block_, refs[0].index, refs[0].count);
+    if (range.size() == 0) return;
+    SmallVec<Operand, 24> ops(nref);
+    for (int32_t j = 0; j < nref; ++j) {
+      const ChunkRef& ref = refs[j];
+      const bool accum = ref.buffer == BufferKind::kScratch;
+      const int64_t start = chunk_start(k_, block_, ref.index);
+      ops[j] = {static_cast<char*>(base(ref)) + start * int64_t(accum ? asize_ : dsize_), accum};
+    }
+    reduce_chunks(b_.dtype, b_.op, ops.data(), s.nsrc, ops.data() + s.nsrc, s.ndst, range.size());
+  }
+
+
+ private:
   Rendezvous& rv_;
   Communicator& comm_;
   const Plan& plan_;
@@ -193,11 +192,10 @@ class RankRun {
   const RankProgram& prog_;
   const CallBuffers& b_;
   const CallSite& site_;
-  Clock::time_point deadline_;
   int64_t k_;
   size_t dsize_, asize_;
   int64_t block_;
-  mutable SmallVec<LaneState, 16> lanes_;
+  SmallVec<LaneState, 16> lanes_;
   SmallVec<uint32_t, 32> consumed_;
   int32_t live_ = 0;
 };
@@ -239,13 +237,13 @@ class GroupRun {
  public:
   GroupRun(Rendezvous& rv, const Plan& plan, const CallBuffers& b, const CallSite& site, Clock::time_point deadline,
            int64_t block)
-      : rv_(rv), comm_(rv.owner()), claimed_(std::make_unique<std::atomic<bool>[]>(plan.nranks)) {
+      : rv_(rv), comm_(rv.owner()), claimed_(std::make_unique<std::atomic<bool>[]>(plan.nranks)),
+        deadline_(deadline) {
     runs_.reserve(plan.nranks);
     for (int32_t r = 0; r < plan.nranks; ++r) {
-      runs_.emplace_back(rv, plan, r, b, site, deadline, block);
+      runs_.emplace_back(rv, plan, r, b, site, block);
       remaining_ += !runs_.back().done();
     }
-    deadline_ = deadline;
   }
 
   // A helper's whole part: claim ranks until the call is done, sleeping on the call's doorbell while every rank
@@ -308,23 +306,25 @@ class GroupRun {
       const uint64_t epoch = epoch_.load(std::memory_order_seq_cst);
       if (pass(0)) continue;
       // Nothing moved in a full pass while nobody else was working: every lane of every rank is blocked.
-      if (busy_.load(std::memory_order_seq_cst) == 0 && epoch_.load(std::memory_order_seq_cst) == epoch) {
-        for (RankRun& run : runs_)
-          if (!run.done() && run.waiting())
-            return run.blocked_error("deadlocks: every lane of every rank is blocked, so a semaphore is never "
-                                     "signalled: ");
-        return Status::Error("jaxcoll: every lane of every rank is blocked at a barrier (malformed plan)");
-      }
+      if (busy_.load(std::memory_order_seq_cst) == 0 && epoch_.load(std::memory_order_seq_cst) == epoch)
+        return blocked("deadlocks: every lane of every rank is blocked, so a semaphore is never signalled: ",
+                       "jaxcoll: every lane of every rank is blocked at a barrier (malformed plan)");
       const WaitResult w = wait_for(rv_.bell(), [&] { return changed(seen); }, [&] { return comm_.failed(); },
                                     deadline_);
       if (w == WaitResult::kAborted) return Status::Error(comm_.failure());
-      if (w == WaitResult::kTimeout) {
-        for (RankRun& run : runs_)
-          if (!run.done() && run.waiting()) return run.blocked_error("timed out: the semaphore was never signalled: ");
-        return Status::Error("jaxcoll: timed out with every lane blocked at a barrier");
-      }
+      if (w == WaitResult::kTimeout)
+        return blocked("timed out: the semaphore was never signalled: ",
+                       "jaxcoll: timed out with every lane blocked at a barrier");
     }
     return {};
+  }
+
+  // The error of a call that cannot move: the first rank blocked on a wait explains it, else every lane is
+  // stuck at a barrier.
+  Status blocked(const std::string& why, const std::string& at_barrier) {
+    for (RankRun& run : runs_)
+      if (!run.done() && run.waiting()) return run.blocked_error(why);
+    return Status::Error(at_barrier);
   }
 
   Rendezvous& rv_;
@@ -337,7 +337,7 @@ class GroupRun {
   std::atomic<uint64_t> epoch_{0};  // passes that moved something
   std::atomic<bool> closed_{false};
   Doorbell left_;  // rung by each helper as it leaves
-  Clock::time_point deadline_;
+  const Clock::time_point deadline_;
 };
 
 // The leader: run the call for every rank, settle the copies owed, recycle the rendezvous and complete the ranks

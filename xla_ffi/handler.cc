@@ -99,7 +99,7 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
                 static_cast<int64_t>(out->element_count()), *dtype, state->op};
   // Helpers and completions go to XLA's intra-op pool; the pool handle is valid for the length of this call,
   // which is as long as the leader schedules on it. One helper per core beyond the leader's own.
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  static const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));  // read once
   const Helpers helpers{[&pool](std::function<void()> task) { pool.Schedule(std::move(task)); },
                         static_cast<int>(std::min<int64_t>(pool.num_threads(), cores - 1))};
   ffi::Promise promise;
