@@ -1,10 +1,13 @@
 """Choosing a plan: for (topology, collective, size), the candidate with the best simulated time.
 
 Candidates: rings (1 and 2), NCCL's double binary tree at several pipeline depths (all_reduce), recursive halving
-and doubling (power-of-two groups), the hierarchical plan (several boxes), and the spanning-tree packing at its
-throughput chunk factor and with one chunk per root (fewer, shallower trees: the latency-aware choice for small
-messages). Ring and tree are always candidates (where the topology connects their hops directly), so the chosen
-plan is never slower than either in simulation.
+and doubling (power-of-two groups), the hierarchical plan (several boxes), the direct plan (star trees: one hop
+latency), and the spanning-tree packing at its throughput chunk factor and at 1, 4 and 16 chunks per root.
+The small chunk counts are the latency-aware choice: a packing pipelined over k chunks pays about k + depth
+hop latencies and (k + depth - 1) / k of its bandwidth time, so the best k grows with the message; simulating
+the few k on a geometric grid finds it (fewer chunks also round to fewer, so shallower, trees per root).
+Ring and tree are always candidates (where the topology connects their hops directly), so the chosen plan is
+never slower than either in simulation.
 Plans, packings and choices are cached per topology object.
 """
 
@@ -16,8 +19,9 @@ from collections.abc import Callable
 
 from jaxcoll.plan import Collective, Plan
 from jaxcoll.sim import simulate
+from jaxcoll.synth.direct import direct
 from jaxcoll.synth.hierarchical import hierarchical
-from jaxcoll.synth.packing import Packing, forest, pack_trees
+from jaxcoll.synth.packing import Packing, chunk_cap, forest, pack_trees
 from jaxcoll.synth.rhd import rhd
 from jaxcoll.synth.ring import ring
 from jaxcoll.synth.tree import tree
@@ -90,12 +94,15 @@ def candidates(topology: Topology, collective) -> dict[str, Callable[[], Plan]]:
         out["rhd"] = lambda: rhd(topology, collective)
     if len(topology.boxes) > 1 and len({len(b) for b in topology.boxes}) == 1:
         out["hierarchical"] = lambda: hierarchical(topology, collective)
+    out["direct"] = lambda: direct(topology, collective)
 
     def packed(k=None):
         return forest(topology, collective, k, packings(topology))
 
     out["forest"] = packed
-    out["forest1"] = lambda: packed(1)
+    for k in (1, 4, 16):
+        if k < chunk_cap(n):
+            out[f"forest{k}"] = lambda k=k: packed(k)
     return out
 
 
