@@ -56,13 +56,25 @@ class Schedule:
         self.moves.append(Move(rank, lane, tuple(priority), Step(op, tuple(srcs), tuple(dsts)), tuple(deps)))
         return len(self.moves) - 1
 
-    def list_schedule(self, topology, chunk_bytes: float = 1 << 20) -> None:
+    def list_schedule(self, topology, chunk_bytes: float = 1 << 20, passes: str = "f") -> None:
         """Reorder every lane by greedy list scheduling: each lane is a server whose rate is its share of the
         links under max-min fair sharing when all lanes send at once (`jaxcoll.sim.max_min_rates`, the
         simulator's own rule); a free lane starts, among its moves whose inputs have landed, the one of smallest
         priority. Each move's priority becomes (start time, old priority). A lane then never waits on a move
         whose inputs come later than those of a move behind it, which removes the head-of-line stalls of a
-        fixed order. Dependencies start strictly earlier, so `build`'s deadlock argument still holds."""
+        fixed order. Dependencies start strictly earlier, so `build`'s deadlock argument still holds.
+
+        `passes` is a string of directions, run in turn: "f" forwards as above, "b" backwards in time: from the
+        moves nothing depends on, a move starts (in reversed time) once every move that uses it is done and its
+        bytes have landed. A backward pass packs the end of the run the way a forward pass packs its start: a
+        reduction in-tree is a broadcast out-tree run backwards, so "b" gives reduce_scatter the schedule that
+        "f" gives all_gather (every link busy up to the end, the pipeline's fill at the start where the
+        leaves' inputs are ready, instead of a drain that waits on whole subtrees). A pass after the first
+        takes its order from the previous one: forwards by latest start, backwards by earliest finish (the
+        forward-backward improvement of project scheduling), so "fbf" keeps the greedy start of "f" and ends
+        with the moves that have least left to do downstream. A backward pass's priority is (minus its
+        reversed finish time, old priority): a dependency finishes strictly later in reversed time, so it
+        still comes first."""
         import heapq
 
         import numpy as np
@@ -91,43 +103,68 @@ class Schedule:
         duration = [max(ref.count for ref in (*m.step.srcs, *m.step.dsts)) * chunk_bytes / (rate[lane[i]] * 1e9)
                     * (len(m.step.srcs) if peer[i] == m.rank else 1) for i, m in enumerate(moves)]
         users: list[list[int]] = [[] for _ in moves]
-        waiting = [len(m.deps) for m in moves]
-        ready_at = [0.0] * len(moves)
         for i, m in enumerate(moves):
             for d in m.deps:
                 users[d].append(i)
-        queue: list[list] = [[] for _ in lanes]  # per lane: heap of (priority, move) whose inputs are there
-        events = [(0.0, i, 0, i) for i, m in enumerate(moves) if not m.deps]
-        seq = len(moves)  # (time, order, kind, x): kind 0 = a move's inputs arrive, 1 = a lane frees up
-        heapq.heapify(events)
-        idle = [True] * len(lanes)
-        start = [0.0] * len(moves)
+        deps = [list(m.deps) for m in moves]
         push, pop = heapq.heappush, heapq.heappop
-        while events:
-            now, _, kind, x = pop(events)
-            if kind == 0:
-                l = lane[x]
-                push(queue[l], (moves[x].priority, x))
+
+        def run(key, reverse: bool) -> list[float]:
+            """Start times of one pass (in reversed time if `reverse`)."""
+            after = deps if reverse else users  # the moves that wait for a move
+            waiting = [len(u) for u in users] if reverse else [len(d) for d in deps]
+            ready_at = [0.0] * len(moves)
+            queue: list[list] = [[] for _ in lanes]  # per lane: heap of (priority, move) whose inputs are there
+            events = [(0.0, i, 0, i) for i in range(len(moves)) if not waiting[i]]
+            seq = len(moves)  # (time, order, kind, x): kind 0 = a move's inputs arrive, 1 = a lane frees up
+            heapq.heapify(events)
+            idle = [True] * len(lanes)
+            start = [0.0] * len(moves)
+            while events:
+                now, _, kind, x = pop(events)
+                if kind == 0:
+                    l = lane[x]
+                    push(queue[l], (key[x], x))
+                else:
+                    l = x
+                    idle[l] = True
+                if idle[l] and queue[l]:
+                    _, i = pop(queue[l])
+                    idle[l] = False
+                    start[i] = now
+                    done = now + duration[i]
+                    push(events, (done, seq, 1, l))
+                    seq += 1
+                    for u in after[i]:
+                        # a put's bytes land one route latency after it (in reversed time the put is u)
+                        arrive = done + latency[lane[u] if reverse else l]
+                        if ready_at[u] < arrive:
+                            ready_at[u] = arrive
+                        waiting[u] -= 1
+                        if not waiting[u]:
+                            push(events, (ready_at[u], seq, 0, u))
+                            seq += 1
+            return start
+
+        old = [m.priority for m in moves]
+        negated = None
+        time = None  # forward-time order of the previous pass: smaller is earlier
+        for direction in passes:
+            if direction == "f":
+                key = old if time is None else list(zip(time, old))
+                start = run(key, False)
+                time = start
+            elif direction == "b":
+                if negated is None:
+                    negated = [tuple(-x for x in p) for p in old]
+                # reversed time runs from the end: moves that finish last go first
+                key = negated if time is None else [(-t - d, n) for t, d, n in zip(time, duration, negated)]
+                start = run(key, True)
+                time = [-(s + d) for s, d in zip(start, duration)]
             else:
-                l = x
-                idle[l] = True
-            if idle[l] and queue[l]:
-                _, i = pop(queue[l])
-                idle[l] = False
-                start[i] = now
-                done = now + duration[i]
-                push(events, (done, seq, 1, l))
-                seq += 1
-                arrive = done + latency[l]
-                for u in users[i]:
-                    if ready_at[u] < arrive:
-                        ready_at[u] = arrive
-                    waiting[u] -= 1
-                    if not waiting[u]:
-                        push(events, (ready_at[u], seq, 0, u))
-                        seq += 1
-        for i, m in enumerate(moves):
-            m.priority = (start[i], m.priority)
+                raise ValueError(f"list_schedule passes are 'f' or 'b', got {passes!r}")
+        for m, t in zip(moves, time):
+            m.priority = (t, m.priority)
 
     def build(self) -> Plan:
         moves = self.moves

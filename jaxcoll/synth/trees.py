@@ -122,5 +122,8 @@ def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Se
                     arrived[c] = sched.move(v, ("to", c, 1, lane_of(v, c, 1) if lane_of else route.lane), (1, route.wave + depth[v] * route.hop, depth[v], -below[c], item), Op.PUT, [src],
                                             [out[c]], deps)
     if topology is not None:
-        sched.list_schedule(topology)
+        # Three passes, the last in the direction the trees run: reduce_scatter's in-trees are packed from the
+        # end, the broadcasts from the start; the middle pass reorders the other end (dgx-h100x2 at 1 GiB:
+        # all_gather 97.9% -> 98.8% of the bound, reduce_scatter 95.0% -> 98.4%, all_reduce 96.6% -> 97.9%).
+        sched.list_schedule(topology, passes="bfb" if collective is Collective.REDUCE_SCATTER else "fbf")
     return sched.build()
