@@ -121,6 +121,7 @@ class _Simulation:
                                   f"{self.pc[r][l]} ({self.lanes[r][l][self.pc[r][l]]!r}) and "
                                   f"{len(stuck) - 1} other lanes too")
         return self.end
+
     def advance(self, r: int, l: int) -> None:
         """Run lane (r, l) from its current step until it blocks, starts a transfer or finishes."""
         steps = self.lanes[r][l]

@@ -8,6 +8,8 @@ the transfers that cross it at that level. The allocation is unique, so it can b
   only the connected component of the links they touch is refilled, never the whole network.
 - Transfers along the same route get the same rate, so a component is a set of routes with counts; a plan repeats
   the same few of them many times, so the rates of each (routes, counts) set are computed once and looked up after.
+  The same holds for the whole network: the counts of transfers per route, seen before, give every rate without
+  finding the component at all.
 - A transfer's bytes left are brought up to date only when its rate changes, and its finish time sits in a heap:
   work per event is that of the transfers whose rate changed, not of everything in flight.
 
@@ -17,6 +19,8 @@ the transfers that cross it at that level. The allocation is unique, so it can b
 from __future__ import annotations
 
 import heapq
+from itertools import compress
+from operator import itemgetter, ne
 
 import numpy as np
 
@@ -25,6 +29,9 @@ from jaxcoll.topology import Topology
 # A link fills "at the same level" as the bottleneck within this relative tolerance (floating error of the
 # subtractions of earlier levels), so that equal shares freeze together.
 _TIE = 1e-12
+# Whole-network states remembered (each holds the rates of the routes in flight); past this the memo starts over,
+# which bounds its memory on long simulations of large plans.
+_STATES = 50_000
 
 
 def max_min_rates(flow_links, capacity: np.ndarray) -> np.ndarray:
@@ -119,9 +126,10 @@ class Network:
         self.finishes: list = []  # heap of (finish time, flow id, version, flow)
         self.touched: list[int] = []  # routes whose transfers started or finished since the last reshare
         self.started: list[Flow] = []
+        self.count: list[int] = []  # transfers in flight per route
         self.rates: dict[tuple, list[float]] = {}  # (route, count) pairs of a component -> their rates
+        self.states: dict[tuple, tuple] = {}  # `count` -> (routes in flight, their rates)
         self.ids = 0
-        self.inflight = 0
 
     def route(self, a: int, b: int) -> int:
         """Id of the route from rank a to rank b."""
@@ -134,6 +142,7 @@ class Network:
             self.route_latency.append(sum(self.topo.links[i].latency_us for i in links) * 1e-6)
             self.route_flows.append({})
             self.route_rate.append(0.0)
+            self.count.append(0)
         return r
 
     def latency(self, a: int, b: int) -> float:
@@ -147,7 +156,7 @@ class Network:
             for l in self.route_links[route]:
                 self.link_routes[l][route] = None
         flows[f.id] = f
-        self.inflight += 1
+        self.count[route] += 1
         self.touched.append(route)
         self.started.append(f)
         return f
@@ -178,7 +187,7 @@ class Network:
             if not flows:
                 for l in self.route_links[f.route]:
                     del self.link_routes[l][f.route]
-            self.inflight -= 1
+            self.count[f.route] -= 1
             self.touched.append(f.route)
         return done
 
@@ -187,27 +196,46 @@ class Network:
         up to `now` and get a new finish time."""
         if not self.touched:
             return
-        component = self._component(self.touched)
+        state = tuple(self.count)
+        known = self.states.get(state)
+        if known is None:
+            component = self._component(self.touched)
+            if component:
+                key = tuple(sorted((r, self.count[r]) for r in component))
+                rates = self.rates.get(key)
+                if rates is None:
+                    rates = self.rates[key] = fair_route_rates([self.route_links[r] for r, _ in key],
+                                                               [c for _, c in key], self.capacity)
+                self._set_rates([r for r, _ in key], rates, now)
+            if len(self.states) >= _STATES:
+                self.states.clear()
+            routes = [r for r, c in enumerate(self.count) if c]
+            # itemgetter, map and compress run in C: on a hit, finding the few routes whose rate changes costs
+            # little more than a tuple comparison
+            gather = itemgetter(*routes) if len(routes) > 1 else lambda rates, r=routes: tuple(rates[i] for i in r)
+            self.states[state] = (routes, gather, gather(self.route_rate))
+        else:
+            routes, gather, rates = known
+            changed = list(compress(range(len(routes)), map(ne, gather(self.route_rate), rates)))
+            if changed:
+                self._set_rates([routes[i] for i in changed], [rates[i] for i in changed], now)
         self.touched = []
-        if component:
-            key = tuple(sorted((r, len(self.route_flows[r])) for r in component))
-            rates = self.rates.get(key)
-            if rates is None:
-                rates = self.rates[key] = fair_route_rates([self.route_links[r] for r, _ in key],
-                                                           [c for _, c in key], self.capacity)
-            for (r, _), x in zip(key, rates):
-                if self.route_rate[r] != x:
-                    self.route_rate[r] = x
-                    for f in self.route_flows[r].values():
-                        f.remaining = f.left_at(now)
-                        f.since = now
-                        f.rate = x
-                        self._schedule(f)
         for f in self.started:
             if f.version == 0:  # its route's rate did not change: it starts at that rate
                 f.rate = self.route_rate[f.route]
                 self._schedule(f)
         self.started = []
+
+    def _set_rates(self, routes, rates, now: float) -> None:
+        route_rate = self.route_rate
+        for r, x in zip(routes, rates):
+            if route_rate[r] != x:
+                route_rate[r] = x
+                for f in self.route_flows[r].values():
+                    f.remaining = f.left_at(now)
+                    f.since = now
+                    f.rate = x
+                    self._schedule(f)
 
     def _schedule(self, f: Flow) -> None:
         f.version += 1
