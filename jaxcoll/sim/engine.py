@@ -125,25 +125,26 @@ class _Simulation:
     def advance(self, r: int, l: int) -> None:
         """Run lane (r, l) from its current step until it blocks, starts a transfer or finishes."""
         steps = self.lanes[r][l]
-        while self.pc[r][l] < len(steps):
-            step = steps[self.pc[r][l]]
+        pc, sems = self.pc[r], self.sems[r]
+        while pc[l] < len(steps):
+            step = steps[pc[l]]
             op = step.op
             if op is Op.WAIT:
-                if self.sems[r][step.sem] > 0:
-                    self.sems[r][step.sem] -= 1
-                    self.pc[r][l] += 1
+                if sems[step.sem] > 0:
+                    sems[step.sem] -= 1
+                    pc[l] += 1
                     continue
                 self.waiting[r, step.sem] = (r, l)
                 return
             if op is Op.SIGNAL:
                 latency = self.net.latency(r, step.peer) if step.peer != r else 0.0
                 self.push(self.now + latency, "signal", (step.peer, step.sem))
-                self.pc[r][l] += 1
+                pc[l] += 1
                 continue
             if op is Op.BARRIER:
                 k = self.barrier_seen[r][l]
                 self.barrier_seen[r][l] += 1
-                self.pc[r][l] += 1
+                pc[l] += 1
                 arrived = self.barrier[r][k]
                 arrived.append(l)
                 if len(arrived) < len(self.lanes[r]):
@@ -152,7 +153,7 @@ class _Simulation:
                     if other != l:
                         self.push(self.now, "lane", (r, other))
                 continue
-            self.pc[r][l] += 1
+            pc[l] += 1
             self.start_data(r, l, step)
             return
         self.end = max(self.end, self.now)
@@ -176,10 +177,9 @@ class _Simulation:
         # [transfers left, landing delay the lane waits for (pulls only), local work after, pulls?, earliest
         # finish]. A reduce_put streams: it reads its sources and sends their sum as it goes (the point of the
         # fused step), so the lane finishes when both the sending and the reading are done.
-        self.pending[r, l] = [len(flows), 0.0, compute if pulls else 0.0, pulls,
-                              0.0 if pulls else self.now + compute]
-        self.add_flows(r, l, flows, nbytes)
-
-    def add_flows(self, r: int, l: int, pairs, nbytes: float) -> None:
-        for a, b in pairs:
-            self.net.start(self.net.route(a, b), nbytes, (r, l), self.now)
+        owner = (r, l)
+        self.pending[owner] = [len(flows), 0.0, compute if pulls else 0.0, pulls,
+                               0.0 if pulls else self.now + compute]
+        net = self.net
+        for a, b in flows:
+            net.start(net.route(a, b), nbytes, owner, self.now)
