@@ -19,6 +19,7 @@ the transfers that cross it at that level. The allocation is unique, so it can b
 from __future__ import annotations
 
 import heapq
+from array import array
 from itertools import compress
 from operator import itemgetter, ne
 
@@ -29,9 +30,9 @@ from jaxcoll.topology import Topology
 # A link fills "at the same level" as the bottleneck within this relative tolerance (floating error of the
 # subtractions of earlier levels), so that equal shares freeze together.
 _TIE = 1e-12
-# Whole-network states remembered (each holds the rates of the routes in flight); past this the memo starts over,
-# which bounds its memory on long simulations of large plans.
-_STATES = 50_000
+# Memory for remembered rates (of components and of whole-network states); past it they start over, which bounds
+# what long simulations of large plans hold.
+_MEMO_BYTES = 128 << 20
 
 
 def max_min_rates(flow_links, capacity: np.ndarray) -> np.ndarray:
@@ -126,9 +127,10 @@ class Network:
         self.finishes: list = []  # heap of (finish time, flow id, version, flow)
         self.touched: list[int] = []  # routes whose transfers started or finished since the last reshare
         self.started: list[Flow] = []
-        self.count: list[int] = []  # transfers in flight per route
-        self.rates: dict[tuple, list[float]] = {}  # (route, count) pairs of a component -> their rates
-        self.states: dict[tuple, tuple] = {}  # `count` -> (routes in flight, their rates)
+        self.count = array("H")  # transfers in flight per route; .tobytes() is a cheap key of the whole state
+        self.rates: dict[bytes, list[float]] = {}  # a component's routes and counts -> the routes' rates
+        self.states: dict[bytes, tuple] = {}  # `count` -> (routes in flight, a getter of their rates, rates)
+        self.memo_bytes = 0
         self.ids = 0
 
     def route(self, a: int, b: int) -> int:
@@ -196,24 +198,23 @@ class Network:
         up to `now` and get a new finish time."""
         if not self.touched:
             return
-        state = tuple(self.count)
+        state = self.count.tobytes()
         known = self.states.get(state)
         if known is None:
-            component = self._component(self.touched)
+            component = sorted(self._component(self.touched))
             if component:
-                key = tuple(sorted((r, self.count[r]) for r in component))
+                counts = [self.count[r] for r in component]
+                key = array("H", component + counts).tobytes()
                 rates = self.rates.get(key)
                 if rates is None:
-                    rates = self.rates[key] = fair_route_rates([self.route_links[r] for r, _ in key],
-                                                               [c for _, c in key], self.capacity)
-                self._set_rates([r for r, _ in key], rates, now)
-            if len(self.states) >= _STATES:
-                self.states.clear()
-            routes = [r for r, c in enumerate(self.count) if c]
+                    rates = fair_route_rates([self.route_links[r] for r in component], counts, self.capacity)
+                    self._remember(self.rates, key, rates, len(component))
+                self._set_rates(component, rates, now)
+            routes = list(compress(range(len(self.count)), self.count))
             # itemgetter, map and compress run in C: on a hit, finding the few routes whose rate changes costs
             # little more than a tuple comparison
             gather = itemgetter(*routes) if len(routes) > 1 else lambda rates, r=routes: tuple(rates[i] for i in r)
-            self.states[state] = (routes, gather, gather(self.route_rate))
+            self._remember(self.states, state, (routes, gather, gather(self.route_rate)), len(routes))
         else:
             routes, gather, rates = known
             changed = list(compress(range(len(routes)), map(ne, gather(self.route_rate), rates)))
@@ -225,6 +226,16 @@ class Network:
                 f.rate = self.route_rate[f.route]
                 self._schedule(f)
         self.started = []
+
+    def _remember(self, memo: dict, key: bytes, value, routes: int) -> None:
+        # About 64 bytes a route (list and tuple slots, a float, an int) plus the key; past the budget both memos
+        # start over.
+        self.memo_bytes += len(key) + 64 * routes
+        if self.memo_bytes > _MEMO_BYTES:
+            self.states.clear()
+            self.rates.clear()
+            self.memo_bytes = len(key) + 64 * routes
+        memo[key] = value
 
     def _set_rates(self, routes, rates, now: float) -> None:
         route_rate = self.route_rate
