@@ -5,9 +5,10 @@ The model (docs/synthesis.md, "The simulator"):
 - A data step that names a chunk on a peer is a *transfer* along `Topology.route`: a put (a remote destination)
   sends from this rank, a get or read_reduce (a remote source) pulls to it. While transfers are in flight the
   links are shared max-min fairly (progressive filling): each transfer gets an equal share of its bottleneck
-  link, and what one transfer cannot use goes to the others. A lane that puts goes on when its last byte has
-  left (the transfer time); the bytes land `latency` later (the sum of the route's link latencies). A lane that
-  pulls goes on when its bytes have landed.
+  link, and what one transfer cannot use goes to the others (`jaxcoll.sim.sharing`, which recomputes only what
+  a start or finish touches). A lane that puts goes on when its last byte has left (the transfer time); the
+  bytes land `latency` later (the sum of the route's link latencies). A lane that pulls goes on when its bytes
+  have landed.
 - A signal reaches its peer one route latency after it is issued; it follows the puts the lane issued before it
   (release order), so a waiter never sees a signal before the data. A wait blocks until a signal is there.
   A barrier holds every lane of the rank until all have reached it.
@@ -30,6 +31,9 @@ from collections import defaultdict
 from jaxcoll.plan import Buffer, Op, Plan
 from jaxcoll.sim.sharing import Network, max_min_rates  # noqa: F401 (max_min_rates: synthesis imports it here)
 from jaxcoll.topology import Topology
+
+# An enum member read off its class goes through a descriptor (~10x a global read), and every step is tested.
+_WAIT, _SIGNAL, _BARRIER = Op.WAIT, Op.SIGNAL, Op.BARRIER
 
 
 class SimulationError(RuntimeError):
@@ -129,19 +133,19 @@ class _Simulation:
         while pc[l] < len(steps):
             step = steps[pc[l]]
             op = step.op
-            if op is Op.WAIT:
+            if op is _WAIT:
                 if sems[step.sem] > 0:
                     sems[step.sem] -= 1
                     pc[l] += 1
                     continue
                 self.waiting[r, step.sem] = (r, l)
                 return
-            if op is Op.SIGNAL:
+            if op is _SIGNAL:
                 latency = self.net.latency(r, step.peer) if step.peer != r else 0.0
                 self.push(self.now + latency, "signal", (step.peer, step.sem))
                 pc[l] += 1
                 continue
-            if op is Op.BARRIER:
+            if op is _BARRIER:
                 k = self.barrier_seen[r][l]
                 self.barrier_seen[r][l] += 1
                 pc[l] += 1
