@@ -170,8 +170,8 @@ class Network:
         return heap[0][0] if heap else float("inf")
 
     def finish(self, now: float, slack: float) -> list[Flow]:
-        """Remove the transfers done at `now` (call when `now` is `next_finish()`): the first in the heap and those
-        within `slack` bytes of done, in start order."""
+        """Remove the transfers done at `now` (call when `now` is `next_finish()`): the first in the heap and the
+        ones after it in finish order that are within `slack` bytes of done; returned in start order."""
         heap = self.finishes
         done = [heapq.heappop(heap)[3]]
         while heap:
