@@ -1,14 +1,18 @@
 """The simulator against the alpha-beta closed forms on simple topologies."""
 
 import math
+import random
+from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
 from jaxcoll.sim import SimulationError, simulate
+from jaxcoll.sim.sharing import Network, fair_route_rates, max_min_rates
 from jaxcoll.synth import rhd, ring, tree, tree_plan, TreeRoute
 from jaxcoll.synth.tree import binary_tree
-from jaxcoll.topology import Topology
+from jaxcoll.topology import Topology, preset
 
 B = 10.0  # GB/s per port
 ALPHA_US = 2.0  # rank -> switch -> rank
@@ -103,3 +107,76 @@ def test_a_copy_needs_no_network():
     plan = Plan(Collective.ALL_REDUCE, 1, (RankProgram(1, 1, 0, 0, (Lane((copy,)),)),))
     t = Topology("one", 1, (), ())
     assert simulate(plan, t, 1e6) == 0.0
+
+
+# -- link sharing ------------------------------------------------------------------------------------------------
+
+def water_filling(flow_links, capacity):
+    """Textbook progressive filling in exact arithmetic: raise every unfrozen flow by the largest equal increment
+    that fits, freeze the flows on the links that are then full, repeat."""
+    cap = [Fraction(c) for c in capacity]
+    rate = [Fraction(0)] * len(flow_links)
+    frozen = [False] * len(flow_links)
+    while not all(frozen):
+        users = [sum(1 for i, f in enumerate(flow_links) if not frozen[i] and l in f) for l in range(len(cap))]
+        used = [sum(rate[i] for i, f in enumerate(flow_links) if l in f) for l in range(len(cap))]
+        step = min((cap[l] - used[l]) / users[l] for l in range(len(cap)) if users[l])
+        for i in range(len(flow_links)):
+            if not frozen[i]:
+                rate[i] += step
+        full = {l for l in range(len(cap)) if users[l] and used[l] + users[l] * step == cap[l]}
+        for i, f in enumerate(flow_links):
+            if not frozen[i] and full & set(f):
+                frozen[i] = True
+    return [float(r) for r in rate]
+
+
+def random_flows(rng, nlinks, nflows):
+    capacity = [float(rng.choice([1, 2, 3, 5, 8])) * 1e9 for _ in range(nlinks)]
+    flows = [sorted(rng.sample(range(nlinks), rng.randint(1, min(3, nlinks)))) for _ in range(nflows)]
+    return flows, capacity
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fair_rates_are_those_of_progressive_filling(seed):
+    rng = random.Random(seed)
+    flows, capacity = random_flows(rng, rng.randint(1, 8), rng.randint(1, 12))
+    expect = water_filling(flows, capacity)
+    assert np.allclose(max_min_rates([np.array(f) for f in flows], np.array(capacity)), expect, rtol=1e-12)
+    # The simulator's form: routes with counts of identical transfers.
+    routes = sorted({tuple(f) for f in flows})
+    counts = [sum(1 for f in flows if tuple(f) == r) for r in routes]
+    by_route = dict(zip(routes, fair_route_rates(routes, counts, capacity)))
+    assert np.allclose([by_route[tuple(f)] for f in flows], expect, rtol=1e-12)
+
+
+def test_network_rates_stay_max_min_fair_as_transfers_start_and_finish():
+    # The simulator refills only the component of links touched and remembers the rates of states seen before;
+    # after every batch the rates must be those of a fresh computation over everything in flight.
+    t = preset("dgx-h100", 2)
+    capacity = np.array([l.bandwidth_GBps * 1e9 for l in t.links])
+    rng = random.Random(0)
+    net = Network(t)
+    inflight = {}  # flow -> (src, dst)
+    now = 0.0
+
+    def check():
+        flows = list(inflight)
+        expect = max_min_rates([np.array(t.route(*inflight[f])) for f in flows], capacity) if flows else []
+        assert np.allclose([f.rate for f in flows], expect, rtol=1e-12)
+
+    for _ in range(300):
+        for _ in range(rng.randint(0, 3)):
+            a, b = rng.sample(range(t.nranks), 2)
+            inflight[net.start(net.route(a, b), rng.choice([1e5, 2e5, 5e5]), None, now)] = (a, b)
+        net.reshare(now)
+        check()
+        later = now + rng.random() * 1e-6
+        if net.next_finish() <= later:
+            now = net.next_finish()
+            for f in net.finish(now, 1e-3):
+                del inflight[f]
+            net.reshare(now)
+            check()
+        else:
+            now = later

@@ -5,9 +5,10 @@ The model (docs/synthesis.md, "The simulator"):
 - A data step that names a chunk on a peer is a *transfer* along `Topology.route`: a put (a remote destination)
   sends from this rank, a get or read_reduce (a remote source) pulls to it. While transfers are in flight the
   links are shared max-min fairly (progressive filling): each transfer gets an equal share of its bottleneck
-  link, and what one transfer cannot use goes to the others. A lane that puts goes on when its last byte has
-  left (the transfer time); the bytes land `latency` later (the sum of the route's link latencies). A lane that
-  pulls goes on when its bytes have landed.
+  link, and what one transfer cannot use goes to the others (`jaxcoll.sim.sharing`, which recomputes only what
+  a start or finish touches). A lane that puts goes on when its last byte has left (the transfer time); the
+  bytes land `latency` later (the sum of the route's link latencies). A lane that pulls goes on when its bytes
+  have landed.
 - A signal reaches its peer one route latency after it is issued; it follows the puts the lane issued before it
   (release order), so a waiter never sees a signal before the data. A wait blocks until a signal is there.
   A barrier holds every lane of the rank until all have reached it.
@@ -27,10 +28,12 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 
-import numpy as np
-
 from jaxcoll.plan import Buffer, Op, Plan
+from jaxcoll.sim.sharing import Network, max_min_rates  # noqa: F401 (max_min_rates: synthesis imports it here)
 from jaxcoll.topology import Topology
+
+# An enum member read off its class goes through a descriptor (~10x a global read), and every step is tested.
+_WAIT, _SIGNAL, _BARRIER = Op.WAIT, Op.SIGNAL, Op.BARRIER
 
 
 class SimulationError(RuntimeError):
@@ -41,17 +44,6 @@ def chunk_bytes(plan: Plan, nbytes: float) -> float:
     """Bytes of one chunk when the collective moves `nbytes` (nccl-tests' S: the all_reduce buffer, the
     all_gather output, the reduce_scatter input)."""
     return float(nbytes) / max(plan.in_blocks, plan.out_blocks) / plan.chunk_factor
-
-
-class _Flow:
-    __slots__ = ("links", "remaining", "rate", "owner", "latency")
-
-    def __init__(self, links, remaining, owner, latency):
-        self.links = links
-        self.remaining = remaining
-        self.rate = 0.0
-        self.owner = owner
-        self.latency = latency
 
 
 def simulate(plan: Plan, topology: Topology, nbytes: float, trace: list | None = None) -> float:
@@ -67,8 +59,11 @@ class _Simulation:
     def __init__(self, plan: Plan, topo: Topology, nbytes: float, trace):
         self.plan, self.topo, self.trace = plan, topo, trace
         self.chunk = chunk_bytes(plan, nbytes)
-        self.capacity = np.array([l.bandwidth_GBps * 1e9 for l in topo.links])
+        # A transfer within this many bytes of done when another finishes finishes with it (floating error of
+        # transfers that end together).
+        self.slack = 1e-9 * max(1.0, self.chunk)
         self.mem = topo.memory_bandwidth_GBps * 1e9 if topo.memory_bandwidth_GBps else None
+        self.net = Network(topo)
         self.lanes = [[lane.steps for lane in prog.lanes] for prog in plan.ranks]
         self.pc = [[0] * len(prog.lanes) for prog in plan.ranks]
         self.sems = [defaultdict(int) for _ in plan.ranks]
@@ -77,18 +72,9 @@ class _Simulation:
         self.barrier_seen = [[0] * len(prog.lanes) for prog in plan.ranks]
         self.events: list = []
         self.seq = 0
-        self.flows: list[_Flow] = []
         self.pending: dict[tuple[int, int], list] = {}  # (rank, lane) -> [flows left, resume delay, start]
         self.now = 0.0
         self.end = 0.0
-        self.routes: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
-
-    def route(self, a: int, b: int):
-        if (a, b) not in self.routes:
-            links = self.topo.route(a, b)
-            self.routes[a, b] = (np.asarray(links, dtype=np.int64),
-                                 sum(self.topo.links[i].latency_us for i in links) * 1e-6)
-        return self.routes[a, b]
 
     def push(self, t: float, kind: str, payload) -> None:
         self.seq += 1
@@ -99,41 +85,13 @@ class _Simulation:
         for r, lanes in enumerate(self.lanes):
             for l in range(len(lanes)):
                 self.push(0.0, "lane", (r, l))
-        dirty = False
-        while self.events or self.flows:
-            if dirty:
-                self.share()
-                dirty = False
-            t_event = self.events[0][0] if self.events else float("inf")
-            t_flow = min((f.remaining / f.rate if f.rate > 0 else (0.0 if f.remaining <= 0 else float("inf"))
-                          for f in self.flows), default=float("inf")) + self.now
-            t = min(t_event, t_flow)
-            dt = t - self.now
-            if dt > 0:
-                for f in self.flows:
-                    f.remaining -= f.rate * dt
-                self.now = t
-            if t_flow <= t_event:
-                done = [f for f in self.flows if f.remaining <= 1e-9 * max(1.0, self.chunk)]
-                self.flows = [f for f in self.flows if f.remaining > 1e-9 * max(1.0, self.chunk)]
-                for f in done:
-                    self.end = max(self.end, self.now + f.latency)
-                    entry = self.pending[f.owner]
-                    entry[0] -= 1
-                    entry[1] = max(entry[1], f.latency if entry[3] else 0.0)
-                    if entry[0] == 0:
-                        del self.pending[f.owner]
-                        self.push(max(self.now + entry[1] + entry[2], entry[4]), "lane", f.owner)
-                dirty = True
-                continue
-            # every event at this instant, then one rate computation
-            while self.events and self.events[0][0] <= self.now:
-                _, _, kind, payload = heapq.heappop(self.events)
-                nflows = len(self.flows)
+        net, events = self.net, self.events
+        while True:
+            # every event at this instant (after the transfers that finished at it), then one rate computation
+            while events and events[0][0] <= self.now:
+                _, _, kind, payload = heapq.heappop(events)
                 if kind == "lane":
                     self.advance(*payload)
-                elif kind == "flows":
-                    self.add_flows(*payload)
                 else:  # a signal lands
                     r, sem = payload
                     self.sems[r][sem] += 1
@@ -141,7 +99,24 @@ class _Simulation:
                     blocked = self.waiting.pop((r, sem), None)
                     if blocked is not None:
                         self.advance(*blocked)
-                dirty = dirty or len(self.flows) != nflows
+            net.reshare(self.now)
+            t_event = events[0][0] if events else float("inf")
+            t_flow = net.next_finish()
+            if t_flow <= t_event and t_flow < float("inf"):
+                # max(): a finish time computed a few ulps before `now` (its transfer's rate changed at `now`)
+                self.now = max(self.now, t_flow)
+                for f in net.finish(self.now, self.slack):
+                    self.end = max(self.end, self.now + f.latency)
+                    entry = self.pending[f.owner]
+                    entry[0] -= 1
+                    entry[1] = max(entry[1], f.latency if entry[3] else 0.0)
+                    if entry[0] == 0:
+                        del self.pending[f.owner]
+                        self.push(max(self.now + entry[1] + entry[2], entry[4]), "lane", f.owner)
+            elif t_event < float("inf"):
+                self.now = t_event
+            else:
+                break
         stuck = [(r, l) for r, lanes in enumerate(self.lanes) for l, steps in enumerate(lanes)
                  if self.pc[r][l] < len(steps)]
         if stuck:
@@ -154,25 +129,26 @@ class _Simulation:
     def advance(self, r: int, l: int) -> None:
         """Run lane (r, l) from its current step until it blocks, starts a transfer or finishes."""
         steps = self.lanes[r][l]
-        while self.pc[r][l] < len(steps):
-            step = steps[self.pc[r][l]]
+        pc, sems = self.pc[r], self.sems[r]
+        while pc[l] < len(steps):
+            step = steps[pc[l]]
             op = step.op
-            if op is Op.WAIT:
-                if self.sems[r][step.sem] > 0:
-                    self.sems[r][step.sem] -= 1
-                    self.pc[r][l] += 1
+            if op is _WAIT:
+                if sems[step.sem] > 0:
+                    sems[step.sem] -= 1
+                    pc[l] += 1
                     continue
                 self.waiting[r, step.sem] = (r, l)
                 return
-            if op is Op.SIGNAL:
-                latency = self.route(r, step.peer)[1] if step.peer != r else 0.0
+            if op is _SIGNAL:
+                latency = self.net.latency(r, step.peer) if step.peer != r else 0.0
                 self.push(self.now + latency, "signal", (step.peer, step.sem))
-                self.pc[r][l] += 1
+                pc[l] += 1
                 continue
-            if op is Op.BARRIER:
+            if op is _BARRIER:
                 k = self.barrier_seen[r][l]
                 self.barrier_seen[r][l] += 1
-                self.pc[r][l] += 1
+                pc[l] += 1
                 arrived = self.barrier[r][k]
                 arrived.append(l)
                 if len(arrived) < len(self.lanes[r]):
@@ -181,7 +157,7 @@ class _Simulation:
                     if other != l:
                         self.push(self.now, "lane", (r, other))
                 continue
-            self.pc[r][l] += 1
+            pc[l] += 1
             self.start_data(r, l, step)
             return
         self.end = max(self.end, self.now)
@@ -205,42 +181,9 @@ class _Simulation:
         # [transfers left, landing delay the lane waits for (pulls only), local work after, pulls?, earliest
         # finish]. A reduce_put streams: it reads its sources and sends their sum as it goes (the point of the
         # fused step), so the lane finishes when both the sending and the reading are done.
-        self.pending[r, l] = [len(flows), 0.0, compute if pulls else 0.0, pulls,
-                              0.0 if pulls else self.now + compute]
-        self.add_flows(r, l, flows, nbytes)
-
-    def add_flows(self, r: int, l: int, pairs, nbytes: float) -> None:
-        for a, b in pairs:
-            links, latency = self.route(a, b)
-            self.flows.append(_Flow(links, nbytes, (r, l), latency))
-
-    def share(self) -> None:
-        """Max-min fair rates for the active flows."""
-        if self.flows:
-            for f, x in zip(self.flows, max_min_rates([f.links for f in self.flows], self.capacity)):
-                f.rate = float(x)
-
-
-def max_min_rates(flow_links, capacity: np.ndarray) -> np.ndarray:
-    """Max-min fair rates of flows that cross the given links (arrays of link indices), by progressive filling:
-    raise every unfrozen flow's rate together; when a link fills, freeze the flows that cross it."""
-    lens = np.fromiter((len(l) for l in flow_links), dtype=np.int64, count=len(flow_links))
-    links = np.concatenate(flow_links).astype(np.int64)
-    owner = np.repeat(np.arange(len(flow_links)), lens)
-    remaining = np.array(capacity, dtype=float)
-    rate = np.zeros(len(flow_links))
-    active = np.ones(len(flow_links), dtype=bool)
-    while active.any():
-        on = active[owner]
-        counts = np.bincount(links[on], minlength=len(remaining))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
-        s = share.min()
-        bottleneck = share <= s * (1 + 1e-12)
-        frozen = np.zeros(len(flow_links), dtype=bool)
-        frozen[owner[on & bottleneck[links]]] = True
-        frozen &= active
-        rate[frozen] = s
-        np.subtract.at(remaining, links[frozen[owner]], s)
-        active &= ~frozen
-    return rate
+        owner = (r, l)
+        self.pending[owner] = [len(flows), 0.0, compute if pulls else 0.0, pulls,
+                               0.0 if pulls else self.now + compute]
+        net = self.net
+        for a, b in flows:
+            net.start(net.route(a, b), nbytes, owner, self.now)
