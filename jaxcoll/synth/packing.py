@@ -26,10 +26,11 @@ import math
 
 import numpy as np
 from scipy.optimize import linprog
-from scipy.sparse import csr_matrix
+from scipy.sparse import csr_matrix, identity
 
 from jaxcoll.plan import Collective, Plan
 from jaxcoll.synth.arborescence import min_arborescence
+from jaxcoll.synth.symmetry import BoxShift, box_shift, orbits, power
 from jaxcoll.synth.trees import TreeRoute, tree_plan
 from jaxcoll.topology import Topology
 
@@ -224,37 +225,58 @@ def _pairs(topology: Topology):
 
 
 def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> Packing:
-    """Optimal weighted spanning trees for all_gather (out-trees) or, with inward=True, reduce_scatter."""
+    """Optimal weighted spanning trees for all_gather (out-trees) or, with inward=True, reduce_scatter.
+
+    On k identical boxes (`synth.symmetry.box_shift`) the LP is solved for box 0's roots only, with one
+    constraint per orbit of links and pairs under the box shift, and box b's trees are box 0's shifted by b: the
+    same optimum (the average of an optimal packing's k shifts is optimal and symmetric) from an LP k times
+    smaller, priced at 1/k of the roots per round."""
     n = topology.nranks
     pairs, incidence = _pairs(topology)
     cap = np.array([l.bandwidth_GBps for l in topology.links])  # GB/s; T below is in ns per byte of block
-    nlinks = len(cap)
     if fair:
         from jaxcoll.sim.engine import max_min_rates
         rates = max_min_rates([np.asarray(topology.route(u, v)) for u, v in pairs], cap)
-        from scipy.sparse import hstack, identity
+        from scipy.sparse import hstack
         incidence = hstack([incidence, identity(len(pairs), format="csr")]).tocsr()
         cap = np.concatenate([cap, rates])
+    shift = box_shift(topology)
+    row_image = _row_image(shift, pairs, cap, fair) if shift is not None else None
+    if row_image is None:
+        roots = list(range(n))
+        fold = identity(len(cap), format="csr")
+        lp_cap = cap
+    else:
+        # Row of orbit O: a representative tree A stands for its k shifts, which load e in O as much as A loads
+        # the whole orbit, k / |O| times over (the stabilizer of e); the members share one capacity.
+        roots = list(shift.roots)
+        orbit = orbits(row_image, shift.order)
+        size = np.bincount(orbit)
+        fold = csr_matrix(((shift.order / size)[orbit], (orbit, np.arange(len(cap)))), shape=(len(size), len(cap)))
+        lp_cap = np.bincount(orbit, weights=cap) / size
+    slot = {r: i for i, r in enumerate(roots)}
 
     def cost_matrix(edge_cost: np.ndarray) -> np.ndarray:
         m = np.full((n, n), np.inf)
-        for (u, v), c in zip(pairs, edge_cost):
-            if inward:
-                m[v, u] = c  # in-tree edge u -> v is out-tree edge v -> u of the transposed graph
-            else:
-                m[u, v] = c
+        u, v = pair_array[:, 0], pair_array[:, 1]
+        if inward:
+            m[v, u] = edge_cost  # in-tree edge u -> v is out-tree edge v -> u of the transposed graph
+        else:
+            m[u, v] = edge_cost
         return m
 
+    pair_array = np.array(pairs, dtype=np.int64).reshape(-1, 2)
     incidence_t = incidence.T.tocsr()
+    lp_incidence_t = (fold @ incidence_t).tocsr()
+    pair_index = {p: i for i, p in enumerate(pairs)}
 
-    def load_of(parent) -> np.ndarray:
+    def used_pairs(parent) -> np.ndarray:
         used = np.zeros(len(pairs))
         for v, p in enumerate(parent):
             if p >= 0:
                 used[pair_index[(v, p) if inward else (p, v)]] += 1
-        return incidence_t @ used
+        return used
 
-    pair_index = {p: i for i, p in enumerate(pairs)}
     columns: list[tuple[int, tuple[int, ...]]] = []
     loads: list[np.ndarray] = []
     seen = set()
@@ -265,12 +287,12 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
             return False
         seen.add(key)
         columns.append(key)
-        loads.append(load_of(parent))
+        loads.append(lp_incidence_t @ used_pairs(parent))
         return True
 
     # Start from the widest tree of each root (cost 1/bandwidth per link) so the first LP is feasible.
     start = cost_matrix(np.asarray(incidence @ (1.0 / cap)).ravel())
-    for r in range(n):
+    for r in roots:
         add(r, min_arborescence(start, r))
         if all(((r, v) if not inward else (v, r)) in pair_index for v in range(n) if v != r):
             add(r, tuple(-1 if v == r else r for v in range(n)))  # the star: optimal on a single switch
@@ -278,15 +300,15 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
     while True:
         rounds += 1
         m = len(columns)
-        a_ub = np.zeros((len(cap), m + 1))
-        a_ub[:, 0] = -cap
+        a_ub = np.zeros((len(lp_cap), m + 1))
+        a_ub[:, 0] = -lp_cap
         a_ub[:, 1:] = np.stack(loads, axis=1)
-        a_eq = np.zeros((n, m + 1))
+        a_eq = np.zeros((len(roots), m + 1))
         for j, (r, _) in enumerate(columns):
-            a_eq[r, j + 1] = 1.0
+            a_eq[slot[r], j + 1] = 1.0
         obj = np.zeros(m + 1)
         obj[0] = 1.0
-        res = linprog(obj, A_ub=a_ub, b_ub=np.zeros(len(cap)), A_eq=a_eq, b_eq=np.ones(n),
+        res = linprog(obj, A_ub=a_ub, b_ub=np.zeros(len(lp_cap)), A_eq=a_eq, b_eq=np.ones(len(roots)),
                       bounds=[(0, None)] * (m + 1), method="highs")
         if res.status != 0:
             raise RuntimeError(f"tree packing LP failed on {topology.name!r}: {res.message}")
@@ -294,26 +316,62 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
         pi = np.asarray(res.eqlin.marginals)
         if rounds >= MAX_ROUNDS:
             break
-        edge_cost = np.asarray(incidence @ y).ravel()
+        edge_cost = np.asarray(incidence @ (fold.T @ y)).ravel()
         costs = cost_matrix(edge_cost)
         added = 0
-        for r in range(n):
+        for r in roots:
             parent = min_arborescence(costs, r)
-            price = sum(edge_cost[pair_index[(v, p) if inward else (p, v)]] for v, p in enumerate(parent) if p >= 0)
-            if price < pi[r] - 1e-9 * max(1.0, abs(pi[r])) and add(r, parent):
+            price = edge_cost @ used_pairs(parent)
+            if price < pi[slot[r]] - 1e-9 * max(1.0, abs(pi[slot[r]])) and add(r, parent):
                 added += 1
         if not added:
             break
-    w = res.x[1:]
+    weights = res.x[1:]
+    full_loads = [incidence_t @ used_pairs(parent) for _, parent in columns]
+    if row_image is not None:
+        columns, weights, full_loads = _shifted(shift, row_image, columns, weights, full_loads)
     trees: list[list] = [[] for _ in range(n)]
-    for (r, parent), weight in zip(columns, w):
+    for (r, parent), weight in zip(columns, weights):
         if weight > 1e-9:
             trees[r].append((parent, float(weight)))
     for r in range(n):
         total = sum(x for _, x in trees[r])
         trees[r] = [(p, x / total) for p, x in trees[r]]
-    return Packing(topology, inward, trees, float(res.x[0]) * 1e-9, rounds, columns, np.stack(loads, axis=1),
+    return Packing(topology, inward, trees, float(res.x[0]) * 1e-9, rounds, columns, np.stack(full_loads, axis=1),
                    pairs, cap)
+
+
+def _row_image(shift: BoxShift, pairs, cap: np.ndarray, fair: bool) -> np.ndarray | None:
+    """The image under the shift of each LP row (links, then pairs if `fair`), or None if the pairs or their
+    fair-share capacities are not invariant (then the full LP is solved)."""
+    image = shift.links
+    if fair:
+        pair_image = shift.pairs(pairs)
+        if pair_image is None:
+            return None
+        image = np.concatenate([image, len(image) + pair_image])
+    if not np.allclose(cap[image], cap, rtol=1e-9, atol=0):
+        return None
+    return image
+
+
+def _shifted(shift: BoxShift, row_image: np.ndarray, columns, weights, loads):
+    """Box 0's trees and their k - 1 shifts, with their weights and (links and pairs) loads."""
+    out_columns, out_weights, out_loads = [], [], []
+    for b in range(shift.order):
+        node = power(shift.ranks, b)
+        row = power(row_image, b)
+        for (r, parent), w, load in zip(columns, weights, loads):
+            moved = np.full(len(parent), -1, dtype=np.int64)
+            p = np.asarray(parent)
+            child = np.flatnonzero(p >= 0)
+            moved[node[child]] = node[p[child]]
+            out_columns.append((int(node[r]), tuple(moved.tolist())))
+            out_weights.append(w)
+            shifted = np.empty_like(load)
+            shifted[row] = load
+            out_loads.append(shifted)
+    return out_columns, np.array(out_weights), out_loads
 
 
 def chunk_cap(nranks: int) -> int:
