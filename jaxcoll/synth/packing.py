@@ -26,10 +26,11 @@ import math
 
 import numpy as np
 from scipy.optimize import linprog
-from scipy.sparse import csr_matrix, identity
+from scipy.sparse import csr_matrix, hstack, identity
 
 from jaxcoll.plan import Collective, Plan
 from jaxcoll.synth.arborescence import min_arborescence
+from jaxcoll.synth.bound import min_cut_ratio
 from jaxcoll.synth.symmetry import BoxShift, box_shift, orbits, power
 from jaxcoll.synth.trees import TreeRoute, tree_plan
 from jaxcoll.topology import Topology
@@ -40,6 +41,9 @@ ROUNDING_TOLERANCE = 0.002
 MILP_COLUMNS = 2000  # the rounding MILP runs on packings of at most this many trees
 MILP_SECONDS = 0.15  # dgx1 reaches its best rounding (0.2% over the LP) in this time; 16 ranks gain nothing in 0.3 s
 MILP_GAP = 1e-3
+SEED_ROUNDS = 8  # multiplicative-weights trees per root before the first LP
+SEED_SHARPNESS = 8.0  # the busiest row costs e^8 times an idle one of equal capacity
+MAX_SHIFTED_LOADS = 1 << 24  # entries of Packing.loads kept for the rounding on symmetric topologies (128 MiB)
 
 
 @dataclasses.dataclass
@@ -227,17 +231,16 @@ def _pairs(topology: Topology):
 def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> Packing:
     """Optimal weighted spanning trees for all_gather (out-trees) or, with inward=True, reduce_scatter.
 
-    On k identical boxes (`synth.symmetry.box_shift`) the LP is solved for box 0's roots only, with one
-    constraint per orbit of links and pairs under the box shift, and box b's trees are box 0's shifted by b: the
-    same optimum (the average of an optimal packing's k shifts is optimal and symmetric) from an LP k times
-    smaller, priced at 1/k of the roots per round."""
+    On k identical boxes (`synth.symmetry.box_shift`) the LP is solved for box 0's roots only, with one row per
+    orbit of links and pairs under the box shift, and box b's trees are box 0's shifted by b: the same optimum
+    (the average of an optimal packing's k shifts is optimal and symmetric) from an LP k times smaller, priced
+    at 1/k of the roots per round."""
     n = topology.nranks
     pairs, incidence = _pairs(topology)
     cap = np.array([l.bandwidth_GBps for l in topology.links])  # GB/s; T below is in ns per byte of block
     if fair:
         from jaxcoll.sim.engine import max_min_rates
         rates = max_min_rates([np.asarray(topology.route(u, v)) for u, v in pairs], cap)
-        from scipy.sparse import hstack
         incidence = hstack([incidence, identity(len(pairs), format="csr")]).tocsr()
         cap = np.concatenate([cap, rates])
     shift = box_shift(topology)
@@ -247,28 +250,24 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
         fold = identity(len(cap), format="csr")
         lp_cap = cap
     else:
-        # Row of orbit O: a representative tree A stands for its k shifts, which load e in O as much as A loads
-        # the whole orbit, k / |O| times over (the stabilizer of e); the members share one capacity.
         roots = list(shift.roots)
-        orbit = orbits(row_image, shift.order)
-        size = np.bincount(orbit)
-        fold = csr_matrix(((shift.order / size)[orbit], (orbit, np.arange(len(cap)))), shape=(len(size), len(cap)))
-        lp_cap = np.bincount(orbit, weights=cap) / size
+        fold, lp_cap = _fold(orbits(row_image, shift.order), shift.order, cap)
     slot = {r: i for i, r in enumerate(roots)}
+    pair_array = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    incidence_t = incidence.T.tocsr()
+    lp_incidence_t = (fold @ incidence_t).tocsr()
+    pair_index = {p: i for i, p in enumerate(pairs)}
 
-    def cost_matrix(edge_cost: np.ndarray) -> np.ndarray:
+    def cost_matrix(row_price: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Price of each pair (the sum over its links and its own row), and as an edge cost matrix."""
+        edge_cost = np.asarray(incidence @ (fold.T @ row_price)).ravel()
         m = np.full((n, n), np.inf)
         u, v = pair_array[:, 0], pair_array[:, 1]
         if inward:
             m[v, u] = edge_cost  # in-tree edge u -> v is out-tree edge v -> u of the transposed graph
         else:
             m[u, v] = edge_cost
-        return m
-
-    pair_array = np.array(pairs, dtype=np.int64).reshape(-1, 2)
-    incidence_t = incidence.T.tocsr()
-    lp_incidence_t = (fold @ incidence_t).tocsr()
-    pair_index = {p: i for i, p in enumerate(pairs)}
+        return edge_cost, m
 
     def used_pairs(parent) -> np.ndarray:
         used = np.zeros(len(pairs))
@@ -290,12 +289,22 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
         loads.append(lp_incidence_t @ used_pairs(parent))
         return True
 
-    # Start from the widest tree of each root (cost 1/bandwidth per link) so the first LP is feasible.
-    start = cost_matrix(np.asarray(incidence @ (1.0 / cap)).ravel())
+    # Seed trees by multiplicative weights: each root in turn takes its cheapest tree when a row costs more the
+    # busier the trees so far make it (the first is the widest tree, cost 1/bandwidth). The first LP is then
+    # feasible and near the optimum: from the widest trees alone, column generation needed 160 rounds on mi250x4
+    # and did not finish 400 on dgx-h100x32 (the duals of a poor start price most rows at 0).
+    seeded = np.zeros(len(lp_cap))
+    for _ in range(SEED_ROUNDS):
+        for r in roots:
+            busy = seeded / lp_cap
+            _, costs = cost_matrix(np.exp(SEED_SHARPNESS * busy / max(busy.max(), 1e-300)) / lp_cap)
+            parent = min_arborescence(costs, r)
+            seeded += lp_incidence_t @ used_pairs(parent)
+            add(r, parent)
     for r in roots:
-        add(r, min_arborescence(start, r))
         if all(((r, v) if not inward else (v, r)) in pair_index for v in range(n) if v != r):
             add(r, tuple(-1 if v == r else r for v in range(n)))  # the star: optimal on a single switch
+    lower = 1 / float(min_cut_ratio(topology, reverse=inward)[0])  # the max-flow bound, in ns per byte
     rounds = 0
     while True:
         rounds += 1
@@ -312,12 +321,11 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
                       bounds=[(0, None)] * (m + 1), method="highs")
         if res.status != 0:
             raise RuntimeError(f"tree packing LP failed on {topology.name!r}: {res.message}")
+        if rounds >= MAX_ROUNDS or res.x[0] <= lower * (1 + 1e-9):
+            break  # at the bound no packing is faster: pricing could only confirm it
         y = -np.asarray(res.ineqlin.marginals)
         pi = np.asarray(res.eqlin.marginals)
-        if rounds >= MAX_ROUNDS:
-            break
-        edge_cost = np.asarray(incidence @ (fold.T @ y)).ravel()
-        costs = cost_matrix(edge_cost)
+        edge_cost, costs = cost_matrix(y)
         added = 0
         for r in roots:
             parent = min_arborescence(costs, r)
@@ -327,9 +335,16 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
         if not added:
             break
     weights = res.x[1:]
-    full_loads = [incidence_t @ used_pairs(parent) for _, parent in columns]
     if row_image is not None:
-        columns, weights, full_loads = _shifted(shift, row_image, columns, weights, full_loads)
+        # Every tree the LP saw stays a candidate of the rounding, unless the shifted copies' loads would not fit
+        # in memory (dgx-h100x32: 12k trees x 11k rows); then the trees of the optimum.
+        if shift.order * len(columns) * len(cap) > MAX_SHIFTED_LOADS:
+            keep = np.flatnonzero(weights > 1e-9)
+            columns, weights = [columns[j] for j in keep], weights[keep]
+        columns, weights, full_loads = _shifted(shift, row_image, columns, weights,
+                                                [incidence_t @ used_pairs(parent) for _, parent in columns])
+    else:
+        full_loads = np.stack([incidence_t @ used_pairs(parent) for _, parent in columns], axis=1)
     trees: list[list] = [[] for _ in range(n)]
     for (r, parent), weight in zip(columns, weights):
         if weight > 1e-9:
@@ -337,8 +352,7 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
     for r in range(n):
         total = sum(x for _, x in trees[r])
         trees[r] = [(p, x / total) for p, x in trees[r]]
-    return Packing(topology, inward, trees, float(res.x[0]) * 1e-9, rounds, columns, np.stack(full_loads, axis=1),
-                   pairs, cap)
+    return Packing(topology, inward, trees, float(res.x[0]) * 1e-9, rounds, columns, full_loads, pairs, cap)
 
 
 def _row_image(shift: BoxShift, pairs, cap: np.ndarray, fair: bool) -> np.ndarray | None:
@@ -355,23 +369,30 @@ def _row_image(shift: BoxShift, pairs, cap: np.ndarray, fair: bool) -> np.ndarra
     return image
 
 
+def _fold(orbit: np.ndarray, order: int, cap: np.ndarray):
+    """The rows of the symmetric LP: (orbits x rows matrix that turns a tree's load on each row into its row of
+    the symmetric LP, the capacity of each orbit). A tree A of box 0 stands for its `order` shifts, which load a
+    row e as much as A loads all of e's orbit O, order / |O| times over (the shifts that fix e): sum over shifts g
+    of load(gA, e) = sum over g of load(A, g^-1 e) = (order / |O|) sum over e' in O of load(A, e'). The members of
+    an orbit have one capacity (checked by `_row_image`)."""
+    size = np.bincount(orbit)
+    fold = csr_matrix(((order / size)[orbit], (orbit, np.arange(len(orbit)))), shape=(len(size), len(orbit)))
+    return fold, np.bincount(orbit, weights=cap) / size
+
+
 def _shifted(shift: BoxShift, row_image: np.ndarray, columns, weights, loads):
-    """Box 0's trees and their k - 1 shifts, with their weights and (links and pairs) loads."""
-    out_columns, out_weights, out_loads = [], [], []
+    """Box 0's trees and their shifts by 1..k-1 boxes, with their weights and (links x trees) loads."""
+    roots = np.array([r for r, _ in columns], dtype=np.int64)
+    parents = np.array([parent for _, parent in columns], dtype=np.int64)
+    loads = np.stack(loads, axis=1)
+    out_columns, out_loads = [], np.empty((loads.shape[0], shift.order * len(columns)))
     for b in range(shift.order):
         node = power(shift.ranks, b)
-        row = power(row_image, b)
-        for (r, parent), w, load in zip(columns, weights, loads):
-            moved = np.full(len(parent), -1, dtype=np.int64)
-            p = np.asarray(parent)
-            child = np.flatnonzero(p >= 0)
-            moved[node[child]] = node[p[child]]
-            out_columns.append((int(node[r]), tuple(moved.tolist())))
-            out_weights.append(w)
-            shifted = np.empty_like(load)
-            shifted[row] = load
-            out_loads.append(shifted)
-    return out_columns, np.array(out_weights), out_loads
+        moved = np.empty_like(parents)
+        moved[:, node] = np.where(parents >= 0, node[parents], -1)  # parent[v] = p becomes parent[gv] = gp
+        out_columns += [(int(r), tuple(p)) for r, p in zip(node[roots].tolist(), moved.tolist())]
+        out_loads[power(row_image, b), b * len(columns):(b + 1) * len(columns)] = loads
+    return out_columns, np.tile(weights, shift.order), out_loads
 
 
 def chunk_cap(nranks: int) -> int:
