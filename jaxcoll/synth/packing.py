@@ -31,7 +31,7 @@ from scipy.sparse import csr_matrix, hstack, identity
 from jaxcoll.plan import Collective, Plan
 from jaxcoll.synth.arborescence import min_arborescence
 from jaxcoll.synth.bound import min_cut_ratio
-from jaxcoll.synth.symmetry import BoxShift, box_shift, orbits, power
+from jaxcoll.synth.symmetry import BoxShift, box_shift, orbits
 from jaxcoll.synth.trees import TreeRoute, tree_plan
 from jaxcoll.topology import Topology
 
@@ -66,15 +66,35 @@ class Packing:
     def _load(self, parent) -> np.ndarray:
         """Edges of a tree over each link, then over each pair's fair-share capacity (see `capacities`)."""
         nlinks = len(self.topology.links)
+        fair = len(self.capacities) > nlinks
+        index = self._pair_index()
+        used = np.zeros(len(self.pairs))
         load = np.zeros(len(self.capacities))
         for v, p in enumerate(parent):
             if p >= 0:
                 a, b = (v, p) if self.inward else (p, v)
-                for e in self.topology.route(a, b):
-                    load[e] += 1
-                if len(load) > nlinks:
-                    load[nlinks + self._pair_index()[a, b]] += 1
-        return load
+                i = index.get((a, b))
+                if i is None and not fair:
+                    load[list(self.topology.route(a, b))] += 1  # a route has each link once
+                else:
+                    used[index[a, b]] += 1
+        return load + self._pair_loads() @ used
+
+    def _pair_loads(self):
+        """Rows (links, then pairs if `capacities` has them) x pairs: what one edge between a pair loads."""
+        if "pair_loads" not in self._rounded:
+            nlinks = len(self.topology.links)
+            rows, cols = [], []
+            for i, (a, b) in enumerate(self.pairs):
+                route = self.topology.route(a, b)
+                rows += route
+                cols += [i] * len(route)
+                if len(self.capacities) > nlinks:
+                    rows.append(nlinks + i)
+                    cols.append(i)
+            self._rounded["pair_loads"] = csr_matrix((np.ones(len(rows)), (rows, cols)),
+                                                     shape=(len(self.capacities), len(self.pairs)))
+        return self._rounded["pair_loads"]
 
     def _pair_index(self) -> dict:
         if "pairs" not in self._rounded:
@@ -385,13 +405,15 @@ def _shifted(shift: BoxShift, row_image: np.ndarray, columns, weights, loads):
     roots = np.array([r for r, _ in columns], dtype=np.int64)
     parents = np.array([parent for _, parent in columns], dtype=np.int64)
     loads = np.stack(loads, axis=1)
-    out_columns, out_loads = [], np.empty((loads.shape[0], shift.order * len(columns)))
+    m = len(columns)
+    out_columns, out_loads = [], np.empty((loads.shape[0], shift.order * m))
+    node, row = np.arange(len(shift.ranks)), np.arange(len(row_image))
     for b in range(shift.order):
-        node = power(shift.ranks, b)
         moved = np.empty_like(parents)
         moved[:, node] = np.where(parents >= 0, node[parents], -1)  # parent[v] = p becomes parent[gv] = gp
         out_columns += [(int(r), tuple(p)) for r, p in zip(node[roots].tolist(), moved.tolist())]
-        out_loads[power(row_image, b), b * len(columns):(b + 1) * len(columns)] = loads
+        out_loads[row, b * m:(b + 1) * m] = loads
+        node, row = shift.ranks[node], row_image[row]
     return out_columns, np.tile(weights, shift.order), out_loads
 
 

@@ -87,13 +87,13 @@ def box_shift(topology: Topology) -> BoxShift | None:
             return None
         links[i] = j
     # Routes break ties by node order (Dijkstra's heap), which a shift need not preserve: check every route.
+    image, rank_image = links.tolist(), ranks.tolist()
     for u in range(n):
         for v in range(n):
             if u == v or not topology.direct(u, v):
                 continue
-            if not topology.direct(int(ranks[u]), int(ranks[v])):
-                return None
-            if tuple(links[list(topology.route(u, v))].tolist()) != topology.route(int(ranks[u]), int(ranks[v])):
+            gu, gv = rank_image[u], rank_image[v]
+            if not topology.direct(gu, gv) or tuple(image[e] for e in topology.route(u, v)) != topology.route(gu, gv):
                 return None
     return BoxShift(k, nodes, links, tuple(topology.boxes[0]))
 
