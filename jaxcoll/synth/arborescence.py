@@ -22,20 +22,25 @@ def min_arborescence(cost: np.ndarray, root: int) -> list[int]:
     if np.isinf(inw[others]).any():
         v = int(np.flatnonzero(np.isinf(inw) & others)[0])
         raise ValueError(f"node {v} has no incoming edge")
-    comp, ncomp = _contract(par, root)
+    comp, single, ncomp = _contract(par, root)
     if ncomp == n:
         out = par.tolist()
         out[root] = -1
         return out
     # Entering a cycle at v replaces v's cycle edge: the edge costs what it adds over inw[v]. Nodes outside the
-    # cycles are components of their own (inw of 0 there: their entering edge is their parent edge).
-    in_cycle = np.bincount(comp, minlength=ncomp)[comp] > 1
-    adj = c - np.where(in_cycle, inw, 0.0)[None, :]
-    adj[comp[:, None] == comp[None, :]] = np.inf
+    # cycles are components of their own (their entering edge is their parent edge). Edges inside a component
+    # are left in `adj`: they land on the diagonal of `small`, which the recursion ignores, and never join a
+    # component to its parent.
+    adj = c - np.where(comp >= single, inw, 0.0)[None, :]
     order = np.argsort(comp, kind="stable")
-    starts = np.searchsorted(comp[order], np.arange(ncomp))
-    sorted_adj = adj[np.ix_(order, order)]
-    small = np.minimum.reduceat(np.minimum.reduceat(sorted_adj, starts, axis=0), starts, axis=1)
+    starts = np.searchsorted(comp[order], np.arange(single, ncomp)) - single  # each cycle's first in `order`
+    grouped = adj[np.ix_(order, order)]  # the nodes on no cycle, then the cycles' nodes, cycle by cycle
+    small = np.empty((ncomp, ncomp))
+    small[:single, :single] = grouped[:single, :single]
+    small[:single, single:] = np.minimum.reduceat(grouped[:single, single:], starts, axis=1)
+    rows = np.minimum.reduceat(grouped[single:], starts, axis=0)
+    small[single:, :single] = rows[:, :single]
+    small[single:, single:] = np.minimum.reduceat(rows[:, single:], starts, axis=1)
     parent_comp = np.asarray(min_arborescence(small, int(comp[root])))
     # The edge that realizes each chosen component edge a -> b: the cheapest from a node of a into a node of b.
     from_parent = np.where(comp[:, None] == parent_comp[comp][None, :], adj, np.inf)
@@ -51,9 +56,9 @@ def min_arborescence(cost: np.ndarray, root: int) -> list[int]:
     return out
 
 
-def _contract(par: np.ndarray, root: int) -> tuple[np.ndarray, int]:
-    """Component of each node when every cycle of the parent pointers becomes one node: ids 0.. with the cycles'
-    ids after the nodes on no cycle (root included), and their count."""
+def _contract(par: np.ndarray, root: int) -> tuple[np.ndarray, int, int]:
+    """Component of each node when every cycle of the parent pointers becomes one node, the count of nodes on no
+    cycle (root included; they keep ids 0.. in node order, the cycles come after them) and of components."""
     n = len(par)
     state = [0] * n  # 0 unseen, walk id otherwise
     state[root] = -1
@@ -76,4 +81,4 @@ def _contract(par: np.ndarray, root: int) -> tuple[np.ndarray, int]:
     nsingle = int(single.sum())
     comp[~single] += nsingle
     comp[single] = np.arange(nsingle)
-    return comp, nsingle + len(cycles)
+    return comp, nsingle, nsingle + len(cycles)
