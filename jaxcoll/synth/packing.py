@@ -10,7 +10,11 @@ a linear program over exponentially many trees that we solve by column generatio
 the links make a tree's reduced cost its price minus its root's dual, and the cheapest tree of each root is a
 minimum-cost arborescence (Chu-Liu/Edmonds). When no tree prices out, the packing is optimal for this routing; it
 meets the max-flow bound (`jaxcoll.synth.bound`) whenever one route per rank pair carries the optimum, as on every
-preset (the benchmark prints the ratio).
+preset but dgx2x2 (the benchmark prints the ratio), and we stop as soon as it does. The first LP starts from trees
+chosen by multiplicative weights (each root's cheapest tree when busy links cost more), which puts it near the
+optimum: a few rounds instead of hundreds on several boxes.
+On k identical boxes (`synth/symmetry.py`) the LP has box 0's roots only and one row per orbit of links and pairs
+under the box shift; box b's trees are box 0's shifted by b (`pack_trees`).
 
 A chunk must be whole: the block is cut into k chunks and every tree carries a whole number of them. For each k
 (smallest first, up to a cap) we round the LP weights (largest remainder per root), then move single chunks
