@@ -328,7 +328,8 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
     for r in roots:
         if all(((r, v) if not inward else (v, r)) in pair_index for v in range(n) if v != r):
             add(r, tuple(-1 if v == r else r for v in range(n)))  # the star: optimal on a single switch
-    lower = 1 / float(min_cut_ratio(topology, reverse=inward)[0])  # the max-flow bound, in ns per byte
+    x = min_cut_ratio(topology, reverse=inward)[0]
+    lower = 1 / float(x) if x else 0.0  # the max-flow bound, in ns per byte (0 for a single rank)
     rounds = 0
     while True:
         rounds += 1
@@ -380,14 +381,12 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
 
 
 def _row_image(shift: BoxShift, pairs, cap: np.ndarray, fair: bool) -> np.ndarray | None:
-    """The image under the shift of each LP row (links, then pairs if `fair`), or None if the pairs or their
-    fair-share capacities are not invariant (then the full LP is solved)."""
-    image = shift.links
-    if fair:
-        pair_image = shift.pairs(pairs)
-        if pair_image is None:
-            return None
-        image = np.concatenate([image, len(image) + pair_image])
+    """The image under the shift of each LP row (links, then pairs if `fair`), or None if the pairs a tree may use
+    or their fair-share capacities are not invariant (then the full LP is solved)."""
+    pair_image = shift.pairs(pairs)
+    if pair_image is None:
+        return None
+    image = np.concatenate([shift.links, len(shift.links) + pair_image]) if fair else shift.links
     if not np.allclose(cap[image], cap, rtol=1e-9, atol=0):
         return None
     return image
