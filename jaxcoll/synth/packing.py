@@ -10,7 +10,11 @@ a linear program over exponentially many trees that we solve by column generatio
 the links make a tree's reduced cost its price minus its root's dual, and the cheapest tree of each root is a
 minimum-cost arborescence (Chu-Liu/Edmonds). When no tree prices out, the packing is optimal for this routing; it
 meets the max-flow bound (`jaxcoll.synth.bound`) whenever one route per rank pair carries the optimum, as on every
-preset (the benchmark prints the ratio).
+preset but dgx2x2 (the benchmark prints the ratio), and we stop as soon as it does. The first LP starts from trees
+chosen by multiplicative weights (each root's cheapest tree when busy links cost more), which puts it near the
+optimum: a few rounds instead of hundreds on several boxes.
+On k identical boxes (`synth/symmetry.py`) the LP has box 0's roots only and one row per orbit of links and pairs
+under the box shift; box b's trees are box 0's shifted by b (`pack_trees`).
 
 A chunk must be whole: the block is cut into k chunks and every tree carries a whole number of them. For each k
 (smallest first, up to a cap) we round the LP weights (largest remainder per root), then move single chunks
@@ -26,10 +30,12 @@ import math
 
 import numpy as np
 from scipy.optimize import linprog
-from scipy.sparse import csr_matrix
+from scipy.sparse import csr_matrix, hstack, identity
 
 from jaxcoll.plan import Collective, Plan
 from jaxcoll.synth.arborescence import min_arborescence
+from jaxcoll.synth.bound import min_cut_ratio
+from jaxcoll.synth.symmetry import BoxShift, box_shift, orbits
 from jaxcoll.synth.trees import TreeRoute, tree_plan
 from jaxcoll.topology import Topology
 
@@ -39,6 +45,9 @@ ROUNDING_TOLERANCE = 0.002
 MILP_COLUMNS = 2000  # the rounding MILP runs on packings of at most this many trees
 MILP_SECONDS = 0.15  # dgx1 reaches its best rounding (0.2% over the LP) in this time; 16 ranks gain nothing in 0.3 s
 MILP_GAP = 1e-3
+SEED_ROUNDS = 8  # multiplicative-weights trees per root before the first LP
+SEED_SHARPNESS = 8.0  # the busiest row costs e^8 times an idle one of equal capacity
+MAX_SHIFTED_LOADS = 1 << 24  # entries of Packing.loads kept for the rounding on symmetric topologies (128 MiB)
 
 
 @dataclasses.dataclass
@@ -61,15 +70,35 @@ class Packing:
     def _load(self, parent) -> np.ndarray:
         """Edges of a tree over each link, then over each pair's fair-share capacity (see `capacities`)."""
         nlinks = len(self.topology.links)
+        fair = len(self.capacities) > nlinks
+        index = self._pair_index()
+        used = np.zeros(len(self.pairs))
         load = np.zeros(len(self.capacities))
         for v, p in enumerate(parent):
             if p >= 0:
                 a, b = (v, p) if self.inward else (p, v)
-                for e in self.topology.route(a, b):
-                    load[e] += 1
-                if len(load) > nlinks:
-                    load[nlinks + self._pair_index()[a, b]] += 1
-        return load
+                i = index.get((a, b))
+                if i is None and not fair:
+                    load[list(self.topology.route(a, b))] += 1  # a route has each link once
+                else:
+                    used[index[a, b]] += 1
+        return load + self._pair_loads() @ used
+
+    def _pair_loads(self):
+        """Rows (links, then pairs if `capacities` has them) x pairs: what one edge between a pair loads."""
+        if "pair_loads" not in self._rounded:
+            nlinks = len(self.topology.links)
+            rows, cols = [], []
+            for i, (a, b) in enumerate(self.pairs):
+                route = self.topology.route(a, b)
+                rows += route
+                cols += [i] * len(route)
+                if len(self.capacities) > nlinks:
+                    rows.append(nlinks + i)
+                    cols.append(i)
+            self._rounded["pair_loads"] = csr_matrix((np.ones(len(rows)), (rows, cols)),
+                                                     shape=(len(self.capacities), len(self.pairs)))
+        return self._rounded["pair_loads"]
 
     def _pair_index(self) -> dict:
         if "pairs" not in self._rounded:
@@ -224,37 +253,53 @@ def _pairs(topology: Topology):
 
 
 def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> Packing:
-    """Optimal weighted spanning trees for all_gather (out-trees) or, with inward=True, reduce_scatter."""
+    """Optimal weighted spanning trees for all_gather (out-trees) or, with inward=True, reduce_scatter.
+
+    On k identical boxes (`synth.symmetry.box_shift`) the LP is solved for box 0's roots only, with one row per
+    orbit of links and pairs under the box shift, and box b's trees are box 0's shifted by b: the same optimum
+    (the average of an optimal packing's k shifts is optimal and symmetric) from an LP k times smaller, priced
+    at 1/k of the roots per round."""
     n = topology.nranks
     pairs, incidence = _pairs(topology)
     cap = np.array([l.bandwidth_GBps for l in topology.links])  # GB/s; T below is in ns per byte of block
-    nlinks = len(cap)
     if fair:
         from jaxcoll.sim.engine import max_min_rates
         rates = max_min_rates([np.asarray(topology.route(u, v)) for u, v in pairs], cap)
-        from scipy.sparse import hstack, identity
         incidence = hstack([incidence, identity(len(pairs), format="csr")]).tocsr()
         cap = np.concatenate([cap, rates])
-
-    def cost_matrix(edge_cost: np.ndarray) -> np.ndarray:
-        m = np.full((n, n), np.inf)
-        for (u, v), c in zip(pairs, edge_cost):
-            if inward:
-                m[v, u] = c  # in-tree edge u -> v is out-tree edge v -> u of the transposed graph
-            else:
-                m[u, v] = c
-        return m
-
+    shift = box_shift(topology)
+    row_image = _row_image(shift, pairs, cap, fair) if shift is not None else None
+    if row_image is None:
+        roots = list(range(n))
+        fold = identity(len(cap), format="csr")
+        lp_cap = cap
+    else:
+        roots = list(shift.roots)
+        fold, lp_cap = _fold(orbits(row_image, shift.order), shift.order, cap)
+    slot = {r: i for i, r in enumerate(roots)}
+    pair_array = np.array(pairs, dtype=np.int64).reshape(-1, 2)
     incidence_t = incidence.T.tocsr()
+    lp_incidence_t = (fold @ incidence_t).tocsr()
+    pair_index = {p: i for i, p in enumerate(pairs)}
 
-    def load_of(parent) -> np.ndarray:
+    def cost_matrix(row_price: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Price of each pair (the sum over its links and its own row), and as an edge cost matrix."""
+        edge_cost = np.asarray(incidence @ (fold.T @ row_price)).ravel()
+        m = np.full((n, n), np.inf)
+        u, v = pair_array[:, 0], pair_array[:, 1]
+        if inward:
+            m[v, u] = edge_cost  # in-tree edge u -> v is out-tree edge v -> u of the transposed graph
+        else:
+            m[u, v] = edge_cost
+        return edge_cost, m
+
+    def used_pairs(parent) -> np.ndarray:
         used = np.zeros(len(pairs))
         for v, p in enumerate(parent):
             if p >= 0:
                 used[pair_index[(v, p) if inward else (p, v)]] += 1
-        return incidence_t @ used
+        return used
 
-    pair_index = {p: i for i, p in enumerate(pairs)}
     columns: list[tuple[int, tuple[int, ...]]] = []
     loads: list[np.ndarray] = []
     seen = set()
@@ -265,55 +310,114 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
             return False
         seen.add(key)
         columns.append(key)
-        loads.append(load_of(parent))
+        loads.append(lp_incidence_t @ used_pairs(parent))
         return True
 
-    # Start from the widest tree of each root (cost 1/bandwidth per link) so the first LP is feasible.
-    start = cost_matrix(np.asarray(incidence @ (1.0 / cap)).ravel())
-    for r in range(n):
-        add(r, min_arborescence(start, r))
+    # Seed trees by multiplicative weights: each root in turn takes its cheapest tree when a row costs more the
+    # busier the trees so far make it (the first is the widest tree, cost 1/bandwidth). The first LP is then
+    # feasible and near the optimum: from the widest trees alone, column generation needed 160 rounds on mi250x4
+    # and did not finish 400 on dgx-h100x32 (the duals of a poor start price most rows at 0).
+    seeded = np.zeros(len(lp_cap))
+    for _ in range(SEED_ROUNDS):
+        for r in roots:
+            busy = seeded / lp_cap
+            _, costs = cost_matrix(np.exp(SEED_SHARPNESS * busy / max(busy.max(), 1e-300)) / lp_cap)
+            parent = min_arborescence(costs, r)
+            seeded += lp_incidence_t @ used_pairs(parent)
+            add(r, parent)
+    for r in roots:
         if all(((r, v) if not inward else (v, r)) in pair_index for v in range(n) if v != r):
             add(r, tuple(-1 if v == r else r for v in range(n)))  # the star: optimal on a single switch
+    x = min_cut_ratio(topology, reverse=inward)[0]
+    lower = 1 / float(x) if x else 0.0  # the max-flow bound, in ns per byte (0 for a single rank)
     rounds = 0
     while True:
         rounds += 1
         m = len(columns)
-        a_ub = np.zeros((len(cap), m + 1))
-        a_ub[:, 0] = -cap
+        a_ub = np.zeros((len(lp_cap), m + 1))
+        a_ub[:, 0] = -lp_cap
         a_ub[:, 1:] = np.stack(loads, axis=1)
-        a_eq = np.zeros((n, m + 1))
+        a_eq = np.zeros((len(roots), m + 1))
         for j, (r, _) in enumerate(columns):
-            a_eq[r, j + 1] = 1.0
+            a_eq[slot[r], j + 1] = 1.0
         obj = np.zeros(m + 1)
         obj[0] = 1.0
-        res = linprog(obj, A_ub=a_ub, b_ub=np.zeros(len(cap)), A_eq=a_eq, b_eq=np.ones(n),
+        res = linprog(obj, A_ub=a_ub, b_ub=np.zeros(len(lp_cap)), A_eq=a_eq, b_eq=np.ones(len(roots)),
                       bounds=[(0, None)] * (m + 1), method="highs")
         if res.status != 0:
             raise RuntimeError(f"tree packing LP failed on {topology.name!r}: {res.message}")
+        if rounds >= MAX_ROUNDS or res.x[0] <= lower * (1 + 1e-9):
+            break  # at the bound no packing is faster: pricing could only confirm it
         y = -np.asarray(res.ineqlin.marginals)
         pi = np.asarray(res.eqlin.marginals)
-        if rounds >= MAX_ROUNDS:
-            break
-        edge_cost = np.asarray(incidence @ y).ravel()
-        costs = cost_matrix(edge_cost)
+        edge_cost, costs = cost_matrix(y)
         added = 0
-        for r in range(n):
+        for r in roots:
             parent = min_arborescence(costs, r)
-            price = sum(edge_cost[pair_index[(v, p) if inward else (p, v)]] for v, p in enumerate(parent) if p >= 0)
-            if price < pi[r] - 1e-9 * max(1.0, abs(pi[r])) and add(r, parent):
+            price = edge_cost @ used_pairs(parent)
+            if price < pi[slot[r]] - 1e-9 * max(1.0, abs(pi[slot[r]])) and add(r, parent):
                 added += 1
         if not added:
             break
-    w = res.x[1:]
+    weights = res.x[1:]
+    if row_image is not None:
+        # Every tree the LP saw stays a candidate of the rounding, unless the shifted copies' loads would not fit
+        # in memory (dgx-h100x32: 12k trees x 11k rows); then the trees of the optimum.
+        if shift.order * len(columns) * len(cap) > MAX_SHIFTED_LOADS:
+            keep = np.flatnonzero(weights > 1e-9)
+            columns, weights = [columns[j] for j in keep], weights[keep]
+        columns, weights, full_loads = _shifted(shift, row_image, columns, weights,
+                                                [incidence_t @ used_pairs(parent) for _, parent in columns])
+    else:
+        full_loads = np.stack([incidence_t @ used_pairs(parent) for _, parent in columns], axis=1)
     trees: list[list] = [[] for _ in range(n)]
-    for (r, parent), weight in zip(columns, w):
+    for (r, parent), weight in zip(columns, weights):
         if weight > 1e-9:
             trees[r].append((parent, float(weight)))
     for r in range(n):
         total = sum(x for _, x in trees[r])
         trees[r] = [(p, x / total) for p, x in trees[r]]
-    return Packing(topology, inward, trees, float(res.x[0]) * 1e-9, rounds, columns, np.stack(loads, axis=1),
-                   pairs, cap)
+    return Packing(topology, inward, trees, float(res.x[0]) * 1e-9, rounds, columns, full_loads, pairs, cap)
+
+
+def _row_image(shift: BoxShift, pairs, cap: np.ndarray, fair: bool) -> np.ndarray | None:
+    """The image under the shift of each LP row (links, then pairs if `fair`), or None if the pairs a tree may use
+    or their fair-share capacities are not invariant (then the full LP is solved)."""
+    pair_image = shift.pairs(pairs)
+    if pair_image is None:
+        return None
+    image = np.concatenate([shift.links, len(shift.links) + pair_image]) if fair else shift.links
+    if not np.allclose(cap[image], cap, rtol=1e-9, atol=0):
+        return None
+    return image
+
+
+def _fold(orbit: np.ndarray, order: int, cap: np.ndarray):
+    """The rows of the symmetric LP: (orbits x rows matrix that turns a tree's load on each row into its row of
+    the symmetric LP, the capacity of each orbit). A tree A of box 0 stands for its `order` shifts, which load a
+    row e as much as A loads all of e's orbit O, order / |O| times over (the shifts that fix e): sum over shifts g
+    of load(gA, e) = sum over g of load(A, g^-1 e) = (order / |O|) sum over e' in O of load(A, e'). The members of
+    an orbit have one capacity (checked by `_row_image`)."""
+    size = np.bincount(orbit)
+    fold = csr_matrix(((order / size)[orbit], (orbit, np.arange(len(orbit)))), shape=(len(size), len(orbit)))
+    return fold, np.bincount(orbit, weights=cap) / size
+
+
+def _shifted(shift: BoxShift, row_image: np.ndarray, columns, weights, loads):
+    """Box 0's trees and their shifts by 1..k-1 boxes, with their weights and (links x trees) loads."""
+    roots = np.array([r for r, _ in columns], dtype=np.int64)
+    parents = np.array([parent for _, parent in columns], dtype=np.int64)
+    loads = np.stack(loads, axis=1)
+    m = len(columns)
+    out_columns, out_loads = [], np.empty((loads.shape[0], shift.order * m))
+    node, row = np.arange(len(shift.ranks)), np.arange(len(row_image))
+    for b in range(shift.order):
+        moved = np.empty_like(parents)
+        moved[:, node] = np.where(parents >= 0, node[parents], -1)  # parent[v] = p becomes parent[gv] = gp
+        out_columns += [(int(r), tuple(p)) for r, p in zip(node[roots].tolist(), moved.tolist())]
+        out_loads[row, b * m:(b + 1) * m] = loads
+        node, row = shift.ranks[node], row_image[row]
+    return out_columns, np.tile(weights, shift.order), out_loads
 
 
 def chunk_cap(nranks: int) -> int:
