@@ -68,6 +68,10 @@ OP_CODES = {op: i for i, op in enumerate(Op)}
 BUFFER_CODES = {buf: i for i, buf in enumerate(Buffer)}
 COLLECTIVE_CODES = {c: i for i, c in enumerate(Collective)}
 
+# The unchecked constructors fill a frozen instance's fields directly (the generated __init__ sets each through
+# object.__setattr__ and then runs __post_init__: several times the cost for a plan of 100k steps).
+_new = object.__new__
+
 
 @dataclasses.dataclass(frozen=True)
 class ChunkRef:
@@ -79,11 +83,21 @@ class ChunkRef:
     count: int = 1
 
     def __post_init__(self):
-        object.__setattr__(self, "buffer", Buffer(self.buffer))
+        if type(self.buffer) is not Buffer:  # converting a member through the enum costs more than the rest
+            object.__setattr__(self, "buffer", Buffer(self.buffer))
         if self.count < 1:
             raise PlanError(f"chunk count must be >= 1, got count={self.count} in {self}")
         if self.index < 0:
             raise PlanError(f"chunk index must be >= 0, got index={self.index} in {self}")
+
+    @classmethod
+    def unchecked(cls, rank: int, buffer: Buffer, index: int, count: int = 1) -> "ChunkRef":
+        """A ref from fields already in canonical form (`buffer` a `Buffer`), without the checks of the
+        constructor: for synthesizers that build many refs that are well formed by construction. `validate`
+        repeats every check on the plan they end up in."""
+        ref = _new(cls)
+        ref.__dict__.update(rank=rank, buffer=buffer, index=index, count=count)
+        return ref
 
     def indices(self) -> range:
         return range(self.index, self.index + self.count)
@@ -115,9 +129,12 @@ class Step:
     channel: int = -1
 
     def __post_init__(self):
-        object.__setattr__(self, "op", Op(self.op))
-        object.__setattr__(self, "srcs", tuple(self.srcs))
-        object.__setattr__(self, "dsts", tuple(self.dsts))
+        if type(self.op) is not Op:
+            object.__setattr__(self, "op", Op(self.op))
+        if type(self.srcs) is not tuple:
+            object.__setattr__(self, "srcs", tuple(self.srcs))
+        if type(self.dsts) is not tuple:
+            object.__setattr__(self, "dsts", tuple(self.dsts))
         op = self.op
         if op.is_data:
             if not self.dsts:
@@ -127,8 +144,9 @@ class Step:
                     raise PlanError(f"zero step takes no sources: {self}")
             elif not self.srcs:
                 raise PlanError(f"{op.value} step needs at least one source chunk: {self}")
-            counts = {r.count for r in self.srcs + self.dsts}
-            if len(counts) != 1:
+            count = self.dsts[0].count
+            if any(r.count != count for r in self.srcs + self.dsts):
+                counts = {r.count for r in self.srcs + self.dsts}
                 raise PlanError(f"{op.value} step mixes chunk counts {sorted(counts)}: {self}")
         else:
             if self.srcs or self.dsts:
@@ -141,6 +159,16 @@ class Step:
                 raise PlanError(f"{op.value} step moves no data but names channel={self.channel}")
         if self.channel < -1:
             raise PlanError(f"channel must be >= 0 (or -1 for none), got channel={self.channel} in {self}")
+
+    @classmethod
+    def unchecked(cls, op: Op, srcs: tuple[ChunkRef, ...] = (), dsts: tuple[ChunkRef, ...] = (), peer: int = -1,
+                  sem: int = -1, channel: int = -1) -> "Step":
+        """A step from fields already in canonical form (`op` an `Op`, tuples of refs), without the checks of
+        the constructor: for synthesizers that build many steps that are well formed by construction.
+        `validate` repeats every check on the plan they end up in."""
+        step = _new(cls)
+        step.__dict__.update(op=op, srcs=srcs, dsts=dsts, peer=peer, sem=sem, channel=channel)
+        return step
 
     def to_json(self) -> dict:
         d: dict[str, Any] = {"op": self.op.value}

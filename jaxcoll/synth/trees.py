@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Op, Plan
-from jaxcoll.synth.schedule import Schedule
+from jaxcoll.synth.schedule import Schedule, paused_gc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,44 +83,77 @@ def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Se
     level, item). The wave is when the chunk would leave its root in a fluid schedule (its position in the run):
     chunks are software-pipelined, a link carries the first hop of one chunk while an earlier one makes its
     second hop, and every link sees its load spread evenly over the run rather than in bursts."""
-    collective = Collective(collective)
+    with paused_gc():
+        return _tree_plan(Collective(collective), nranks, chunk_factor, routes, name, topology, lane_of)
+
+
+def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of) -> Plan:
     sched = Schedule(collective, nranks, chunk_factor, name)
+    # Routes share a few trees (a packing has a handful per root): the shape of each is worked out once.
+    shapes: dict[tuple[int, ...], tuple] = {}
+
+    def shape(parent: tuple[int, ...], root: int) -> tuple:
+        """(children-first order, depth, height, children) of the tree."""
+        if parent not in shapes:
+            order, depth, height = _levels(parent, root)
+            shapes[parent] = order, depth, height, _children(parent)
+        return shapes[parent]
+
+    # Lane ids, looked up per move: local[v], and to[phase, tag][v][p] (-1 until the lane has a move).
+    local = [sched.lane(v, "local") for v in range(nranks)]
+    to: dict[tuple[int, int], list[list[int]]] = {}
+
+    def lane_to(phase: int, tag: int, v: int, p: int) -> int:
+        lanes = to.get((phase, tag))
+        if lanes is None:
+            lanes = to[phase, tag] = [[-1] * nranks for _ in range(nranks)]
+        if lanes[v][p] < 0:
+            lanes[v][p] = sched.lane(v, ("to", p, phase, lane_of(v, p, phase) if lane_of else tag), p)
+        return lanes[v][p]
+
+    ref = ChunkRef.unchecked
+    INPUT, OUTPUT = Buffer.INPUT, Buffer.OUTPUT
+    move = sched.move
     for item, route in enumerate(routes):
-        root = route.root
+        root, wave, hop, tag = route.root, route.wave, route.hop, route.lane
         produced = None  # the move that leaves the final value in root's output chunk (None: read input)
         if route.reduce_parent is not None:
-            order, togo, height = _levels(route.reduce_parent, root)
-            kids = _children(route.reduce_parent)
-            delivered: dict[int, tuple[ChunkRef, int]] = {}  # child -> (scratch chunk at parent, its move)
+            parent = route.reduce_parent
+            order, togo, height, kids = shape(parent, root)
+            slot = [None] * nranks  # child -> the scratch chunk at its parent it delivers into
+            sent = [None] * nranks  # child -> its move
             for v in reversed(order):
-                srcs = [ChunkRef(v, Buffer.INPUT, route.src)] + [delivered[c][0] for c in kids[v]]
-                deps = [delivered[c][1] for c in kids[v]]
+                srcs = (ref(v, INPUT, route.src),) + tuple(slot[c] for c in kids[v])
+                deps = tuple(sent[c] for c in kids[v])
                 # among moves of a wave and level, those whose chunk has further to go run first
-                prio = (0, route.wave + height[v] * route.hop, height[v], -togo[v], item)
+                prio = (0, wave + height[v] * hop, height[v], -togo[v], item)
                 if v == root:
-                    dst = ChunkRef(v, Buffer.OUTPUT, route.dst)
-                    op = Op.COPY if len(srcs) == 1 else Op.READ_REDUCE
-                    produced = sched.move(v, "local", prio, op, srcs, [dst], deps)
+                    dst = ref(v, OUTPUT, route.dst)
+                    produced = move(local[v], prio, Op.COPY if len(srcs) == 1 else Op.READ_REDUCE, srcs, (dst,),
+                                    deps)
                 else:
-                    p = route.reduce_parent[v]
-                    slot = sched.scratch(p, route.src)
-                    op = Op.PUT if len(srcs) == 1 else Op.REDUCE_PUT
-                    delivered[v] = (slot, sched.move(v, ("to", p, 0, lane_of(v, p, 0) if lane_of else route.lane), prio, op, srcs, [slot], deps))
+                    p = parent[v]
+                    slot[v] = sched.scratch(p, route.src)
+                    sent[v] = move(lane_to(0, tag, v, p), prio, Op.PUT if len(srcs) == 1 else Op.REDUCE_PUT,
+                                   srcs, (slot[v],), deps)
         if route.bcast_parent is not None:
-            order, depth, below = _levels(route.bcast_parent, root)
-            kids = _children(route.bcast_parent)
+            order, depth, below, kids = shape(route.bcast_parent, root)
             if produced is None:
-                sched.move(root, "local", (0, 0, item), Op.COPY, [ChunkRef(root, Buffer.INPUT, route.src)],
-                           [ChunkRef(root, Buffer.OUTPUT, route.dst)])
-            arrived = {root: produced}
+                move(local[root], (0, 0, item), Op.COPY, (ref(root, INPUT, route.src),), (ref(root, OUTPUT, route.dst),))
             # each rank's output chunk is written by its parent's put and read by its own: one ref serves both
-            out = {v: ChunkRef(v, Buffer.OUTPUT, route.dst) for v in order}
+            out = [ref(v, OUTPUT, route.dst) for v in range(nranks)]
+            arrived = [()] * nranks  # rank -> the move its own put waits for, as deps
+            if produced is not None:
+                arrived[root] = (produced,)
             for v in order:
-                src = ChunkRef(v, Buffer.INPUT, route.src) if v == root and produced is None else out[v]
-                deps = [arrived[v]] if arrived[v] is not None else []
+                if not kids[v]:
+                    continue
+                src = ref(v, INPUT, route.src) if v == root and produced is None else out[v]
+                deps, level = arrived[v], depth[v]
+                time = wave + level * hop
                 for c in kids[v]:
-                    arrived[c] = sched.move(v, ("to", c, 1, lane_of(v, c, 1) if lane_of else route.lane), (1, route.wave + depth[v] * route.hop, depth[v], -below[c], item), Op.PUT, [src],
-                                            [out[c]], deps)
+                    arrived[c] = (move(lane_to(1, tag, v, c), (1, time, level, -below[c], item), Op.PUT, (src,),
+                                       (out[c],), deps),)
     if topology is not None:
         sched.list_schedule(topology)
     return sched.build()
