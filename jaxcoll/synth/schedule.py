@@ -91,8 +91,8 @@ class Schedule:
         """Reorder every lane by greedy list scheduling: each lane is a server whose rate is its share of the
         links under max-min fair sharing when all lanes send at once (`jaxcoll.sim.max_min_rates`, the
         simulator's own rule); a free lane starts, among its moves whose inputs have landed, the one of smallest
-        priority. Each move's priority becomes (start time, rank of its old priority among all moves, ties by
-        id): the order of (start time, old priority). A lane then never waits on a move whose inputs come later
+        priority. Each move's priority becomes its position in the order of (start time, old priority), ties
+        by id. A lane then never waits on a move whose inputs come later
         than those of a move behind it, which removes the head-of-line stalls of a fixed order. Dependencies
         start strictly earlier, so `build`'s deadlock argument still holds."""
         from jaxcoll.sim.engine import max_min_rates
@@ -129,40 +129,54 @@ class Schedule:
         start = [0.0] * nmoves
         queue: list[list[int]] = [[] for _ in self.lanes]  # per lane: heap of ranks of moves whose inputs are in
         busy = [False] * len(self.lanes)
-        # Events (time, order, x): x >= 0 is "move x's inputs arrive", x < 0 "lane ~x frees up". An idle lane's
-        # queue is empty (it starts whatever arrives), so an arrival at an idle lane starts at once.
-        events = [(0.0, i, i) for i in range(nmoves) if not deps_of[i]]
-        seq = nmoves
-        heapq.heapify(events)
+        # Events by time: at[t] lists the events of time t in the order they were issued, x >= 0 for "move x's
+        # inputs arrive" and x < 0 for "lane ~x frees up"; `times` is a heap of the times that have events (a
+        # heap of (time, order, x) tuples would do the same at twice the cost). An idle lane's queue is empty (it
+        # starts whatever arrives), so an arrival at an idle lane starts at once.
+        at = {0.0: [i for i in range(nmoves) if not deps_of[i]]}
+        times = [0.0]
         push, pop = heapq.heappush, heapq.heappop
-        while events:
-            now, _, x = pop(events)
-            if x >= 0:
-                l = move_lane[x]
-                if busy[l]:
-                    push(queue[l], rank_of[x])
-                    continue
-                i = x
-            else:
-                l = ~x
-                if not queue[l]:
-                    busy[l] = False
-                    continue
-                i = by_rank[pop(queue[l])]
-            busy[l] = True
-            start[i] = now
-            done = now + duration[i]
-            push(events, (done, seq, ~l))
-            seq += 1
-            arrive = done + latency[l]
-            for u in users[i]:
-                if ready_at[u] < arrive:
-                    ready_at[u] = arrive
-                waiting[u] -= 1
-                if not waiting[u]:
-                    push(events, (ready_at[u], seq, u))
-                    seq += 1
-        self.priority = list(zip(start, rank_of))
+        while times:
+            now = pop(times)
+            for x in at[now]:  # events of time `now` issued on the way are appended, and run in turn
+                if x >= 0:
+                    l = move_lane[x]
+                    if busy[l]:
+                        push(queue[l], rank_of[x])
+                        continue
+                    i = x
+                else:
+                    l = ~x
+                    if not queue[l]:
+                        busy[l] = False
+                        continue
+                    i = by_rank[pop(queue[l])]
+                busy[l] = True
+                start[i] = now
+                done = now + duration[i]
+                events = at.get(done)
+                if events is None:
+                    at[done] = [~l]
+                    push(times, done)
+                else:
+                    events.append(~l)
+                arrive = done + latency[l]
+                for u in users[i]:
+                    if ready_at[u] < arrive:
+                        ready_at[u] = arrive
+                    waiting[u] -= 1
+                    if not waiting[u]:
+                        t = ready_at[u]
+                        events = at.get(t)
+                        if events is None:
+                            at[t] = [u]
+                            push(times, t)
+                        else:
+                            events.append(u)
+            del at[now]
+        position = np.empty(nmoves, dtype=np.int64)
+        position[np.lexsort((rank_of, start))] = np.arange(nmoves)
+        self.priority = position.tolist()
 
     def build(self) -> Plan:
         prio, deps_of, move_lane, steps = self.priority, self.deps, self.move_lane, self.step
@@ -181,12 +195,16 @@ class Schedule:
         # A stream is (consumer lane, producer lane); it gets a semaphore on the consumer's rank. All of a
         # stream's signals come from one producer lane, issued in priority order, so the n-th signal of a stream
         # is the n-th of its producer's moves (in priority order) that the consumer lane depends on.
-        nlanes = len(self.lanes)
+        nlanes, nmoves = len(self.lanes), len(steps)
         sems = [0] * self.nranks
         stream_of: dict[int, int] = {}  # consumer lane * nlanes + producer lane -> stream id
-        stream_sem: list[tuple[int, int]] = []  # stream id -> (consumer rank, semaphore there)
-        signals_after: dict[int, list[int]] = {}  # move -> streams it signals, in order of first need
-        waits_for: dict[int, list[tuple[int, int, int]]] = {}  # move -> [(semaphore, producer move, stream)]
+        stream_rank: list[int] = []  # stream id -> the consumer's rank
+        stream_sem: list[int] = []  # stream id -> its semaphore there
+        # A signal is one stream signalled after one move; its ordinal (the count of the stream's signals up to
+        # it) is known once its move is laid out, which comes before every move that waits for it.
+        signal_stream: list[int] = []  # signal -> stream
+        signals_after: list[list[int] | None] = [None] * nmoves  # move -> its signals, in order of first need
+        waits_for: list[list[tuple[int, int]] | None] = [None] * nmoves  # move -> [(semaphore, signal)]
         for i in order:
             deps = deps_of[i]
             if not deps:
@@ -194,44 +212,56 @@ class Schedule:
             li = move_lane[i]
             for d in deps:
                 ld = move_lane[d]
-                if ld != li:
-                    key = li * nlanes + ld
-                    s = stream_of.get(key)
-                    if s is None:
-                        r = lane_rank[li]
-                        s = stream_of[key] = len(stream_sem)
-                        stream_sem.append((r, sems[r]))
-                        sems[r] += 1
-                    waits_for.setdefault(i, []).append((stream_sem[s][1], d, s))
-                    after = signals_after.setdefault(d, [])
-                    if s not in after:
-                        after.append(s)
+                if ld == li:
+                    continue
+                key = li * nlanes + ld
+                s = stream_of.get(key)
+                if s is None:
+                    r = lane_rank[li]
+                    s = stream_of[key] = len(stream_sem)
+                    stream_rank.append(r)
+                    stream_sem.append(sems[r])
+                    sems[r] += 1
+                after = signals_after[d]
+                if after is None:
+                    after = signals_after[d] = []
+                for signal in after:
+                    if signal_stream[signal] == s:
+                        break
+                else:
+                    signal = len(signal_stream)
+                    signal_stream.append(s)
+                    after.append(signal)
+                if waits_for[i] is None:
+                    waits_for[i] = []
+                waits_for[i].append((stream_sem[s], signal))
         # Sync steps are immutable and identical wherever they name the same semaphore: build each once.
         waits = [[Step.unchecked(Op.WAIT, sem=s) for s in range(sems[r])] for r in range(self.nranks)]
         consumed = [[0] * sems[r] for r in range(self.nranks)]
-        signal = [Step.unchecked(Op.SIGNAL, peer=r, sem=sem) for r, sem in stream_sem]
+        signal_step = [Step.unchecked(Op.SIGNAL, peer=r, sem=sem) for r, sem in zip(stream_rank, stream_sem)]
         issued = [0] * len(stream_sem)
-        ordinal: dict[int, list[int]] = {}  # move -> for each stream it signals, that signal's count
+        ordinal = [0] * len(signal_stream)
         lane_steps: list[list[Step]] = [[] for _ in range(nlanes)]
         for i in order:
-            out = lane_steps[move_lane[i]]
-            need = waits_for.get(i)
+            l = move_lane[i]
+            out = lane_steps[l]
+            need = waits_for[i]
             if need is not None:
-                r = lane_rank[move_lane[i]]
-                have, wait = consumed[r], waits[r]
-                need = [(sem, ordinal[d][signals_after[d].index(s)]) for sem, d, s in need]
-                for sem, n in (sorted(need) if len(need) > 1 else need):
+                have, wait = consumed[lane_rank[l]], waits[lane_rank[l]]
+                # by semaphore; of several waits on one semaphore, the last signal needed counts
+                for sem, signal in (sorted(need) if len(need) > 1 else need):
+                    n = ordinal[signal]
                     if have[sem] < n:
                         out.extend([wait[sem]] * (n - have[sem]))
                         have[sem] = n
             out.append(steps[i])
-            after = signals_after.get(i)
+            after = signals_after[i]
             if after is not None:
-                counts = ordinal[i] = []
-                for s in after:
+                for signal in after:
+                    s = signal_stream[signal]
                     issued[s] += 1
-                    counts.append(issued[s])
-                    out.append(signal[s])
+                    ordinal[signal] = issued[s]
+                    out.append(signal_step[s])
         ranks = []
         for r in range(self.nranks):
             scratch = max(self._scratch[r], default=0) * self.k
