@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import types
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -70,9 +71,14 @@ COLLECTIVE_CODES = {c: i for i, c in enumerate(Collective)}
 
 # Steps and refs are the bulk of a plan (a synthesized plan of 16 ranks holds 100k-200k of each): they are slotted
 # (half the objects for the garbage collector to scan, faster field access), and the unchecked constructors set
-# a frozen instance's fields directly, without the generated __init__'s keyword handling and __post_init__.
+# a frozen instance's fields through the slots' own setters (`_slot_setters`), without the generated __init__'s
+# object.__setattr__ by name and __post_init__.
 _new = object.__new__
-_set = object.__setattr__
+
+
+def _slot_setters(cls) -> types.SimpleNamespace:
+    """For each field of a slotted dataclass, the setter of its slot, by field name."""
+    return types.SimpleNamespace(**{f.name: cls.__dict__[f.name].__set__ for f in dataclasses.fields(cls)})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,10 +104,10 @@ class ChunkRef:
         constructor: for synthesizers that build many refs that are well formed by construction. `validate`
         repeats every check on the plan they end up in."""
         ref = _new(cls)
-        _set(ref, "rank", rank)
-        _set(ref, "buffer", buffer)
-        _set(ref, "index", index)
-        _set(ref, "count", count)
+        _REF_SLOTS.rank(ref, rank)
+        _REF_SLOTS.buffer(ref, buffer)
+        _REF_SLOTS.index(ref, index)
+        _REF_SLOTS.count(ref, count)
         return ref
 
     def indices(self) -> range:
@@ -172,12 +178,12 @@ class Step:
         the constructor: for synthesizers that build many steps that are well formed by construction.
         `validate` repeats every check on the plan they end up in."""
         step = _new(cls)
-        _set(step, "op", op)
-        _set(step, "srcs", srcs)
-        _set(step, "dsts", dsts)
-        _set(step, "peer", peer)
-        _set(step, "sem", sem)
-        _set(step, "channel", channel)
+        _STEP_SLOTS.op(step, op)
+        _STEP_SLOTS.srcs(step, srcs)
+        _STEP_SLOTS.dsts(step, dsts)
+        _STEP_SLOTS.peer(step, peer)
+        _STEP_SLOTS.sem(step, sem)
+        _STEP_SLOTS.channel(step, channel)
         return step
 
     def to_json(self) -> dict:
@@ -214,6 +220,10 @@ class Step:
             return "barrier()"
         ch = f" @ch{self.channel}" if self.channel >= 0 else ""
         return f"{self.op.value}({', '.join(map(repr, self.srcs))} -> {', '.join(map(repr, self.dsts))}{ch})"
+
+
+_REF_SLOTS = _slot_setters(ChunkRef)
+_STEP_SLOTS = _slot_setters(Step)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -103,57 +103,70 @@ def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of
     local = [sched.lane(v, "local") for v in range(nranks)]
     to: dict[tuple[int, int], list[list[int]]] = {}
 
-    def lane_to(phase: int, tag: int, v: int, p: int) -> int:
-        lanes = to.get((phase, tag))
-        if lanes is None:
-            lanes = to[phase, tag] = [[-1] * nranks for _ in range(nranks)]
-        if lanes[v][p] < 0:
-            lanes[v][p] = sched.lane(v, ("to", p, phase, lane_of(v, p, phase) if lane_of else tag), p)
-        return lanes[v][p]
+    def lanes_to(phase: int, tag: int) -> list[list[int]]:
+        if (phase, tag) not in to:
+            to[phase, tag] = [[-1] * nranks for _ in range(nranks)]
+        return to[phase, tag]
+
+    def new_lane(phase: int, tag: int, v: int, p: int) -> int:
+        lane = to[phase, tag][v][p] = sched.lane(v, ("to", p, phase, lane_of(v, p, phase) if lane_of else tag), p)
+        return lane
 
     ref = ChunkRef.unchecked
     INPUT, OUTPUT = Buffer.INPUT, Buffer.OUTPUT
-    move = sched.move
+    move, scratch = sched.move, sched.scratch
     for item, route in enumerate(routes):
         root, wave, hop, tag = route.root, route.wave, route.hop, route.lane
         produced = None  # the move that leaves the final value in root's output chunk (None: read input)
         if route.reduce_parent is not None:
-            parent = route.reduce_parent
+            parent, src = route.reduce_parent, route.src
             order, togo, height, kids = shape(parent, root)
+            up = lanes_to(0, tag)
             slot = [None] * nranks  # child -> the scratch chunk at its parent it delivers into
             sent = [None] * nranks  # child -> its move
             for v in reversed(order):
-                srcs = (ref(v, INPUT, route.src),) + tuple(slot[c] for c in kids[v])
-                deps = tuple(sent[c] for c in kids[v])
+                kv = kids[v]
+                if kv:
+                    srcs = (ref(v, INPUT, src), *[slot[c] for c in kv])
+                    deps = tuple([sent[c] for c in kv])
+                else:
+                    srcs, deps = (ref(v, INPUT, src),), ()
                 # among moves of a wave and level, those whose chunk has further to go run first
                 prio = (0, wave + height[v] * hop, height[v], -togo[v], item)
                 if v == root:
-                    dst = ref(v, OUTPUT, route.dst)
-                    produced = move(local[v], prio, Op.COPY if len(srcs) == 1 else Op.READ_REDUCE, srcs, (dst,),
-                                    deps)
+                    produced = move(local[v], prio, Op.READ_REDUCE if kv else Op.COPY, srcs,
+                                    (ref(v, OUTPUT, route.dst),), deps)
                 else:
                     p = parent[v]
-                    slot[v] = sched.scratch(p, route.src)
-                    sent[v] = move(lane_to(0, tag, v, p), prio, Op.PUT if len(srcs) == 1 else Op.REDUCE_PUT,
-                                   srcs, (slot[v],), deps)
+                    lane = up[v][p]
+                    if lane < 0:
+                        lane = new_lane(0, tag, v, p)
+                    slot[v] = scratch(p, src)
+                    sent[v] = move(lane, prio, Op.REDUCE_PUT if kv else Op.PUT, srcs, (slot[v],), deps)
         if route.bcast_parent is not None:
             order, depth, below, kids = shape(route.bcast_parent, root)
             if produced is None:
-                move(local[root], (0, 0, item), Op.COPY, (ref(root, INPUT, route.src),), (ref(root, OUTPUT, route.dst),))
+                move(local[root], (0, 0, item), Op.COPY, (ref(root, INPUT, route.src),),
+                     (ref(root, OUTPUT, route.dst),))
             # each rank's output chunk is written by its parent's put and read by its own: one ref serves both
-            out = [ref(v, OUTPUT, route.dst) for v in range(nranks)]
+            out = [(ref(v, OUTPUT, route.dst),) for v in range(nranks)]
+            down = lanes_to(1, tag)
             arrived = [()] * nranks  # rank -> the move its own put waits for, as deps
             if produced is not None:
                 arrived[root] = (produced,)
             for v in order:
-                if not kids[v]:
+                kv = kids[v]
+                if not kv:
                     continue
-                src = ref(v, INPUT, route.src) if v == root and produced is None else out[v]
+                srcs = (ref(v, INPUT, route.src),) if v == root and produced is None else out[v]
                 deps, level = arrived[v], depth[v]
                 time = wave + level * hop
-                for c in kids[v]:
-                    arrived[c] = (move(lane_to(1, tag, v, c), (1, time, level, -below[c], item), Op.PUT, (src,),
-                                       (out[c],), deps),)
+                lanes = down[v]
+                for c in kv:
+                    lane = lanes[c]
+                    if lane < 0:
+                        lane = new_lane(1, tag, v, c)
+                    arrived[c] = (move(lane, (1, time, level, -below[c], item), Op.PUT, srcs, out[c], deps),)
     if topology is not None:
         sched.list_schedule(topology)
     return sched.build()
