@@ -113,6 +113,10 @@ def _fail_step(plan: Plan, r: int, l: int, i: int, step) -> None:
         Step(step.op, step.srcs, step.dsts, step.peer, step.sem, step.channel)
     except (PlanError, ValueError) as e:
         raise PlanError(f"rank {r}, lane {l}, step {i}: {e}") from None
+    if type(step.op) is not Op or any(type(ref.buffer) is not Buffer for ref in step.srcs + step.dsts):
+        raise PlanError(f"rank {r}, lane {l}, step {i}: an unchecked step names its op and buffers by their "
+                        f"Op and Buffer members, got op={step.op!r}, buffers "
+                        f"{[ref.buffer for ref in step.srcs + step.dsts]!r}")
     where = f"rank {r}, lane {l}, step {i} ({step!r})"
     refs = step.srcs + step.dsts
     for ref in refs:
