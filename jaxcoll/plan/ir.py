@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import types
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -76,9 +75,9 @@ COLLECTIVE_CODES = {c: i for i, c in enumerate(Collective)}
 _new = object.__new__
 
 
-def _slot_setters(cls) -> types.SimpleNamespace:
-    """For each field of a slotted dataclass, the setter of its slot, by field name."""
-    return types.SimpleNamespace(**{f.name: cls.__dict__[f.name].__set__ for f in dataclasses.fields(cls)})
+def _slot_setters(cls) -> tuple:
+    """The setters of a slotted dataclass's slots, in the order of its fields."""
+    return tuple(cls.__dict__[f.name].__set__ for f in dataclasses.fields(cls))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -104,10 +103,11 @@ class ChunkRef:
         constructor: for synthesizers that build many refs that are well formed by construction. `validate`
         repeats every check on the plan they end up in."""
         ref = _new(cls)
-        _REF_SLOTS.rank(ref, rank)
-        _REF_SLOTS.buffer(ref, buffer)
-        _REF_SLOTS.index(ref, index)
-        _REF_SLOTS.count(ref, count)
+        set_rank, set_buffer, set_index, set_count = _REF_SETTERS
+        set_rank(ref, rank)
+        set_buffer(ref, buffer)
+        set_index(ref, index)
+        set_count(ref, count)
         return ref
 
     def indices(self) -> range:
@@ -178,12 +178,13 @@ class Step:
         the constructor: for synthesizers that build many steps that are well formed by construction.
         `validate` repeats every check on the plan they end up in."""
         step = _new(cls)
-        _STEP_SLOTS.op(step, op)
-        _STEP_SLOTS.srcs(step, srcs)
-        _STEP_SLOTS.dsts(step, dsts)
-        _STEP_SLOTS.peer(step, peer)
-        _STEP_SLOTS.sem(step, sem)
-        _STEP_SLOTS.channel(step, channel)
+        set_op, set_srcs, set_dsts, set_peer, set_sem, set_channel = _STEP_SETTERS
+        set_op(step, op)
+        set_srcs(step, srcs)
+        set_dsts(step, dsts)
+        set_peer(step, peer)
+        set_sem(step, sem)
+        set_channel(step, channel)
         return step
 
     def to_json(self) -> dict:
@@ -222,8 +223,8 @@ class Step:
         return f"{self.op.value}({', '.join(map(repr, self.srcs))} -> {', '.join(map(repr, self.dsts))}{ch})"
 
 
-_REF_SLOTS = _slot_setters(ChunkRef)
-_STEP_SLOTS = _slot_setters(Step)
+_REF_SETTERS = _slot_setters(ChunkRef)
+_STEP_SETTERS = _slot_setters(Step)
 
 
 @dataclasses.dataclass(frozen=True)
