@@ -90,14 +90,15 @@ def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Se
 def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of) -> Plan:
     sched = Schedule(collective, nranks, chunk_factor, name)
     # Routes share a few trees (a packing has a handful per root): the shape of each is worked out once.
-    shapes: dict[tuple[int, ...], tuple] = {}
+    shapes: dict[tuple[tuple[int, ...], int], tuple] = {}
 
     def shape(parent: tuple[int, ...], root: int) -> tuple:
         """(children-first order, depth, height, children) of the tree."""
-        if parent not in shapes:
+        key = (tuple(parent), root)
+        if key not in shapes:
             order, depth, height = _levels(parent, root)
-            shapes[parent] = order, depth, height, _children(parent)
-        return shapes[parent]
+            shapes[key] = order, depth, height, _children(parent)
+        return shapes[key]
 
     # Lane ids, looked up per move: local[v], and to[phase, tag][v][p] (-1 until the lane has a move).
     local = [sched.lane(v, "local") for v in range(nranks)]
@@ -160,13 +161,13 @@ def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of
                     continue
                 srcs = (ref(v, INPUT, route.src),) if v == root and produced is None else out[v]
                 deps, level = arrived[v], depth[v]
-                time = wave + level * hop
+                when = wave + level * hop
                 lanes = down[v]
                 for c in kv:
                     lane = lanes[c]
                     if lane < 0:
                         lane = new_lane(1, tag, v, c)
-                    arrived[c] = (move(lane, (1, time, level, -below[c], item), Op.PUT, srcs, out[c], deps),)
+                    arrived[c] = (move(lane, (1, when, level, -below[c], item), Op.PUT, srcs, out[c], deps),)
     if topology is not None:
         sched.list_schedule(topology)
     return sched.build()
