@@ -1,7 +1,9 @@
 """Synthesis benchmark: per preset, the bound, the synthesized plan, ring and tree (all simulated), and the
-generation time; prints a markdown table (the one in docs/synthesis.md).
+generation time; prints a markdown table (the one in docs/synthesis.md). With --generation, only what generating
+the packing plan costs, part by part (the "Generation time" table).
 
     PYTHONPATH=. python benchmarks/synthesis.py [--boxes 1 2 4] [--presets dgx-h100 ...] [--sizes 1KiB 1MiB 1GiB]
+    PYTHONPATH=. python benchmarks/synthesis.py --generation --presets dgx-h100 --boxes 2
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import statistics
 import time
 
 from jaxcoll.synth import evaluate, lower_bound
-from jaxcoll.synth.select import plan_named
+from jaxcoll.synth.packing import chunk_cap, forest
+from jaxcoll.synth.select import packings, plan_named
 from jaxcoll.topology import preset
 
 SIZES = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -41,6 +44,45 @@ def generation_seconds(name: str, boxes: int, collective: str, repeat: int) -> f
     return statistics.median(times)
 
 
+def generation_parts(name: str, boxes: int, collective: str, repeat: int) -> dict[str, float]:
+    """Medians over `repeat` fresh topologies: the whole generation (wall and process time), then its parts in
+    process time, each run on its own: routes and packing LP, rounding to whole chunks, building the plan."""
+    runs: dict[str, list[float]] = {}
+    for _ in range(repeat):
+        t = preset(name, boxes)
+        w0, c0 = time.perf_counter(), time.process_time()
+        plan, _ = plan_named(t, collective, "forest")
+        parts = {"wall": time.perf_counter() - w0, "process": time.process_time() - c0}
+        t = preset(name, boxes)
+        c0 = time.process_time()
+        out, inward = packings(t)
+        c1 = time.process_time()
+        k = chunk_cap(t.nranks)
+        for packing, needed in ((out, collective != "reduce_scatter"), (inward, collective != "all_gather")):
+            if needed:
+                packing.counts(k)
+        c2 = time.process_time()
+        forest(t, collective, None, (out, inward))
+        c3 = time.process_time()
+        parts.update({"routes + LP": c1 - c0, "rounding": c2 - c1, "plan": c3 - c2, "steps": plan.num_steps()})
+        for key, value in parts.items():
+            runs.setdefault(key, []).append(value)
+    return {key: statistics.median(values) for key, values in runs.items()}
+
+
+def generation_table(args) -> None:
+    print("| topology | collective | plan steps | wall s | process s | routes + packing LP | rounding (MILP) | "
+          "plan (tree_plan) | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in args.presets:
+        for boxes in args.boxes:
+            for coll in ("all_gather", "reduce_scatter", "all_reduce"):
+                p = generation_parts(name, boxes, coll, args.repeat)
+                print(f"| {preset(name, boxes).name} | {coll} | {p['steps']:.0f} | {p['wall']:.2f} | "
+                      f"{p['process']:.2f} | {p['routes + LP']:.2f} | {p['rounding']:.2f} | {p['plan']:.2f} | "
+                      f"{os.getloadavg()[0]:.1f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--presets", nargs="+", default=["dgx1", "dgx2", "dgx-a100", "dgx-h100", "mi250"])
@@ -48,7 +90,13 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", default=["1KiB", "1MiB", "1GiB"], help="all_reduce sizes")
     ap.add_argument("--te-ccl", action="store_true", help="add TE-CCL's two-box DGX-2 model")
     ap.add_argument("--repeat", type=int, default=3, help="generation timings per row (the median is printed)")
+    ap.add_argument("--generation", action="store_true", help="only the generation time, part by part")
     args = ap.parse_args()
+    if args.generation:
+        print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+              f"Python {platform.python_version()}; seconds, medians of {args.repeat}; load: 1-minute average\n")
+        generation_table(args)
+        return
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}\n")
     print("| topology | ranks | collective | bound GB/s | synthesized GB/s (plan) | % of bound | ring GB/s | "

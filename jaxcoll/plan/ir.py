@@ -68,8 +68,19 @@ OP_CODES = {op: i for i, op in enumerate(Op)}
 BUFFER_CODES = {buf: i for i, buf in enumerate(Buffer)}
 COLLECTIVE_CODES = {c: i for i, c in enumerate(Collective)}
 
+# Steps and refs are the bulk of a plan (a synthesized plan of 16 ranks holds 100k-200k of each): they are slotted
+# (half the objects for the garbage collector to scan, faster field access), and the unchecked constructors set
+# a frozen instance's fields through the slots' own setters (`_slot_setters`), without the generated __init__'s
+# object.__setattr__ by name and __post_init__.
+_new = object.__new__
 
-@dataclasses.dataclass(frozen=True)
+
+def _slot_setters(cls) -> tuple:
+    """The setters of a slotted dataclass's slots, in the order of its fields."""
+    return tuple(cls.__dict__[f.name].__set__ for f in dataclasses.fields(cls))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ChunkRef:
     """`count` consecutive chunks, starting at `index`, of buffer `buffer` on rank `rank`."""
 
@@ -79,11 +90,25 @@ class ChunkRef:
     count: int = 1
 
     def __post_init__(self):
-        object.__setattr__(self, "buffer", Buffer(self.buffer))
+        if type(self.buffer) is not Buffer:  # converting a member through the enum costs more than the rest
+            object.__setattr__(self, "buffer", Buffer(self.buffer))
         if self.count < 1:
             raise PlanError(f"chunk count must be >= 1, got count={self.count} in {self}")
         if self.index < 0:
             raise PlanError(f"chunk index must be >= 0, got index={self.index} in {self}")
+
+    @classmethod
+    def unchecked(cls, rank: int, buffer: Buffer, index: int, count: int = 1) -> "ChunkRef":
+        """A ref from fields already in canonical form (`buffer` a `Buffer`), without the checks of the
+        constructor: for synthesizers that build many refs that are well formed by construction. `validate`
+        repeats every check on the plan they end up in."""
+        ref = _new(cls)
+        set_rank, set_buffer, set_index, set_count = _REF_SETTERS
+        set_rank(ref, rank)
+        set_buffer(ref, buffer)
+        set_index(ref, index)
+        set_count(ref, count)
+        return ref
 
     def indices(self) -> range:
         return range(self.index, self.index + self.count)
@@ -100,7 +125,7 @@ class ChunkRef:
         return f"r{self.rank}.{self.buffer.value}[{span}]"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Step:
     """One instruction of a lane. See `Op` for what each kind means."""
 
@@ -115,9 +140,12 @@ class Step:
     channel: int = -1
 
     def __post_init__(self):
-        object.__setattr__(self, "op", Op(self.op))
-        object.__setattr__(self, "srcs", tuple(self.srcs))
-        object.__setattr__(self, "dsts", tuple(self.dsts))
+        if type(self.op) is not Op:
+            object.__setattr__(self, "op", Op(self.op))
+        if type(self.srcs) is not tuple:
+            object.__setattr__(self, "srcs", tuple(self.srcs))
+        if type(self.dsts) is not tuple:
+            object.__setattr__(self, "dsts", tuple(self.dsts))
         op = self.op
         if op.is_data:
             if not self.dsts:
@@ -127,8 +155,9 @@ class Step:
                     raise PlanError(f"zero step takes no sources: {self}")
             elif not self.srcs:
                 raise PlanError(f"{op.value} step needs at least one source chunk: {self}")
-            counts = {r.count for r in self.srcs + self.dsts}
-            if len(counts) != 1:
+            count = self.dsts[0].count
+            if any(r.count != count for r in self.srcs + self.dsts):
+                counts = {r.count for r in self.srcs + self.dsts}
                 raise PlanError(f"{op.value} step mixes chunk counts {sorted(counts)}: {self}")
         else:
             if self.srcs or self.dsts:
@@ -141,6 +170,22 @@ class Step:
                 raise PlanError(f"{op.value} step moves no data but names channel={self.channel}")
         if self.channel < -1:
             raise PlanError(f"channel must be >= 0 (or -1 for none), got channel={self.channel} in {self}")
+
+    @classmethod
+    def unchecked(cls, op: Op, srcs: tuple[ChunkRef, ...] = (), dsts: tuple[ChunkRef, ...] = (), peer: int = -1,
+                  sem: int = -1, channel: int = -1) -> "Step":
+        """A step from fields already in canonical form (`op` an `Op`, tuples of refs), without the checks of
+        the constructor: for synthesizers that build many steps that are well formed by construction.
+        `validate` repeats every check on the plan they end up in."""
+        step = _new(cls)
+        set_op, set_srcs, set_dsts, set_peer, set_sem, set_channel = _STEP_SETTERS
+        set_op(step, op)
+        set_srcs(step, srcs)
+        set_dsts(step, dsts)
+        set_peer(step, peer)
+        set_sem(step, sem)
+        set_channel(step, channel)
+        return step
 
     def to_json(self) -> dict:
         d: dict[str, Any] = {"op": self.op.value}
@@ -176,6 +221,10 @@ class Step:
             return "barrier()"
         ch = f" @ch{self.channel}" if self.channel >= 0 else ""
         return f"{self.op.value}({', '.join(map(repr, self.srcs))} -> {', '.join(map(repr, self.dsts))}{ch})"
+
+
+_REF_SETTERS = _slot_setters(ChunkRef)
+_STEP_SETTERS = _slot_setters(Step)
 
 
 @dataclasses.dataclass(frozen=True)

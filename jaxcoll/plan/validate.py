@@ -8,7 +8,7 @@ checker's business (`jaxcoll.lang.check`).
 from __future__ import annotations
 
 from jaxcoll.plan.errors import PlanError
-from jaxcoll.plan.ir import ZERO, Buffer, Op, Plan
+from jaxcoll.plan.ir import ZERO, Buffer, ChunkRef, Op, Plan, Step
 
 
 def validate(plan: Plan) -> Plan:
@@ -29,37 +29,55 @@ def validate(plan: Plan) -> Plan:
         if prog.semaphores < 0:
             raise PlanError(f"rank {r}: semaphores={prog.semaphores} is negative")
     # Formatting a step is most of the cost of a pass over a large plan: messages are built only on failure.
-    have_chunks = [{Buffer.INPUT: p.input_chunks, Buffer.OUTPUT: p.output_chunks, Buffer.SCRATCH: p.scratch_chunks}
-                   for p in plan.ranks]
+    # The pass also repeats the constructors' checks of each step and ref, so that plans built from unchecked
+    # steps (`Step.unchecked`) are held to the same rules. Enum members are compared by identity: hashing one
+    # runs Python code.
+    INPUT, OUTPUT, SCRATCH = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
+    WAIT, SIGNAL, BARRIER, ZERO_OP = Op.WAIT, Op.SIGNAL, Op.BARRIER, Op.ZERO
+    have_chunks = [(p.input_chunks, p.output_chunks, p.scratch_chunks) for p in plan.ranks]
     sems = [p.semaphores for p in plan.ranks]
     in_place = plan.in_place
     for r, prog in enumerate(plan.ranks):
         for l, lane in enumerate(prog.lanes):
             for i, step in enumerate(lane.steps):
-                op = step.op
-                if op is Op.WAIT:
-                    if step.sem >= sems[r]:
+                op, srcs, dsts = step.op, step.srcs, step.dsts
+                if op is WAIT or op is SIGNAL or op is BARRIER:
+                    if srcs or dsts or step.channel != -1:
                         _fail_step(plan, r, l, i, step)
-                    continue
-                if op is Op.SIGNAL:
-                    if not 0 <= step.peer < n or step.sem >= sems[step.peer]:
-                        _fail_step(plan, r, l, i, step)
-                    continue
-                refs = step.srcs + step.dsts
-                position = -1
-                local = True
-                for ref in refs:
-                    if not 0 <= ref.rank < n or ref.index + ref.count > have_chunks[ref.rank][ref.buffer]:
-                        _fail_step(plan, r, l, i, step)
-                    j = ref.index % k
-                    if position != j:
-                        if position >= 0:
+                    if op is WAIT:
+                        if not 0 <= step.sem < sems[r]:
                             _fail_step(plan, r, l, i, step)
-                        position = j
-                    if ref.rank != r:
-                        local = False
-                if not in_place and any(ref.buffer is Buffer.INPUT for ref in step.dsts):
+                    elif op is SIGNAL:
+                        if not 0 <= step.peer < n or not 0 <= step.sem < sems[step.peer]:
+                            _fail_step(plan, r, l, i, step)
+                    continue
+                if type(op) is not Op or not dsts or (op is ZERO_OP) != (not srcs) or step.channel < -1:
                     _fail_step(plan, r, l, i, step)
+                count = dsts[0].count
+                position = dsts[0].index % k
+                local = True
+                for ref in srcs + dsts:
+                    rank, buf, index = ref.rank, ref.buffer, ref.index
+                    if not 0 <= rank < n or ref.count != count or index < 0 or index % k != position:
+                        _fail_step(plan, r, l, i, step)
+                    if buf is INPUT:
+                        have = have_chunks[rank][0]
+                    elif buf is OUTPUT:
+                        have = have_chunks[rank][1]
+                    elif buf is SCRATCH:
+                        have = have_chunks[rank][2]
+                    else:
+                        _fail_step(plan, r, l, i, step)
+                    if index + count > have:
+                        _fail_step(plan, r, l, i, step)
+                    if rank != r:
+                        local = False
+                if count < 1:
+                    _fail_step(plan, r, l, i, step)
+                if not in_place:
+                    for ref in dsts:
+                        if ref.buffer is INPUT:
+                            _fail_step(plan, r, l, i, step)
                 if step.channel >= 0 and local:
                     _fail_step(plan, r, l, i, step)
     if plan.expect is not None:
@@ -89,6 +107,16 @@ def _validate_expect(plan: Plan) -> None:
 def _fail_step(plan: Plan, r: int, l: int, i: int, step) -> None:
     """Raise the PlanError of the first check that `step` fails (the fast pass in `validate` found one)."""
     n, k = plan.nranks, plan.chunk_factor
+    try:  # a step built without its constructors' checks (`Step.unchecked`) fails them here
+        for ref in step.srcs + step.dsts:
+            ChunkRef(ref.rank, ref.buffer, ref.index, ref.count)
+        Step(step.op, step.srcs, step.dsts, step.peer, step.sem, step.channel)
+    except (PlanError, ValueError) as e:
+        raise PlanError(f"rank {r}, lane {l}, step {i}: {e}") from None
+    if type(step.op) is not Op or any(type(ref.buffer) is not Buffer for ref in step.srcs + step.dsts):
+        raise PlanError(f"rank {r}, lane {l}, step {i}: an unchecked step names its op and buffers by their "
+                        f"Op and Buffer members, got op={step.op!r}, buffers "
+                        f"{[ref.buffer for ref in step.srcs + step.dsts]!r}")
     where = f"rank {r}, lane {l}, step {i} ({step!r})"
     refs = step.srcs + step.dsts
     for ref in refs:

@@ -8,24 +8,35 @@ the producer issues them, so the consumer knows how many waits reach the signal 
 
 Deadlock freedom: a move's priority must exceed the priorities of its dependencies (`build` checks it). Every
 lane runs in priority order, so by induction on priority every move finishes.
+
+Plans of 16 ranks hold 30k-60k moves, so a move is kept as one entry in each of a few lists (its lane, priority,
+step and dependencies) rather than as an object, and its step is built unchecked: `build` validates the plan.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections import defaultdict
-from collections.abc import Hashable, Sequence
+import contextlib
+import gc
+import heapq
+from collections.abc import Hashable, Iterator, Sequence
+
+import numpy as np
 
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step, validate
 
 
-@dataclasses.dataclass
-class Move:
-    rank: int
-    lane: Hashable
-    priority: tuple
-    step: Step
-    deps: tuple[int, ...]
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a plan is built. A plan of 16 ranks is ~200k small objects
+    (steps, refs, tuples) that form no cycles; allocating them sets off collections that scan the growing heap
+    again and again, about half the building time, and free nothing."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Schedule:
@@ -40,29 +51,50 @@ class Schedule:
         probe = Plan(self.collective, nranks, tuple(RankProgram(1, 1) for _ in range(nranks)),
                      in_blocks=in_blocks, out_blocks=out_blocks)
         self.in_blocks, self.out_blocks = probe.in_blocks, probe.out_blocks
-        self.moves: list[Move] = []
-        self._scratch = [defaultdict(int) for _ in range(nranks)]  # rank -> position -> slots used
+        self.lanes: list[tuple[int, Hashable, int]] = []  # lane id -> (rank, key, peer)
+        self._lane_ids: dict[tuple[int, Hashable], int] = {}
+        # The moves, by id: the lane that runs each, its priority, its data step and the moves it depends on.
+        self.move_lane: list[int] = []
+        self.priority: list[tuple] = []
+        self.step: list[Step] = []
+        self.deps: list[Sequence[int]] = []
+        self._scratch = [[0] * chunk_factor for _ in range(nranks)]  # rank -> position -> slots used
+
+    def lane(self, rank: int, key: Hashable, peer: int | None = None) -> int:
+        """The id of `rank`'s lane named `key`, whose moves all reach `peer` (None: they stay on `rank`). A
+        rank's lanes are numbered in the plan in order of repr(key)."""
+        lane = self._lane_ids.get((rank, key))
+        if lane is None:
+            lane = self._lane_ids[rank, key] = len(self.lanes)
+            self.lanes.append((rank, key, rank if peer is None else peer))
+        return lane
 
     def scratch(self, rank: int, position: int) -> ChunkRef:
         """A fresh scratch chunk on `rank` at position `position` (mod k) of its block: written once."""
         j = position % self.k
-        slot = self._scratch[rank][j]
-        self._scratch[rank][j] += 1
-        return ChunkRef(rank, Buffer.SCRATCH, slot * self.k + j)
+        used = self._scratch[rank]
+        slot = used[j]
+        used[j] = slot + 1
+        return ChunkRef.unchecked(rank, Buffer.SCRATCH, slot * self.k + j)
 
-    def move(self, rank: int, lane: Hashable, priority: tuple, op: Op, srcs: Sequence[ChunkRef],
-             dsts: Sequence[ChunkRef], deps: Sequence[int] = ()) -> int:
-        """Add a data step run by `rank` in its lane `lane`; returns the move's id for later `deps`."""
-        self.moves.append(Move(rank, lane, tuple(priority), Step(op, tuple(srcs), tuple(dsts)), tuple(deps)))
-        return len(self.moves) - 1
+    def move(self, lane: int, priority: tuple, op: Op, srcs: tuple[ChunkRef, ...], dsts: tuple[ChunkRef, ...],
+             deps: Sequence[int] = ()) -> int:
+        """Add a data step run in lane `lane` (an id from `lane`); returns the move's id for later `deps`. The
+        step is not checked here (`build` validates the plan): `op` is an `Op`, `srcs` and `dsts` tuples."""
+        self.move_lane.append(lane)
+        self.priority.append(priority)
+        self.step.append(Step.unchecked(op, srcs, dsts))
+        self.deps.append(deps)
+        return len(self.step) - 1
 
     def list_schedule(self, topology, chunk_bytes: float = 1 << 20, passes: str = "f") -> None:
         """Reorder every lane by greedy list scheduling: each lane is a server whose rate is its share of the
         links under max-min fair sharing when all lanes send at once (`jaxcoll.sim.max_min_rates`, the
         simulator's own rule); a free lane starts, among its moves whose inputs have landed, the one of smallest
-        priority. Each move's priority becomes (start time, old priority). A lane then never waits on a move
-        whose inputs come later than those of a move behind it, which removes the head-of-line stalls of a
-        fixed order. Dependencies start strictly earlier, so `build`'s deadlock argument still holds.
+        priority. Each move's priority becomes its position in the order of (start time, old priority), ties
+        by id. A lane then never waits on a move whose inputs come later than those of a move behind it, which
+        removes the head-of-line stalls of a fixed order. Dependencies start strictly earlier, so `build`'s
+        deadlock argument still holds.
 
         `passes` is a string of directions, run in turn: "f" forwards as above, "b" backwards in time: from the
         moves nothing depends on, a move starts (in reversed time) once every move that uses it is done and its
@@ -72,167 +104,203 @@ class Schedule:
         leaves' inputs are ready, instead of a drain that waits on whole subtrees). A pass after the first
         takes its order from the previous one: forwards by latest start, backwards by earliest finish (the
         forward-backward improvement of project scheduling), so "fbf" keeps the greedy start of "f" and ends
-        with the moves that have least left to do downstream. A backward pass's priority is (minus its
-        reversed finish time, old priority): a dependency finishes strictly later in reversed time, so it
-        still comes first."""
-        import heapq
-
-        import numpy as np
-
+        with the moves that have least left to do downstream. A backward pass orders by (minus its reversed
+        finish time, reversed old priority): a dependency finishes strictly later in reversed time, so it still
+        comes first."""
         from jaxcoll.sim.engine import max_min_rates
 
-        moves = self.moves
-        lanes = sorted({(m.rank, m.lane) for m in moves}, key=repr)
-        lane_id = {key: i for i, key in enumerate(lanes)}
-        peer = [next((ref.rank for ref in (*m.step.dsts, *m.step.srcs) if ref.rank != m.rank), m.rank)
-                for m in moves]
-        lane_peer: dict[int, int] = {}
-        for i, m in enumerate(moves):
-            lane_peer.setdefault(lane_id[m.rank, m.lane], peer[i])
+        nmoves = len(self.step)
+        lanes = sorted(set(self.move_lane), key=lambda l: repr(self.lanes[l][:2]))
         cap = np.array([l.bandwidth_GBps for l in topology.links])
-        remote = [l for l in range(len(lanes)) if lane_peer[l] != lanes[l][0]]
-        routes = [np.asarray(topology.route(lanes[l][0], lane_peer[l]) if lanes[l][0] != lane_peer[l]
-                             else topology.route(lane_peer[l], lanes[l][0])) for l in remote]
-        rate = np.full(len(lanes), float(topology.memory_bandwidth_GBps or max(cap)))
+        remote = [l for l in lanes if self.lanes[l][2] != self.lanes[l][0]]
+        rate = [float(topology.memory_bandwidth_GBps or max(cap))] * len(self.lanes)
+        latency = [0.0] * len(self.lanes)
         if remote:
-            rate[remote] = max_min_rates(routes, cap)
-        latency = [0.0] * len(lanes)
-        for l in remote:
-            latency[l] = topology.path_latency_us(lanes[l][0], lane_peer[l]) * 1e-6
-        lane = [lane_id[m.rank, m.lane] for m in moves]
-        duration = [max(ref.count for ref in (*m.step.srcs, *m.step.dsts)) * chunk_bytes / (rate[lane[i]] * 1e9)
-                    * (len(m.step.srcs) if peer[i] == m.rank else 1) for i, m in enumerate(moves)]
-        users: list[list[int]] = [[] for _ in moves]
-        for i, m in enumerate(moves):
-            for d in m.deps:
+            routes = [np.asarray(topology.route(*self.lanes[l][::2])) for l in remote]
+            for l, x in zip(remote, max_min_rates(routes, cap)):
+                rate[l] = float(x)
+                latency[l] = topology.path_latency_us(*self.lanes[l][::2]) * 1e-6
+        lane_Bps = [x * 1e9 for x in rate]
+        local = [rank == peer for rank, _, peer in self.lanes]
+        move_lane, deps_of = self.move_lane, self.deps
+        # A local move reads each source from memory; a remote one is bound by its lane's share of the links.
+        # Every ref of a step has the same chunk count (validate holds it).
+        duration = [s.dsts[0].count * chunk_bytes / lane_Bps[l] * (len(s.srcs) if local[l] else 1)
+                    for s, l in zip(self.step, move_lane)]
+        # Orders are ranks: lane queues compare ints, faster than priority tuples. `old` is the rank of each
+        # move's priority, ties by id.
+        old = np.empty(nmoves, dtype=np.int64)
+        old[sorted(range(nmoves), key=self.priority.__getitem__)] = np.arange(nmoves)
+        users: list[list[int]] = [[] for _ in range(nmoves)]
+        for i, deps in enumerate(deps_of):
+            for d in deps:
                 users[d].append(i)
-        deps = [list(m.deps) for m in moves]
         push, pop = heapq.heappush, heapq.heappop
 
-        def run(key, reverse: bool) -> list[float]:
-            """Start times of one pass (in reversed time if `reverse`)."""
-            after = deps if reverse else users  # the moves that wait for a move
-            waiting = [len(u) for u in users] if reverse else [len(d) for d in deps]
-            ready_at = [0.0] * len(moves)
-            queue: list[list] = [[] for _ in lanes]  # per lane: heap of (priority, move) whose inputs are there
-            events = [(0.0, i, 0, i) for i in range(len(moves)) if not waiting[i]]
-            seq = len(moves)  # (time, order, kind, x): kind 0 = a move's inputs arrive, 1 = a lane frees up
-            heapq.heapify(events)
-            idle = [True] * len(lanes)
-            start = [0.0] * len(moves)
-            while events:
-                now, _, kind, x = pop(events)
-                if kind == 0:
-                    l = lane[x]
-                    push(queue[l], (key[x], x))
-                else:
-                    l = x
-                    idle[l] = True
-                if idle[l] and queue[l]:
-                    _, i = pop(queue[l])
-                    idle[l] = False
+        def run(order: np.ndarray, reverse: bool) -> list[float]:
+            """Start times of one pass (in reversed time if `reverse`); among ready moves a lane starts the one
+            that comes first in `order` (a permutation of the moves)."""
+            by_rank = order.tolist()
+            rank_of = [0] * nmoves
+            for j, i in enumerate(by_rank):
+                rank_of[i] = j
+            after = deps_of if reverse else users  # the moves that wait for a move
+            waiting = [len(u) for u in users] if reverse else [len(deps) for deps in deps_of]
+            ready_at = [0.0] * nmoves
+            start = [0.0] * nmoves
+            queue: list[list[int]] = [[] for _ in self.lanes]  # per lane: heap of ranks of moves whose inputs are in
+            busy = [False] * len(self.lanes)
+            # Events by time: at[t] lists the events of time t in the order they were issued, x >= 0 for "move
+            # x's inputs arrive" and x < 0 for "lane ~x frees up"; `times` is a heap of the times that have events
+            # (a heap of (time, order, x) tuples would do the same at twice the cost). An idle lane's queue is
+            # empty (it starts whatever arrives), so an arrival at an idle lane starts at once.
+            at = {0.0: [i for i in by_rank if not waiting[i]]}
+            times = [0.0]
+            while times:
+                now = pop(times)
+                for x in at[now]:  # events of time `now` issued on the way are appended, and run in turn
+                    if x >= 0:
+                        l = move_lane[x]
+                        if busy[l]:
+                            push(queue[l], rank_of[x])
+                            continue
+                        i = x
+                    else:
+                        l = ~x
+                        if not queue[l]:
+                            busy[l] = False
+                            continue
+                        i = by_rank[pop(queue[l])]
+                    busy[l] = True
                     start[i] = now
                     done = now + duration[i]
-                    push(events, (done, seq, 1, l))
-                    seq += 1
+                    events = at.get(done)
+                    if events is None:
+                        at[done] = [~l]
+                        push(times, done)
+                    else:
+                        events.append(~l)
                     for u in after[i]:
                         # a put's bytes land one route latency after it (in reversed time the put is u)
-                        arrive = done + latency[lane[u] if reverse else l]
+                        arrive = done + latency[move_lane[u] if reverse else l]
                         if ready_at[u] < arrive:
                             ready_at[u] = arrive
                         waiting[u] -= 1
                         if not waiting[u]:
-                            push(events, (ready_at[u], seq, 0, u))
-                            seq += 1
+                            t = ready_at[u]
+                            events = at.get(t)
+                            if events is None:
+                                at[t] = [u]
+                                push(times, t)
+                            else:
+                                events.append(u)
+                del at[now]
             return start
 
-        old = [m.priority for m in moves]
-        negated = None
         time = None  # forward-time order of the previous pass: smaller is earlier
         for direction in passes:
             if direction == "f":
-                key = old if time is None else list(zip(time, old))
-                start = run(key, False)
-                time = start
+                start = run(np.lexsort((old,) if time is None else (old, time)), False)
+                time = np.asarray(start)
             elif direction == "b":
-                if negated is None:
-                    negated = [tuple(-x for x in p) for p in old]
                 # reversed time runs from the end: moves that finish last go first
-                key = negated if time is None else [(-t - d, n) for t, d, n in zip(time, duration, negated)]
-                start = run(key, True)
-                time = [-(s + d) for s, d in zip(start, duration)]
+                start = run(np.lexsort((-old,) if time is None else (-old, -(time + duration))), True)
+                time = -(np.asarray(start) + duration)
             else:
                 raise ValueError(f"list_schedule passes are 'f' or 'b', got {passes!r}")
-        for m, t in zip(moves, time):
-            m.priority = (t, m.priority)
+        position = np.empty(nmoves, dtype=np.int64)
+        position[np.lexsort((old, time))] = np.arange(nmoves)
+        self.priority = position.tolist()
 
     def build(self) -> Plan:
-        moves = self.moves
-        for i, m in enumerate(moves):
-            for d in m.deps:
-                if not moves[d].priority < m.priority:
-                    raise AssertionError(f"move {i} {m.step!r} (priority {m.priority}) depends on move {d} "
-                                         f"{moves[d].step!r} of priority {moves[d].priority}: not earlier")
-        keys: list[set] = [set() for _ in range(self.nranks)]
-        for m in moves:
-            keys[m.rank].add(m.lane)
-        lane_keys = [sorted(k, key=repr) for k in keys]
-        lane_of = [{key: i for i, key in enumerate(keys)} for keys in lane_keys]
-        order = sorted(range(len(moves)), key=[m.priority for m in moves].__getitem__)  # stable: ties by id
-        where = [(m.rank, lane_of[m.rank][m.lane]) for m in moves]
+        prio, deps_of, move_lane, steps = self.priority, self.deps, self.move_lane, self.step
+        for i, deps in enumerate(deps_of):
+            for d in deps:
+                if not prio[d] < prio[i]:
+                    raise AssertionError(f"move {i} {steps[i]!r} (priority {prio[i]}) depends on move {d} "
+                                         f"{steps[d]!r} of priority {prio[d]}: not earlier")
+        lane_rank = [rank for rank, _, _ in self.lanes]
+        rank_lanes: list[list[int]] = [[] for _ in range(self.nranks)]
+        for l in set(move_lane):
+            rank_lanes[lane_rank[l]].append(l)
+        for lanes in rank_lanes:
+            lanes.sort(key=lambda l: repr(self.lanes[l][1]))
+        order = sorted(range(len(steps)), key=prio.__getitem__)  # stable: ties by id
         # A stream is (consumer lane, producer lane); it gets a semaphore on the consumer's rank. All of a
         # stream's signals come from one producer lane, issued in priority order, so the n-th signal of a stream
         # is the n-th of its producer's moves (in priority order) that the consumer lane depends on.
-        sems: list[dict] = [{} for _ in range(self.nranks)]
-        signals_after: dict[int, list[tuple[int, int]]] = defaultdict(list)  # move -> [(peer, sem)]
-        waits_for: dict[int, list[tuple[int, int]]] = {}  # move -> [(sem, producer move)]
+        nlanes, nmoves = len(self.lanes), len(steps)
+        sems = [0] * self.nranks
+        stream_of: dict[int, int] = {}  # consumer lane * nlanes + producer lane -> stream id
+        stream_rank: list[int] = []  # stream id -> the consumer's rank
+        stream_sem: list[int] = []  # stream id -> its semaphore there
+        # A signal is one stream signalled after one move; its ordinal (the count of the stream's signals up to
+        # it) is known once its move is laid out, which comes before every move that waits for it.
+        signal_stream: list[int] = []  # signal -> stream
+        signals_after: list[list[int] | None] = [None] * nmoves  # move -> its signals, in order of first need
+        waits_for: list[list[tuple[int, int]] | None] = [None] * nmoves  # move -> [(semaphore, signal)]
         for i in order:
-            m = moves[i]
-            wi, rank_sems = where[i], sems[m.rank]
-            for d in m.deps:
-                wd = where[d]
-                if wd != wi:
-                    sem = rank_sems.setdefault((wi, wd), len(rank_sems))
-                    waits_for.setdefault(i, []).append((sem, d))
-                    after = signals_after[d]
-                    if (m.rank, sem) not in after:
-                        after.append((m.rank, sem))
-        ordinal: dict[tuple[int, int, int], int] = {}
-        issued: dict[tuple[int, int], int] = defaultdict(int)
-        for d in order:
-            for peer, sem in signals_after.get(d, ()):
-                issued[peer, sem] += 1
-                ordinal[d, peer, sem] = issued[peer, sem]
+            deps = deps_of[i]
+            if not deps:
+                continue
+            li = move_lane[i]
+            for d in deps:
+                ld = move_lane[d]
+                if ld == li:
+                    continue
+                key = li * nlanes + ld
+                s = stream_of.get(key)
+                if s is None:
+                    r = lane_rank[li]
+                    s = stream_of[key] = len(stream_sem)
+                    stream_rank.append(r)
+                    stream_sem.append(sems[r])
+                    sems[r] += 1
+                after = signals_after[d]
+                if after is None:
+                    after = signals_after[d] = []
+                for signal in after:
+                    if signal_stream[signal] == s:
+                        break
+                else:
+                    signal = len(signal_stream)
+                    signal_stream.append(s)
+                    after.append(signal)
+                if waits_for[i] is None:
+                    waits_for[i] = []
+                waits_for[i].append((stream_sem[s], signal))
         # Sync steps are immutable and identical wherever they name the same semaphore: build each once.
-        waits = [[] for _ in range(self.nranks)]
-        signals: dict[tuple[int, int], Step] = {}
-        lanes: list[list[list[Step]]] = [[[] for _ in keys] for keys in lane_keys]
-        consumed = [[] for _ in range(self.nranks)]
+        waits = [[Step.unchecked(Op.WAIT, sem=s) for s in range(sems[r])] for r in range(self.nranks)]
+        consumed = [[0] * sems[r] for r in range(self.nranks)]
+        signal_step = [Step.unchecked(Op.SIGNAL, peer=r, sem=sem) for r, sem in zip(stream_rank, stream_sem)]
+        issued = [0] * len(stream_sem)
+        ordinal = [0] * len(signal_stream)
+        lane_steps: list[list[Step]] = [[] for _ in range(nlanes)]
         for i in order:
-            m = moves[i]
-            r, l = where[i]
-            steps = lanes[r][l]
-            if i in waits_for:
-                have, wait = consumed[r], waits[r]
-                need = [(sem, ordinal[d, r, sem]) for sem, d in waits_for[i]]
-                for sem, n in (sorted(need) if len(need) > 1 else need):
-                    while len(have) <= sem:
-                        have.append(0)
-                        wait.append(Step(Op.WAIT, sem=len(wait)))
+            l = move_lane[i]
+            out = lane_steps[l]
+            need = waits_for[i]
+            if need is not None:
+                have, wait = consumed[lane_rank[l]], waits[lane_rank[l]]
+                # by semaphore; of several waits on one semaphore, the last signal needed counts
+                for sem, signal in (sorted(need) if len(need) > 1 else need):
+                    n = ordinal[signal]
                     if have[sem] < n:
-                        steps.extend([wait[sem]] * (n - have[sem]))
+                        out.extend([wait[sem]] * (n - have[sem]))
                         have[sem] = n
-            steps.append(m.step)
-            for key in signals_after.get(i, ()):
-                step = signals.get(key)
-                if step is None:
-                    step = signals[key] = Step(Op.SIGNAL, peer=key[0], sem=key[1])
-                steps.append(step)
+            out.append(steps[i])
+            after = signals_after[i]
+            if after is not None:
+                for signal in after:
+                    s = signal_stream[signal]
+                    issued[s] += 1
+                    ordinal[signal] = issued[s]
+                    out.append(signal_step[s])
         ranks = []
         for r in range(self.nranks):
-            scratch = max((n for n in self._scratch[r].values()), default=0) * self.k
-            ranks.append(RankProgram(self.in_blocks * self.k, self.out_blocks * self.k, scratch, len(sems[r]),
-                                     tuple(Lane(tuple(s)) for s in lanes[r])))
+            scratch = max(self._scratch[r], default=0) * self.k
+            ranks.append(RankProgram(self.in_blocks * self.k, self.out_blocks * self.k, scratch, sems[r],
+                                     tuple(Lane(tuple(lane_steps[l])) for l in rank_lanes[r])))
         plan = Plan(self.collective, self.nranks, tuple(ranks), name=self.name, in_blocks=self.in_blocks,
                     out_blocks=self.out_blocks)
         return validate(plan)

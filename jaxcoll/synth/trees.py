@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Op, Plan
-from jaxcoll.synth.schedule import Schedule
+from jaxcoll.synth.schedule import Schedule, paused_gc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,44 +83,91 @@ def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Se
     level, item). The wave is when the chunk would leave its root in a fluid schedule (its position in the run):
     chunks are software-pipelined, a link carries the first hop of one chunk while an earlier one makes its
     second hop, and every link sees its load spread evenly over the run rather than in bursts."""
-    collective = Collective(collective)
+    with paused_gc():
+        return _tree_plan(Collective(collective), nranks, chunk_factor, routes, name, topology, lane_of)
+
+
+def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of) -> Plan:
     sched = Schedule(collective, nranks, chunk_factor, name)
+    # Routes share a few trees (a packing has a handful per root): the shape of each is worked out once.
+    shapes: dict[tuple[tuple[int, ...], int], tuple] = {}
+
+    def shape(parent: tuple[int, ...], root: int) -> tuple:
+        """(children-first order, depth, height, children) of the tree."""
+        key = (tuple(parent), root)
+        if key not in shapes:
+            order, depth, height = _levels(parent, root)
+            shapes[key] = order, depth, height, _children(parent)
+        return shapes[key]
+
+    # Lane ids, looked up per move: local[v], and to[phase, tag][v][p] (-1 until the lane has a move).
+    local = [sched.lane(v, "local") for v in range(nranks)]
+    to: dict[tuple[int, int], list[list[int]]] = {}
+
+    def lanes_to(phase: int, tag: int) -> list[list[int]]:
+        if (phase, tag) not in to:
+            to[phase, tag] = [[-1] * nranks for _ in range(nranks)]
+        return to[phase, tag]
+
+    def new_lane(phase: int, tag: int, v: int, p: int) -> int:
+        lane = to[phase, tag][v][p] = sched.lane(v, ("to", p, phase, lane_of(v, p, phase) if lane_of else tag), p)
+        return lane
+
+    ref = ChunkRef.unchecked
+    INPUT, OUTPUT = Buffer.INPUT, Buffer.OUTPUT
+    move, scratch = sched.move, sched.scratch
     for item, route in enumerate(routes):
-        root = route.root
+        root, wave, hop, tag = route.root, route.wave, route.hop, route.lane
         produced = None  # the move that leaves the final value in root's output chunk (None: read input)
         if route.reduce_parent is not None:
-            order, togo, height = _levels(route.reduce_parent, root)
-            kids = _children(route.reduce_parent)
-            delivered: dict[int, tuple[ChunkRef, int]] = {}  # child -> (scratch chunk at parent, its move)
+            parent, src = route.reduce_parent, route.src
+            order, togo, height, kids = shape(parent, root)
+            up = lanes_to(0, tag)
+            slot = [None] * nranks  # child -> the scratch chunk at its parent it delivers into
+            sent = [None] * nranks  # child -> its move
             for v in reversed(order):
-                srcs = [ChunkRef(v, Buffer.INPUT, route.src)] + [delivered[c][0] for c in kids[v]]
-                deps = [delivered[c][1] for c in kids[v]]
-                # among moves of a wave and level, those whose chunk has further to go run first
-                prio = (0, route.wave + height[v] * route.hop, height[v], -togo[v], item)
-                if v == root:
-                    dst = ChunkRef(v, Buffer.OUTPUT, route.dst)
-                    op = Op.COPY if len(srcs) == 1 else Op.READ_REDUCE
-                    produced = sched.move(v, "local", prio, op, srcs, [dst], deps)
+                kv = kids[v]
+                if kv:
+                    srcs = (ref(v, INPUT, src), *[slot[c] for c in kv])
+                    deps = tuple([sent[c] for c in kv])
                 else:
-                    p = route.reduce_parent[v]
-                    slot = sched.scratch(p, route.src)
-                    op = Op.PUT if len(srcs) == 1 else Op.REDUCE_PUT
-                    delivered[v] = (slot, sched.move(v, ("to", p, 0, lane_of(v, p, 0) if lane_of else route.lane), prio, op, srcs, [slot], deps))
+                    srcs, deps = (ref(v, INPUT, src),), ()
+                # among moves of a wave and level, those whose chunk has further to go run first
+                prio = (0, wave + height[v] * hop, height[v], -togo[v], item)
+                if v == root:
+                    produced = move(local[v], prio, Op.READ_REDUCE if kv else Op.COPY, srcs,
+                                    (ref(v, OUTPUT, route.dst),), deps)
+                else:
+                    p = parent[v]
+                    lane = up[v][p]
+                    if lane < 0:
+                        lane = new_lane(0, tag, v, p)
+                    slot[v] = scratch(p, src)
+                    sent[v] = move(lane, prio, Op.REDUCE_PUT if kv else Op.PUT, srcs, (slot[v],), deps)
         if route.bcast_parent is not None:
-            order, depth, below = _levels(route.bcast_parent, root)
-            kids = _children(route.bcast_parent)
+            order, depth, below, kids = shape(route.bcast_parent, root)
             if produced is None:
-                sched.move(root, "local", (0, 0, item), Op.COPY, [ChunkRef(root, Buffer.INPUT, route.src)],
-                           [ChunkRef(root, Buffer.OUTPUT, route.dst)])
-            arrived = {root: produced}
+                move(local[root], (0, 0, item), Op.COPY, (ref(root, INPUT, route.src),),
+                     (ref(root, OUTPUT, route.dst),))
             # each rank's output chunk is written by its parent's put and read by its own: one ref serves both
-            out = {v: ChunkRef(v, Buffer.OUTPUT, route.dst) for v in order}
+            out = [(ref(v, OUTPUT, route.dst),) for v in range(nranks)]
+            down = lanes_to(1, tag)
+            arrived = [()] * nranks  # rank -> the move its own put waits for, as deps
+            if produced is not None:
+                arrived[root] = (produced,)
             for v in order:
-                src = ChunkRef(v, Buffer.INPUT, route.src) if v == root and produced is None else out[v]
-                deps = [arrived[v]] if arrived[v] is not None else []
-                for c in kids[v]:
-                    arrived[c] = sched.move(v, ("to", c, 1, lane_of(v, c, 1) if lane_of else route.lane), (1, route.wave + depth[v] * route.hop, depth[v], -below[c], item), Op.PUT, [src],
-                                            [out[c]], deps)
+                kv = kids[v]
+                if not kv:
+                    continue
+                srcs = (ref(v, INPUT, route.src),) if v == root and produced is None else out[v]
+                deps, level = arrived[v], depth[v]
+                when = wave + level * hop
+                lanes = down[v]
+                for c in kv:
+                    lane = lanes[c]
+                    if lane < 0:
+                        lane = new_lane(1, tag, v, c)
+                    arrived[c] = (move(lane, (1, when, level, -below[c], item), Op.PUT, srcs, out[c], deps),)
     if topology is not None:
         # Three passes, the last in the direction the trees run: reduce_scatter's in-trees are packed from the
         # end, the broadcasts from the start; the middle pass reorders the other end (dgx-h100x2 at 1 GiB:
