@@ -1,8 +1,8 @@
-"""Synthesis benchmark: per preset, the bound, the synthesized plan, ring and tree (all simulated), and the
+"""Synthesis benchmark: a table per preset: the bound, the synthesized plan, ring and tree (all simulated), and the
 generation time; prints a markdown table (the one in docs/synthesis.md). With --generation, only what generating
 the packing plan costs, part by part (the "Generation time" table).
 
-    PYTHONPATH=. python benchmarks/synthesis.py [--boxes 1 2 4] [--presets dgx-h100 ...] [--sizes 1KiB 1MiB 1GiB]
+    PYTHONPATH=. python benchmarks/synthesis.py [--boxes 1 2 4] [--presets dgx-h100 ...] [--sizes 1KiB ... 1GiB]
     PYTHONPATH=. python benchmarks/synthesis.py --generation --presets dgx-h100 --boxes 2
 """
 
@@ -29,8 +29,26 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
+def human(nbytes: int) -> str:
+    for unit, mult in reversed(SIZES.items()):
+        if nbytes >= mult and nbytes % mult == 0:
+            return f"{nbytes // mult} {unit}"
+    return f"{nbytes} B"
+
+
 def algbw(size: float, seconds: float) -> float:
     return size / seconds / 1e9
+
+
+RINGS = ("ring", "ring2")
+TREES = ("tree1", "tree4", "tree16")
+
+
+def all_reduce_ratio(topology, size: int) -> float:
+    """Simulated time of the better of ring and tree over that of the synthesized all_reduce (>= 1: not slower)."""
+    cands = evaluate(topology, "all_reduce", size)
+    base = min(c.seconds for c in cands if c.name in RINGS + TREES)
+    return base / cands[0].seconds
 
 
 def generation_seconds(name: str, boxes: int, collective: str, repeat: int) -> float:
@@ -87,7 +105,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--presets", nargs="+", default=["dgx1", "dgx2", "dgx-a100", "dgx-h100", "mi250"])
     ap.add_argument("--boxes", nargs="+", type=int, default=[1, 2, 4])
-    ap.add_argument("--sizes", nargs="+", default=["1KiB", "1MiB", "1GiB"], help="all_reduce sizes")
+    ap.add_argument("--sizes", nargs="+", help="all_reduce sizes (default: 1 KiB to 1 GiB in steps of 8x)",
+                    default=["1KiB", "8KiB", "64KiB", "512KiB", "4MiB", "32MiB", "256MiB", "1GiB"])
     ap.add_argument("--te-ccl", action="store_true", help="add TE-CCL's two-box DGX-2 model")
     ap.add_argument("--repeat", type=int, default=3, help="generation timings per row (the median is printed)")
     ap.add_argument("--generation", action="store_true", help="only the generation time, part by part")
@@ -98,34 +117,33 @@ def main() -> None:
         generation_table(args)
         return
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}\n")
-    print("| topology | ranks | collective | bound GB/s | synthesized GB/s (plan) | % of bound | ring GB/s | "
-          "tree GB/s | packing gen s (median) | AR min ratio vs best(ring,tree) over sizes |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"Python {platform.python_version()}; load (1-minute average) {os.getloadavg()[0]:.1f} at the start\n")
     tops = [(p, b) for p in args.presets for b in args.boxes] + ([("te-ccl-dgx2", 2)] if args.te_ccl else [])
+    sizes = [parse_size(x) for x in args.sizes]
     big = 1 << 30
     for name, boxes in tops:
         t = preset(name, boxes)
+        print(f"### {t.name} ({t.nranks} ranks), 1 GiB\n")
+        print("| collective | bound GB/s | synthesized GB/s (plan) | % of bound | ring GB/s | tree GB/s | "
+              "packing gen s (median) | all_reduce: worst ratio best(ring, tree) / synthesized, 1 KiB-1 GiB |")
+        print("|---|---|---|---|---|---|---|---|")
         for coll in ("all_gather", "reduce_scatter", "all_reduce"):
             cands = evaluate(t, coll, big)
             gen = generation_seconds(name, boxes, coll, args.repeat)
             best = cands[0]
             by = {c.name: c for c in cands}
-            ring_s = min((by[n].seconds for n in ("ring", "ring2") if n in by), default=None)
-            tree_s = min((by[n].seconds for n in ("tree1", "tree4", "tree16") if n in by), default=None)
+            ring_s = min((by[n].seconds for n in RINGS if n in by), default=None)
+            tree_s = min((by[n].seconds for n in TREES if n in by), default=None)
             bound = lower_bound(t, coll, big)
             ratio = ""
             if coll == "all_reduce":
-                worst = 1e9
-                for s in map(parse_size, args.sizes):
-                    cs = evaluate(t, coll, s)
-                    base = min(c.seconds for c in cs if c.name in ("ring", "ring2", "tree1", "tree4", "tree16"))
-                    worst = min(worst, base / cs[0].seconds)
-                ratio = f"{worst:.2f}x"
+                worst = min((all_reduce_ratio(t, s), s) for s in sizes)
+                ratio = f"{worst[0]:.2f}x (at {human(worst[1])})"
             fmt = (lambda s: f"{algbw(big, s):.1f}" if s else "-")
-            print(f"| {t.name} | {t.nranks} | {coll} | {algbw(big, bound):.1f} | {algbw(big, best.seconds):.1f} "
-                  f"({best.name}) | {100 * bound / best.seconds:.1f}% | {fmt(ring_s)} | {fmt(tree_s)} | "
-                  f"{gen:.2f} | {ratio} |", flush=True)
+            print(f"| {coll} | {algbw(big, bound):.1f} | {algbw(big, best.seconds):.1f} ({best.name}) | "
+                  f"{100 * bound / best.seconds:.2f}% | {fmt(ring_s)} | {fmt(tree_s)} | {gen:.2f} | {ratio} |",
+                  flush=True)
+        print()
 
 
 if __name__ == "__main__":
