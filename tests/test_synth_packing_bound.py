@@ -1,0 +1,74 @@
+"""The packing LP against the max-flow bound: equal wherever one route per rank pair can carry the optimum; where
+the bound counts a second path between two ranks (a PCIe switch beside their NVLink or NVSwitch), equal to the
+cut of the routes, which is computed here from `Topology.route` alone."""
+
+from fractions import Fraction
+
+import pytest
+
+from jaxcoll.synth import min_cut_ratio, pack_trees
+from jaxcoll.topology import preset
+
+# Presets at 1, 2 and 4 boxes whose LP meets the bound; the 2-box ones (and dgx-h100x4, mi250x4) are in
+# tests/test_synth_symmetry.py against the full LP too.
+AT_BOUND = [("dgx-h100", 1), ("dgx-a100", 1), ("dgx-a100", 4), ("mi250", 1), ("dgx1", 4), ("dgx2", 1),
+            ("dgx2", 4)]
+
+
+def bound(topology, inward=False):
+    """The max-flow bound in seconds per byte of block."""
+    return 1 / (float(min_cut_ratio(topology, reverse=inward)[0]) * 1e9)
+
+
+@pytest.mark.parametrize("inward", [False, True])
+@pytest.mark.parametrize("name, boxes", AT_BOUND)
+def test_packing_meets_the_max_flow_bound(name, boxes, inward):
+    t = preset(name, boxes)
+    assert pack_trees(t, inward).t_unit == pytest.approx(bound(t, inward), rel=1e-9)
+
+
+def route_cut(topology, ranks, links, inward=False):
+    """GB/s per block above which no packing of single-route tree edges runs: every rank of `ranks` receives the
+    N-1 other blocks (reduce_scatter, `inward`: sends its share of them), each over a tree edge whose route
+    crosses one of `links` (asserted for every rank pair with a route), so those links carry |ranks| (N-1)
+    blocks."""
+    n = topology.nranks
+    cut = {topology.link_index[topology.node_id(a), topology.node_id(b)] for a, b in links}
+    for v in ranks:
+        for u in range(n):
+            a, b = (v, u) if inward else (u, v)
+            if u != v and topology.direct(a, b):
+                assert cut.intersection(topology.route(a, b)), f"route {a} -> {b} avoids the cut"
+    return sum(topology.capacity(topology.links[e].src, topology.links[e].dst) for e in cut) / (len(ranks) * (n - 1))
+
+
+def ingress(topology, rank, inward=False):
+    """Bandwidth into (reduce_scatter: out of) one rank, over all its links."""
+    end = 0 if inward else 1
+    return sum(c for pair, c in topology.capacities().items() if pair[end] == rank)
+
+
+@pytest.mark.parametrize("inward", [False, True])
+def test_dgx2x2_packing_meets_the_cut_of_its_routes_not_the_pcie_path_between_paired_gpus(inward):
+    # GPUs 0 and 1 share PCIe switch b0.pcie0 and NIC 0. The bound is rank 0's ingress, 31 blocks over NVSwitch
+    # (150 GB/s) plus PCIe (16 GB/s), which needs GPU 1 -> pcie0 -> GPU 0 beside their NVSwitch route. Along
+    # routes, the pair takes in 2 x 31 blocks over its NVSwitch ports and NIC 0's one rail port (12.5 GB/s).
+    t = preset("dgx2", 2)
+    assert min_cut_ratio(t, reverse=inward)[0] == ingress(t, 0, inward) / 31 == Fraction(166, 31)
+    links = [("b0.nvswitch", 0), ("b0.nvswitch", 1), ("rail0", "b0.nic0")]
+    x = route_cut(t, [0, 1], [(b, a) for a, b in links] if inward else links, inward)
+    assert x == Fraction(625, 124)  # (300 + 12.5) / 62: 94.13% of the bound's 166/31
+    assert pack_trees(t, inward).t_unit == pytest.approx(1 / (float(x) * 1e9), rel=1e-9)
+
+
+@pytest.mark.parametrize("inward", [False, True])
+def test_dgx1_packing_meets_the_cut_of_its_routes_not_the_pcie_path_beside_nvlink(inward):
+    # GPUs 0-3 (CPU 0's side) are NVLink-joined to each other; from GPUs 4-7 a route either is an NVLink or crosses
+    # CPU 1 -> CPU 0 (19.2 GB/s). The bound, 166/7 (6 NVLinks and PCIe), needs PCIe paths beside NVLinks.
+    t = preset("dgx1")
+    assert min_cut_ratio(t, reverse=inward)[0] == ingress(t, 0, inward) / 7 == Fraction(166, 7)
+    side = [0, 1, 2, 3]
+    links = [(u, v) for v in side for u in range(8) if t.capacity(u, v)] + [("b0.cpu1", "b0.cpu0")]
+    x = route_cut(t, side, [(b, a) for a, b in links] if inward else links, inward)
+    assert x == Fraction(6192, 280)  # (4 x 150 + 19.2) / 28: 93.25% of the bound
+    assert pack_trees(t, inward).t_unit == pytest.approx(1 / (float(x) * 1e9), rel=1e-9)
