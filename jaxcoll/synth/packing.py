@@ -43,6 +43,7 @@ MAX_ROUNDS = 400
 IMPROVE_STEPS = 400
 ROUNDING_TOLERANCE = 0.002
 ROUNDING_CHUNKS = 1024  # the throughput plan rounds a block to this many chunks (then moves them in pieces)
+TAPER = 3  # a tree's first and last pieces halve in size over this many pieces (the pipeline's fill and drain)
 MIN_PIECES = 16  # ... where a block has this many pieces: fewer could not give every tree of a root its own
 SEED_ROUNDS = 8  # multiplicative-weights trees per root before the first LP
 SEED_SHARPNESS = 8.0  # the busiest row costs e^8 times an idle one of equal capacity
@@ -390,9 +391,11 @@ def _shifted(shift: BoxShift, row_image: np.ndarray, columns, weights, loads):
 
 
 def chunk_cap(nranks: int) -> int:
-    """Chunks per block for large messages: plans hold about N^2 k moves, kept near 64k. The pipeline's fill and
-    drain cost a few chunk times, so more chunks bring the plan closer to the bound (about 1/k)."""
-    return max(1, min(128, 65536 // max(1, nranks * nranks)))
+    """Pieces per block for large messages. The pipeline's fill and drain cost about one piece time (the loss goes
+    as 1/k: mi250 at 1 GiB runs at 98.0 / 99.0 / 99.5% of the bound with 64 / 128 / 256 pieces), but a plan holds
+    about N^2 k moves: at most 64k, and 2048 N at 16 ranks and below (32k moves for all_gather at 16 ranks, whose
+    generation stays under 1 s)."""
+    return max(1, min(256, 2048 // max(1, nranks), 65536 // max(1, nranks * nranks)))
 
 
 def forest(topology: Topology, collective, chunk_factor: int | None = None,
@@ -419,7 +422,7 @@ def forest(topology: Topology, collective, chunk_factor: int | None = None,
         ins = in_p.counts(chunks)[r] if need_in else None
         outs = out_p.counts(chunks)[r] if need_out else None
         for j, piece in enumerate(_pieces(ins if need_in else outs, outs if need_in and need_out else None,
-                                          chunks, k)):
+                                          chunks, k, chunks > k)):
             pieces.append((j, r, *piece))
     pieces.sort(key=lambda x: (x[0], x[1]))
     routes = []
@@ -440,12 +443,29 @@ def forest(topology: Topology, collective, chunk_factor: int | None = None,
                      chunk_bytes=(1 << 27) / chunks)
 
 
-def _pieces(first: list, second: list | None, chunks: int, k: int) -> list[tuple]:
+def _taper(length: int, p: int, start: bool, end: bool) -> list[int]:
+    """`length` chunks cut into `p` pieces, halving in size towards a tapered end over its last TAPER pieces."""
+    m = min(TAPER, (p - 1) // (1 + (start and end)))
+    w = [0.5 ** (max(0, m - i) * start + max(0, i - (p - 1 - m)) * end) for i in range(p)]
+    raw = [length * x / sum(w) for x in w]
+    size = [max(1, math.floor(x)) for x in raw]
+    for i in sorted(range(p), key=lambda i: size[i] - raw[i])[:length - sum(size)]:
+        size[i] += 1
+    while sum(size) > length:  # the pieces raised to one chunk came from the largest
+        size[size.index(max(size))] -= 1
+    return size
+
+
+def _pieces(first: list, second: list | None, chunks: int, k: int, taper: bool = False) -> list[tuple]:
     """One root's block of `chunks` chunks cut into about `k` pieces: (wave, first chunk, chunk count, tree,
     second tree) per piece, in the order of their waves. Each tree of `first` (a list of (tree, chunks)) takes a
     contiguous range of the block, and so does each of `second` (all_reduce's out-trees) independently; a piece
     lies inside one range of each, so a range boundary of either cuts a piece. A piece's wave is when a fluid
-    schedule would send its middle along its first tree (the fraction of the tree's range before it)."""
+    schedule would send its middle along its first tree (the fraction of the tree's range before it).
+    With `taper`, pieces halve in size towards both ends of each tree's range (`_taper`): the last pieces to leave
+    cross their remaining hops sooner (the drain), and the first ones reach the links further down the tree
+    sooner (the fill). Measured at 1 GiB, no taper / taper: dgx1x2 all_gather 98.23 / 99.37%, reduce_scatter
+    98.04 / 99.11%, mi250x2 98.80 / 99.66% and 98.87 / 99.39% of the bound, with as many pieces."""
     def ranges(trees):
         out, at = [], 0
         for parent, c in trees:
@@ -476,10 +496,8 @@ def _pieces(first: list, second: list | None, chunks: int, k: int) -> list[tuple
             while b[ib][1] <= lo:
                 ib += 1
         t_lo, t_hi, tree = a[ia]
-        size, extra = divmod(hi - lo, p)
         at = lo
-        for i in range(p):
-            c = size + (i < extra)
+        for c in _taper(hi - lo, p, taper and lo == t_lo, taper and hi == t_hi):
             out.append(((at + c / 2 - t_lo) / (t_hi - t_lo), at, c, tree, b[ib][2] if b is not None else None))
             at += c
     out.sort(key=lambda x: (x[0], x[1]))
