@@ -16,10 +16,12 @@ optimum: a few rounds instead of hundreds on several boxes.
 On k identical boxes (`synth/symmetry.py`) the LP has box 0's roots only and one row per orbit of links and pairs
 under the box shift; box b's trees are box 0's shifted by b (`pack_trees`).
 
-A chunk must be whole: the block is cut into k chunks and every tree carries a whole number of them. For each k
-(smallest first, up to a cap) we round the LP weights (largest remainder per root), then move single chunks
-between trees of a root, among all the trees the column generation produced, while that unloads the busiest link;
-we keep the first k within 0.2% of the LP optimum, else the best k.
+A chunk must be whole: the block is cut into k chunks and every tree carries a whole number of them. We round the
+LP weights (largest remainder per root), then move single chunks between trees of a root, among all the trees the
+column generation produced, while that unloads the busiest link: deterministic, no time limit, so a topology gives
+the same plan on every run and machine. The throughput plan rounds at 1024 chunks (within ~0.1% of the LP) and
+moves each tree's contiguous range of chunks in a few pieces (`forest`, `_pieces`), so the plan keeps the move
+count of `chunk_cap` pieces per block.
 `Packing.time(k)` reports how close the rounding gets.
 """
 
@@ -106,7 +108,7 @@ class Packing:
         return self._rounded["pairs"]
 
     def counts(self, k: int) -> list[list[tuple[tuple[int, ...], int]]]:
-        """Chunks per tree, per root, when each block is cut into k chunks (the MILP rounding)."""
+        """Chunks per tree, per root, when each block is cut into k chunks (largest remainder, then `_improve`)."""
         if k not in self._rounded:
             self._rounded[k] = self._round(k)
         return self._rounded[k][0]
