@@ -69,13 +69,19 @@ class Schedule:
             self.lanes.append((rank, key, rank if peer is None else peer))
         return lane
 
-    def scratch(self, rank: int, position: int) -> ChunkRef:
-        """A fresh scratch chunk on `rank` at position `position` (mod k) of its block: written once."""
+    def scratch(self, rank: int, position: int, count: int = 1) -> ChunkRef:
+        """Fresh scratch chunks on `rank` at positions `position` .. `position + count - 1` (mod k) of a block,
+        written once; the range must not cross a block boundary. Scratch is k-chunk slots per position: the range
+        takes the first slot free at all its positions, so that it stays contiguous."""
         j = position % self.k
         used = self._scratch[rank]
-        slot = used[j]
-        used[j] = slot + 1
-        return ChunkRef.unchecked(rank, Buffer.SCRATCH, slot * self.k + j)
+        if count == 1:
+            slot = used[j]
+            used[j] = slot + 1
+        else:
+            slot = max(used[j:j + count])
+            used[j:j + count] = [slot + 1] * count
+        return ChunkRef.unchecked(rank, Buffer.SCRATCH, slot * self.k + j, count)
 
     def move(self, lane: int, priority: tuple, op: Op, srcs: tuple[ChunkRef, ...], dsts: tuple[ChunkRef, ...],
              deps: Sequence[int] = ()) -> int:
