@@ -9,8 +9,8 @@ pair of ranks must be joined through switches only (`Topology.direct`); the sele
 
 from __future__ import annotations
 
-from jaxcoll.plan import Collective, Plan
-from jaxcoll.synth.trees import TreeRoute, tree_plan
+from jaxcoll.plan import Plan
+from jaxcoll.synth.trees import tree_per_root
 from jaxcoll.topology import Topology
 
 
@@ -20,18 +20,5 @@ def star(nranks: int, root: int) -> tuple[int, ...]:
 
 
 def direct(topology: Topology, collective) -> Plan:
-    collective = Collective(collective)
     n = topology.nranks
-    routes = []
-    for r in range(n):
-        t = star(n, r)
-        if collective is Collective.ALL_REDUCE:
-            routes.append(TreeRoute(r, r, r, reduce_parent=t, bcast_parent=t))
-        elif collective is Collective.ALL_GATHER:
-            routes.append(TreeRoute(r, 0, r, bcast_parent=t))
-        elif collective is Collective.REDUCE_SCATTER:
-            routes.append(TreeRoute(r, r, 0, reduce_parent=t))
-        else:
-            raise ValueError(f"direct covers all_gather, reduce_scatter and all_reduce, got {collective.value!r}")
-    k = n if collective is Collective.ALL_REDUCE else 1
-    return tree_plan(collective, n, k, routes, name="direct")
+    return tree_per_root(collective, n, lambda r: star(n, r), "direct")

@@ -7,8 +7,8 @@ v and c differ: that is v's parent in c's binomial tree, for the halving and the
 
 from __future__ import annotations
 
-from jaxcoll.plan import Collective, Plan
-from jaxcoll.synth.trees import TreeRoute, tree_plan
+from jaxcoll.plan import Plan
+from jaxcoll.synth.trees import tree_per_root
 from jaxcoll.topology import Topology
 
 
@@ -17,20 +17,7 @@ def binomial_parents(nranks: int, root: int) -> tuple[int, ...]:
 
 
 def rhd(topology: Topology, collective) -> Plan:
-    collective = Collective(collective)
     n = topology.nranks
     if n & (n - 1):
         raise ValueError(f"recursive halving/doubling needs a power-of-two group, got nranks={n}")
-    routes = []
-    for c in range(n):
-        t = binomial_parents(n, c)
-        if collective is Collective.ALL_REDUCE:
-            routes.append(TreeRoute(c, c, c, reduce_parent=t, bcast_parent=t))
-        elif collective is Collective.ALL_GATHER:
-            routes.append(TreeRoute(c, 0, c, bcast_parent=t))
-        elif collective is Collective.REDUCE_SCATTER:
-            routes.append(TreeRoute(c, c, 0, reduce_parent=t))
-        else:
-            raise ValueError(f"rhd covers all_gather, reduce_scatter and all_reduce, got {collective.value!r}")
-    k = n if collective is Collective.ALL_REDUCE else 1
-    return tree_plan(collective, n, k, routes, name="rhd")
+    return tree_per_root(collective, n, lambda c: binomial_parents(n, c), "rhd")

@@ -179,3 +179,23 @@ def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of
         # all_gather 97.9% -> 98.8% of the bound, reduce_scatter 95.0% -> 98.4%, all_reduce 96.6% -> 97.9%).
         sched.list_schedule(topology, chunk_bytes, passes="bfb" if collective is Collective.REDUCE_SCATTER else "fbf")
     return sched.build()
+
+
+def tree_per_root(collective, nranks: int, tree_of, name: str) -> Plan:
+    """The plan in which block r is reduced up `tree_of(r)` to its root r and broadcast down the same tree (the
+    tree serves as in-tree and out-tree alike: recursive halving/doubling's binomial trees, the direct plan's
+    stars). all_reduce cuts the buffer into N blocks; the halves move one block per root."""
+    collective = Collective(collective)
+    routes = []
+    for r in range(nranks):
+        t = tree_of(r)
+        if collective is Collective.ALL_REDUCE:
+            routes.append(TreeRoute(r, r, r, reduce_parent=t, bcast_parent=t))
+        elif collective is Collective.ALL_GATHER:
+            routes.append(TreeRoute(r, 0, r, bcast_parent=t))
+        elif collective is Collective.REDUCE_SCATTER:
+            routes.append(TreeRoute(r, r, 0, reduce_parent=t))
+        else:
+            raise ValueError(f"{name} covers all_gather, reduce_scatter and all_reduce, got {collective.value!r}")
+    k = nranks if collective is Collective.ALL_REDUCE else 1
+    return tree_plan(collective, nranks, k, routes, name=name)
