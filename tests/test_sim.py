@@ -106,6 +106,8 @@ def test_channels_of_a_pair_take_disjoint_paths():
     assert close(simulate(plan((-1, -1)), t, size), 2 * c / (B * 1e9) + 2e-6)
     assert close(simulate(plan((0, 0)), t, size), 2 * c / (B * 1e9) + 2e-6)
     assert close(simulate(plan((0, 1)), t, size), c / (B * 1e9) + 3e-6)
+    # a channel beyond the pair's two routes is a parallel connection on the route (as the language numbers them)
+    assert close(simulate(plan((0, 2)), t, size), 2 * c / (B * 1e9) + 2e-6)
 
 
 def test_local_reductions_cost_memory_bandwidth():

@@ -9,9 +9,10 @@ The packing minimizes the time T in which every link e carries its load:
 a linear program over exponentially many trees that we solve by column generation with HiGHS: the dual prices of
 the links make a tree's reduced cost its price minus its root's dual, and the cheapest tree of each root is a
 minimum-cost arborescence (Chu-Liu/Edmonds). When no tree prices out, the packing is optimal for this routing; it
-meets the max-flow bound (`jaxcoll.synth.bound`) whenever one route per rank pair carries the optimum, as on every
-preset but dgx1 and dgx2x2 (whose bound counts a PCIe path beside the route of two GPUs: docs/synthesis.md), and we
-stop as soon as it does. The first LP starts from trees chosen by multiplicative weights (each root's cheapest tree
+meets the max-flow bound (`jaxcoll.synth.bound`) whenever one route per rank pair carries the optimum, and we stop
+as soon as it does. Where it does not (dgx1, dgx2x2: the bound counts a PCIe path beside the route of two GPUs,
+docs/synthesis.md), the LP is solved again with tree edges that may also take a pair's second route (channel 1 of
+`Topology.route`); a tree then records the channel of each edge (`trees.Tree`). The first LP starts from trees chosen by multiplicative weights (each root's cheapest tree
 when busy links cost more), which puts it near the optimum: a few rounds instead of hundreds on several boxes.
 On k identical boxes (`synth/symmetry.py`) the LP has box 0's roots only and one row per orbit of links and pairs
 under the box shift; box b's trees are box 0's shifted by b (`pack_trees`).

@@ -147,8 +147,9 @@ def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of
         return shapes[key]
 
     # Lane ids, looked up per move: local[v], and to[phase, tag, channel][v][p] (-1 until the lane has a move).
-    # A channel's steps to a peer run in a lane of their own (the checker's one lane per channel); channel 0 is
-    # the route, whose steps name none.
+    # Channel 0 is the route, whose steps name none. The steps on another channel to a peer run in one lane of
+    # their own, of both phases and every tag: the checker keeps a channel to one lane (an ordered connection);
+    # the lane runs the reduction's moves before the broadcast's (priorities start with the phase).
     local = [sched.lane(v, "local") for v in range(nranks)]
     to: dict[tuple[int, int, int], list[list[int]]] = {}
 
@@ -158,11 +159,10 @@ def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of
         return to[phase, tag, channel]
 
     def new_lane(phase: int, tag: int, v: int, p: int, channel: int = 0) -> int:
-        key = ("to", p, phase, lane_of(v, p, phase) if lane_of else tag)
         if channel > 0:
-            lane = sched.lane(v, (*key, channel), p, channel)
+            lane = sched.lane(v, ("to", p, "channel", channel), p, channel)
         else:
-            lane = sched.lane(v, key, p)
+            lane = sched.lane(v, ("to", p, phase, lane_of(v, p, phase) if lane_of else tag), p)
         to[phase, tag, channel][v][p] = lane
         return lane
 
