@@ -87,6 +87,29 @@ def test_links_are_shared_fairly():
     assert simulate(plan, t, size) >= 2 * block / (B * 1e9) * (1 - 1e-9)
 
 
+def test_channels_of_a_pair_take_disjoint_paths():
+    # Ranks 0 and 1 are joined by two switches: the route (channel 0, 1 us a hop) and a slower-latency
+    # alternative (channel 1, 1.5 us a hop), both at B. Rank 0 puts its two chunks to rank 1 at once, from two
+    # lanes: on one channel they share the route's links (2c/B + 2 us); on both, each has a path to itself and
+    # the plan takes the slower path's time alone (c/B + 3 us).
+    t = Topology.from_dict({"name": "two-paths", "ranks": 2, "switches": ["fast", "slow"], "links": [
+        {"src": r, "dst": sw, "bandwidth_GBps": B, "latency_us": lat}
+        for r in (0, 1) for sw, lat in (("fast", 1.0), ("slow", 1.5))]})
+    size = 4e9  # all_gather output: two blocks of two chunks
+    c = size / 4
+
+    def plan(channels):
+        puts = [Lane((Step(Op.PUT, (ChunkRef(0, Buffer.INPUT, i),), (ChunkRef(1, Buffer.OUTPUT, i),),
+                           channel=ch),)) for i, ch in enumerate(channels)]
+        return Plan(Collective.ALL_GATHER, 2, (RankProgram(2, 4, 0, 0, puts), RankProgram(2, 4, 0, 0, ())))
+
+    assert close(simulate(plan((-1, -1)), t, size), 2 * c / (B * 1e9) + 2e-6)
+    assert close(simulate(plan((0, 0)), t, size), 2 * c / (B * 1e9) + 2e-6)
+    assert close(simulate(plan((0, 1)), t, size), c / (B * 1e9) + 3e-6)
+    # a channel beyond the pair's two routes is a parallel connection on the route (as the language numbers them)
+    assert close(simulate(plan((0, 2)), t, size), 2 * c / (B * 1e9) + 2e-6)
+
+
 def test_local_reductions_cost_memory_bandwidth():
     n = 4
     t_free, t_mem = star(n), star(n, memory=100.0)

@@ -96,6 +96,22 @@ def test_synthesized_plans_run_on_the_cpu_executor(name, boxes, coll):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{plan.name} rank {r}")
 
 
+@pytest.mark.parametrize("coll", COLLECTIVES)
+def test_plans_on_alternative_routes_pass_the_checker_and_run_on_the_cpu_executor(coll):
+    # dgx1's packing puts tree edges on the PCIe path beside an NVLink (channel 1): the steps name the channel,
+    # the checker's one lane per channel holds, and the CPU executor (which ignores channels) matches numpy.
+    t = preset("dgx1")
+    plan = forest(t, coll, 16)
+    assert any(step.channel == 1 for _, _, _, step in plan.steps())
+    validate(plan)
+    check = pytest.importorskip("jaxcoll.lang").check
+    check(plan)
+    runtime = pytest.importorskip("jaxcoll.runtime")
+    xs = _inputs(coll, t.nranks, np.random.default_rng(0))
+    for r, (got, want) in enumerate(zip(runtime.run_plan(plan, xs, op="sum"), _reference(coll, xs))):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{plan.name} rank {r}")
+
+
 # Hybrid cube mesh and a switched box: the xGMI mesh presets (mi250) take minutes to simulate every candidate
 # at three sizes on 2 cores (docs/synthesis.md), too long for the test suite; the benchmark covers them.
 @pytest.mark.parametrize("name, boxes", [("dgx1", 1), ("dgx-h100", 1)])

@@ -1,6 +1,7 @@
-"""The packing LP against the max-flow bound: equal wherever one route per rank pair can carry the optimum; where
-the bound counts a second path between two ranks (a PCIe switch beside their NVLink or NVSwitch), equal to the
-cut of the routes, which is computed here from `Topology.route` alone."""
+"""The packing LP against the max-flow bound: equal on every preset. Where the bound counts a second path between
+two ranks (a PCIe switch beside their NVLink or NVSwitch: dgx1, dgx2x2) the LP meets it with tree edges on the
+pairs' alternative routes (channel 1); on one route per pair it is held to the cut of the routes, which is
+computed here from `Topology.route` alone."""
 
 from fractions import Fraction
 
@@ -13,6 +14,8 @@ from jaxcoll.topology import preset
 # tests/test_synth_symmetry.py against the full LP too.
 AT_BOUND = [("dgx-h100", 1), ("dgx-a100", 1), ("dgx-a100", 4), ("mi250", 1), ("dgx1", 4), ("dgx2", 1),
             ("dgx2", 4)]
+# ... with channels only: the single-route optimum is below (the tests of the cut of the routes below)
+AT_BOUND_WITH_CHANNELS = [("dgx1", 1), ("dgx2", 2)]
 
 
 def bound(topology, inward=False):
@@ -24,7 +27,26 @@ def bound(topology, inward=False):
 @pytest.mark.parametrize("name, boxes", AT_BOUND)
 def test_packing_meets_the_max_flow_bound(name, boxes, inward):
     t = preset(name, boxes)
-    assert pack_trees(t, inward).t_unit == pytest.approx(bound(t, inward), rel=1e-9)
+    p = pack_trees(t, inward)
+    assert p.t_unit == pytest.approx(bound(t, inward), rel=1e-9)
+    assert all(c == 0 for _, _, c in p.pairs)  # on routes alone: no alternative joins the LP
+
+
+@pytest.mark.parametrize("inward", [False, True])
+@pytest.mark.parametrize("name, boxes", AT_BOUND_WITH_CHANNELS)
+def test_packing_meets_the_max_flow_bound_with_the_pcie_path_beside_the_route(name, boxes, inward):
+    t = preset(name, boxes)
+    p = pack_trees(t, inward)
+    assert p.t_unit == pytest.approx(bound(t, inward), rel=1e-9)
+    # the alternatives that join: a GPU pair's shared PCIe switch (dgx1: of NVLink pairs; dgx2x2: of every GPU pair
+    # on one), 2 ordered pairs a switch
+    alternatives = [(a, b) for a, b, c in p.pairs if c == 1]
+    assert len(alternatives) == 2 * len([s for s in t.switches if ".pcie" in s])
+    for a, b in alternatives:
+        hops = [t.node_name(t.links[e].dst) for e in t.route(a, b, 1)]
+        assert len(hops) == 2 and ".pcie" in hops[0]
+        assert not set(t.route(a, b, 1)) & set(t.route(a, b))
+    assert any(hasattr(parent, "channels") for trees in p.trees for parent, _ in trees)
 
 
 def route_cut(topology, ranks, links, inward=False):
@@ -49,7 +71,7 @@ def ingress(topology, rank, inward=False):
 
 
 @pytest.mark.parametrize("inward", [False, True])
-def test_dgx2x2_packing_meets_the_cut_of_its_routes_not_the_pcie_path_between_paired_gpus(inward):
+def test_dgx2x2_packing_on_routes_alone_meets_the_cut_of_its_routes(inward):
     # GPUs 0 and 1 share PCIe switch b0.pcie0 and NIC 0. The bound is rank 0's ingress, 31 blocks over NVSwitch
     # (150 GB/s) plus PCIe (16 GB/s), which needs GPU 1 -> pcie0 -> GPU 0 beside their NVSwitch route. Along
     # routes, the pair takes in 2 x 31 blocks over its NVSwitch ports and NIC 0's one rail port (12.5 GB/s).
@@ -58,11 +80,11 @@ def test_dgx2x2_packing_meets_the_cut_of_its_routes_not_the_pcie_path_between_pa
     links = [("b0.nvswitch", 0), ("b0.nvswitch", 1), ("rail0", "b0.nic0")]
     x = route_cut(t, [0, 1], [(b, a) for a, b in links] if inward else links, inward)
     assert x == Fraction(625, 124)  # (300 + 12.5) / 62: 94.13% of the bound's 166/31
-    assert pack_trees(t, inward).t_unit == pytest.approx(1 / (float(x) * 1e9), rel=1e-9)
+    assert pack_trees(t, inward, channels=False).t_unit == pytest.approx(1 / (float(x) * 1e9), rel=1e-9)
 
 
 @pytest.mark.parametrize("inward", [False, True])
-def test_dgx1_packing_meets_the_cut_of_its_routes_not_the_pcie_path_beside_nvlink(inward):
+def test_dgx1_packing_on_routes_alone_meets_the_cut_of_its_routes(inward):
     # GPUs 0-3 (CPU 0's side) are NVLink-joined to each other; from GPUs 4-7 a route either is an NVLink or crosses
     # CPU 1 -> CPU 0 (19.2 GB/s). The bound, 166/7 (6 NVLinks and PCIe), needs PCIe paths beside NVLinks.
     t = preset("dgx1")
@@ -71,4 +93,4 @@ def test_dgx1_packing_meets_the_cut_of_its_routes_not_the_pcie_path_beside_nvlin
     links = [(u, v) for v in side for u in range(8) if t.capacity(u, v)] + [("b0.cpu1", "b0.cpu0")]
     x = route_cut(t, side, [(b, a) for a, b in links] if inward else links, inward)
     assert x == Fraction(6192, 280)  # (4 x 150 + 19.2) / 28: 93.25% of the bound
-    assert pack_trees(t, inward).t_unit == pytest.approx(1 / (float(x) * 1e9), rel=1e-9)
+    assert pack_trees(t, inward, channels=False).t_unit == pytest.approx(1 / (float(x) * 1e9), rel=1e-9)

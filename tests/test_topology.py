@@ -110,3 +110,29 @@ def test_nvidia_smi_two_gpus_over_a_host_bridge():
 def test_nvidia_smi_rejects_text_without_a_matrix():
     with pytest.raises(TopologyError, match="GPU0"):
         parse_nvidia_smi_topo("No devices were found")
+
+
+def two_paths():
+    """Ranks 0 and 1 joined by a fast switch (the route) and a slower one (the alternative)."""
+    return Topology.from_dict({"name": "two-paths", "ranks": 2, "switches": ["fast", "slow"], "links": [
+        {"src": r, "dst": "fast", "bandwidth_GBps": 10, "latency_us": 1.0} for r in (0, 1)] + [
+        {"src": r, "dst": "slow", "bandwidth_GBps": 10, "latency_us": 1.5} for r in (0, 1)]})
+
+
+def test_channel_1_is_the_fastest_path_sharing_no_link_with_the_route():
+    t = two_paths()
+    fast, slow = t.node_id("fast"), t.node_id("slow")
+    assert t.route(0, 1) == t.route(0, 1, channel=0) == t.route(0, 1, channel=-1) == (
+        t.link_index[0, fast], t.link_index[fast, 1])
+    assert t.route(0, 1, channel=1) == (t.link_index[0, slow], t.link_index[slow, 1])
+    assert t.channels(0, 1) == t.channels(1, 0) == 2
+    assert t.path_latency_us(0, 1, channel=1) == 3.0
+    with pytest.raises(TopologyError, match="channel 2"):
+        t.route(0, 1, channel=2)
+
+
+def test_a_pair_whose_paths_all_share_a_link_has_one_channel():
+    t = preset("dgx-h100")  # one NVSwitch: every path from a GPU starts on its one port
+    assert t.channels(0, 1) == 1
+    with pytest.raises(TopologyError, match="no route on channel 1"):
+        t.route(0, 1, channel=1)

@@ -133,12 +133,16 @@ class Network:
         self.memo_bytes = 0
         self.ids = 0
 
-    def route(self, a: int, b: int) -> int:
-        """Id of the route from rank a to rank b."""
-        key = (a, b)
+    def route(self, a: int, b: int, channel: int = -1) -> int:
+        """Id of the route from rank a to rank b on `channel` (`Topology.route`; -1 and 0 are the same route). A
+        channel beyond the pair's routes (`Topology.channels`: a plan's parallel connections, as the language
+        numbers them) takes the route of channel 0."""
+        key = (a, b) if channel <= 0 else (a, b, channel)
         r = self.route_of.get(key)
+        if r is None and channel > 0 and channel >= self.topo.channels(a, b) > 0:
+            r = self.route_of[key] = self.route(a, b)
         if r is None:
-            links = tuple(self.topo.route(a, b))
+            links = tuple(self.topo.route(a, b, channel))
             r = self.route_of[key] = len(self.route_links)
             self.route_links.append(links)
             self.route_latency.append(sum(self.topo.links[i].latency_us for i in links) * 1e-6)

@@ -9,9 +9,10 @@ The packing minimizes the time T in which every link e carries its load:
 a linear program over exponentially many trees that we solve by column generation with HiGHS: the dual prices of
 the links make a tree's reduced cost its price minus its root's dual, and the cheapest tree of each root is a
 minimum-cost arborescence (Chu-Liu/Edmonds). When no tree prices out, the packing is optimal for this routing; it
-meets the max-flow bound (`jaxcoll.synth.bound`) whenever one route per rank pair carries the optimum, as on every
-preset but dgx1 and dgx2x2 (whose bound counts a PCIe path beside the route of two GPUs: docs/synthesis.md), and we
-stop as soon as it does. The first LP starts from trees chosen by multiplicative weights (each root's cheapest tree
+meets the max-flow bound (`jaxcoll.synth.bound`) whenever one route per rank pair carries the optimum, and we stop
+as soon as it does. Where it does not (dgx1, dgx2x2: the bound counts a PCIe path beside the route of two GPUs,
+docs/synthesis.md), the LP is solved again with tree edges that may also take a pair's second route (channel 1 of
+`Topology.route`); a tree then records the channel of each edge (`trees.Tree`). The first LP starts from trees chosen by multiplicative weights (each root's cheapest tree
 when busy links cost more), which puts it near the optimum: a few rounds instead of hundreds on several boxes.
 On k identical boxes (`synth/symmetry.py`) the LP has box 0's roots only and one row per orbit of links and pairs
 under the box shift; box b's trees are box 0's shifted by b (`pack_trees`).
@@ -38,7 +39,7 @@ from jaxcoll.plan import Collective, Plan
 from jaxcoll.synth.arborescence import min_arborescence
 from jaxcoll.synth.bound import min_cut_ratio
 from jaxcoll.synth.symmetry import BoxShift, box_shift, orbits
-from jaxcoll.synth.trees import TreeRoute, tree_plan
+from jaxcoll.synth.trees import TreeRoute, channels_of, tree_of, tree_plan
 from jaxcoll.topology import Topology
 
 MAX_ROUNDS = 400
@@ -49,12 +50,14 @@ TAPER = 3  # a tree's first and last pieces halve in size over this many pieces 
 MIN_PIECES = 16  # ... where a block has this many pieces: fewer could not give every tree of a root its own
 SEED_ROUNDS = 8  # multiplicative-weights trees per root before the first LP
 SEED_SHARPNESS = 8.0  # the busiest row costs e^8 times an idle one of equal capacity
+ALTERNATIVE_LINKS = 2  # a pair's alternative route joins the LP if it crosses one switch (`_pairs`)
 MAX_SHIFTED_LOADS = 1 << 24  # entries of Packing.loads kept for the rounding on symmetric topologies (128 MiB)
 
 
 @dataclasses.dataclass
 class Packing:
-    """Weighted trees per root. `trees[r]` is a list of (parent pointers, weight); weights of a root sum to 1.
+    """Weighted trees per root. `trees[r]` is a list of (tree, weight); weights of a root sum to 1. A tree is its
+    parent pointers, with the channel of each edge if some edge takes a pair's alternative route (`trees.Tree`).
     `t_unit` is the LP's time per byte of a rank's block (seconds per byte); `loads` maps a tree to its per-link
     edge counts."""
 
@@ -65,7 +68,7 @@ class Packing:
     rounds: int
     columns: list[tuple[int, tuple[int, ...]]] = dataclasses.field(default_factory=list)
     loads: np.ndarray | None = None  # capacities x columns: edges of each column over each link and pair
-    pairs: list = dataclasses.field(default_factory=list)  # rank pairs with a direct route
+    pairs: list = dataclasses.field(default_factory=list)  # (rank, rank, channel) a tree edge may take
     capacities: np.ndarray | None = None  # GB/s of each link, then of each pair (its max-min fair share)
     _rounded: dict = dataclasses.field(default_factory=dict)
 
@@ -76,14 +79,16 @@ class Packing:
         index = self._pair_index()
         used = np.zeros(len(self.pairs))
         load = np.zeros(len(self.capacities))
+        channels = channels_of(parent)
         for v, p in enumerate(parent):
             if p >= 0:
                 a, b = (v, p) if self.inward else (p, v)
-                i = index.get((a, b))
+                c = channels[v] if channels is not None else 0
+                i = index.get((a, b, c))
                 if i is None and not fair:
-                    load[list(self.topology.route(a, b))] += 1  # a route has each link once
+                    load[list(self.topology.route(a, b, c))] += 1  # a route has each link once
                 else:
-                    used[index[a, b]] += 1
+                    used[index[a, b, c]] += 1
         return load + self._pair_loads() @ used
 
     def _pair_loads(self):
@@ -91,8 +96,8 @@ class Packing:
         if "pair_loads" not in self._rounded:
             nlinks = len(self.topology.links)
             rows, cols = [], []
-            for i, (a, b) in enumerate(self.pairs):
-                route = self.topology.route(a, b)
+            for i, (a, b, c) in enumerate(self.pairs):
+                route = self.topology.route(a, b, c)
                 rows += route
                 cols += [i] * len(route)
                 if len(self.capacities) > nlinks:
@@ -197,10 +202,14 @@ class Packing:
         return best_k
 
 
-def _pairs(topology: Topology):
-    """Rank pairs a tree edge may join: every direct pair inside a box; across boxes, from each rank only to the
-    ranks of each other box that it reaches in the fewest hops (its own rail): the longer routes (through the
-    spine) share the same NIC links, so they add no bandwidth, only more flows splitting it."""
+def _pairs(topology: Topology, alternatives: bool = False):
+    """(rank, rank, channel) a tree edge may take, with their (pairs x links) incidence. On channel 0 (the route):
+    every direct pair inside a box; across boxes, from each rank only to the ranks of each other box that it
+    reaches in the fewest hops (its own rail): the longer routes (through the spine) share the same NIC links, so
+    they add no bandwidth, only more flows splitting it. With `alternatives`, also channel 1 of the pairs inside
+    a box whose route and alternative (`Topology.channels`) each cross at most one switch: a GPU pair's PCIe
+    switch beside their NVLink or NVSwitch route, which the max-flow bound counts. Longer alternatives would
+    take PCIe or CPU links that the routes of other pairs need, and more pairs make the LP and pricing slower."""
     n = topology.nranks
     box = [topology.box_of(v) for v in range(n)]
     pairs = []
@@ -210,37 +219,58 @@ def _pairs(topology: Topology):
         for v in direct:
             if box[v] != box[u]:
                 near[box[v]] = min(near.get(box[v], 1 << 30), len(topology.route(u, v)))
-        pairs += [(u, v) for v in direct if box[v] == box[u] or len(topology.route(u, v)) == near[box[v]]]
+        pairs += [(u, v, 0) for v in direct if box[v] == box[u] or len(topology.route(u, v)) == near[box[v]]]
     # A pair inside a box whose route leaves the box (through the NICs) would only take bandwidth from the
     # links between boxes.
-    network = {e for u, v in pairs if box[u] != box[v] for e in topology.route(u, v)}
-    pairs = [(u, v) for u, v in pairs if box[u] != box[v] or not network.intersection(topology.route(u, v))]
+    network = {e for u, v, _ in pairs if box[u] != box[v] for e in topology.route(u, v)}
+    pairs = [(u, v, 0) for u, v, _ in pairs if box[u] != box[v] or not network.intersection(topology.route(u, v))]
+    if alternatives:
+        pairs += [(u, v, 1) for u, v, _ in pairs if box[u] == box[v] and len(topology.route(u, v)) <= 2
+                  and topology.channels(u, v) == 2 and len(topology.route(u, v, 1)) <= ALTERNATIVE_LINKS]
     rows, cols = [], []
-    for i, (u, v) in enumerate(pairs):
-        for e in topology.route(u, v):
+    for i, (u, v, c) in enumerate(pairs):
+        for e in topology.route(u, v, c):
             rows.append(i)
             cols.append(e)
     incidence = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(pairs), len(topology.links)))
     return pairs, incidence
 
 
-def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> Packing:
+def pack_trees(topology: Topology, inward: bool = False, fair: bool = True, channels: bool = True) -> Packing:
     """Optimal weighted spanning trees for all_gather (out-trees) or, with inward=True, reduce_scatter.
 
     On k identical boxes (`synth.symmetry.box_shift`) the LP is solved for box 0's roots only, with one row per
     orbit of links and pairs under the box shift, and box b's trees are box 0's shifted by b: the same optimum
     (the average of an optimal packing's k shifts is optimal and symmetric) from an LP k times smaller, priced
-    at 1/k of the roots per round."""
+    at 1/k of the roots per round.
+
+    Tree edges take the route of their rank pair; where that packing falls short of the max-flow bound and
+    `channels`, the LP is solved again with the pairs' alternative routes too (`_pairs`), which meets it on dgx1
+    and dgx2x2. Topologies at the bound on routes alone keep their packing, and pay nothing for the check."""
+    x = min_cut_ratio(topology, reverse=inward)[0]
+    lower = 1 / float(x) if x else 0.0  # the max-flow bound, in ns per byte (0 for a single rank)
+    packing = _pack(topology, inward, fair, *_pairs(topology), lower)
+    if channels and packing.t_unit * 1e9 > lower * (1 + 1e-9):
+        pairs, incidence = _pairs(topology, alternatives=True)
+        if len(pairs) > len(packing.pairs):
+            wider = _pack(topology, inward, fair, pairs, incidence, lower)
+            if wider.t_unit < packing.t_unit:
+                packing = wider
+    return packing
+
+
+def _pack(topology: Topology, inward: bool, fair: bool, pairs, incidence, lower: float) -> Packing:
+    """The column generation of `pack_trees` over tree edges on `pairs` ((rank, rank, channel), with their
+    pairs x links `incidence`); `lower` is the bound in ns per byte, where it stops."""
     n = topology.nranks
-    pairs, incidence = _pairs(topology)
     cap = np.array([l.bandwidth_GBps for l in topology.links])  # GB/s; T below is in ns per byte of block
     if fair:
         from jaxcoll.sim.engine import max_min_rates
-        rates = max_min_rates([np.asarray(topology.route(u, v)) for u, v in pairs], cap)
+        rates = max_min_rates([np.asarray(topology.route(u, v, c)) for u, v, c in pairs], cap)
         incidence = hstack([incidence, identity(len(pairs), format="csr")]).tocsr()
         cap = np.concatenate([cap, rates])
     shift = box_shift(topology)
-    row_image = _row_image(shift, pairs, cap, fair) if shift is not None else None
+    row_image = _row_image(topology, shift, pairs, cap, fair) if shift is not None else None
     if row_image is None:
         roots = list(range(n))
         fold = identity(len(cap), format="csr")
@@ -249,27 +279,39 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
         roots = list(shift.roots)
         fold, lp_cap = _fold(orbits(row_image, shift.order), shift.order, cap)
     slot = {r: i for i, r in enumerate(roots)}
-    pair_array = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    pair_array = np.array(pairs, dtype=np.int64).reshape(-1, 3)
+    primary = pair_array[:, 2] == 0
     incidence_t = incidence.T.tocsr()
     lp_incidence_t = (fold @ incidence_t).tocsr()
     pair_index = {p: i for i, p in enumerate(pairs)}
 
-    def cost_matrix(row_price: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Price of each pair (the sum over its links and its own row), and as an edge cost matrix."""
+    def cost_matrix(row_price: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Price of each pair (the sum over its links and its own row), as an edge cost matrix (an edge at the
+        cheapest of its channels, the route on ties) and the channel of each edge."""
         edge_cost = np.asarray(incidence @ (fold.T @ row_price)).ravel()
         m = np.full((n, n), np.inf)
-        u, v = pair_array[:, 0], pair_array[:, 1]
+        channel = np.zeros((n, n), dtype=np.int64)
+        u, v, c = pair_array[:, 0], pair_array[:, 1], pair_array[:, 2]
         if inward:
-            m[v, u] = edge_cost  # in-tree edge u -> v is out-tree edge v -> u of the transposed graph
-        else:
-            m[u, v] = edge_cost
-        return edge_cost, m
+            u, v = v, u  # in-tree edge u -> v is out-tree edge v -> u of the transposed graph
+        m[u[primary], v[primary]] = edge_cost[primary]
+        for j in np.flatnonzero(~primary):
+            if edge_cost[j] < m[u[j], v[j]]:
+                m[u[j], v[j]] = edge_cost[j]
+                channel[u[j], v[j]] = c[j]
+        return edge_cost, m, channel
+
+    def cheapest(costs: np.ndarray, channel: np.ndarray, root: int):
+        parent = min_arborescence(costs, root)
+        return tree_of(parent, [int(channel[p, v]) if p >= 0 else 0 for v, p in enumerate(parent)])
 
     def used_pairs(parent) -> np.ndarray:
         used = np.zeros(len(pairs))
+        channels = channels_of(parent)
         for v, p in enumerate(parent):
             if p >= 0:
-                used[pair_index[(v, p) if inward else (p, v)]] += 1
+                a, b = (v, p) if inward else (p, v)
+                used[pair_index[a, b, channels[v] if channels is not None else 0]] += 1
         return used
 
     columns: list[tuple[int, tuple[int, ...]]] = []
@@ -277,7 +319,7 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
     seen = set()
 
     def add(root: int, parent) -> bool:
-        key = (root, tuple(parent))
+        key = (root, parent)
         if key in seen:
             return False
         seen.add(key)
@@ -293,15 +335,13 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
     for _ in range(SEED_ROUNDS):
         for r in roots:
             busy = seeded / lp_cap
-            _, costs = cost_matrix(np.exp(SEED_SHARPNESS * busy / max(busy.max(), 1e-300)) / lp_cap)
-            parent = min_arborescence(costs, r)
+            _, costs, channel = cost_matrix(np.exp(SEED_SHARPNESS * busy / max(busy.max(), 1e-300)) / lp_cap)
+            parent = cheapest(costs, channel, r)
             seeded += lp_incidence_t @ used_pairs(parent)
             add(r, parent)
     for r in roots:
-        if all(((r, v) if not inward else (v, r)) in pair_index for v in range(n) if v != r):
+        if all(((r, v, 0) if not inward else (v, r, 0)) in pair_index for v in range(n) if v != r):
             add(r, tuple(-1 if v == r else r for v in range(n)))  # the star: optimal on a single switch
-    x = min_cut_ratio(topology, reverse=inward)[0]
-    lower = 1 / float(x) if x else 0.0  # the max-flow bound, in ns per byte (0 for a single rank)
     rounds = 0
     while True:
         rounds += 1
@@ -322,10 +362,10 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
             break  # at the bound no packing is faster: pricing could only confirm it
         y = -np.asarray(res.ineqlin.marginals)
         pi = np.asarray(res.eqlin.marginals)
-        edge_cost, costs = cost_matrix(y)
+        edge_cost, costs, channel = cost_matrix(y)
         added = 0
         for r in roots:
-            parent = min_arborescence(costs, r)
+            parent = cheapest(costs, channel, r)
             price = edge_cost @ used_pairs(parent)
             if price < pi[slot[r]] - 1e-9 * max(1.0, abs(pi[slot[r]])) and add(r, parent):
                 added += 1
@@ -352,12 +392,16 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True) -> P
     return Packing(topology, inward, trees, float(res.x[0]) * 1e-9, rounds, columns, full_loads, pairs, cap)
 
 
-def _row_image(shift: BoxShift, pairs, cap: np.ndarray, fair: bool) -> np.ndarray | None:
-    """The image under the shift of each LP row (links, then pairs if `fair`), or None if the pairs a tree may use
-    or their fair-share capacities are not invariant (then the full LP is solved)."""
+def _row_image(topology: Topology, shift: BoxShift, pairs, cap: np.ndarray, fair: bool) -> np.ndarray | None:
+    """The image under the shift of each LP row (links, then pairs if `fair`), or None if the pairs a tree may use,
+    their alternative routes or their fair-share capacities are not invariant (then the full LP is solved)."""
     pair_image = shift.pairs(pairs)
     if pair_image is None:
         return None
+    links = shift.links.tolist()
+    for (u, v, c), j in zip(pairs, pair_image.tolist()):
+        if c > 0 and tuple(links[e] for e in topology.route(u, v, c)) != topology.route(*pairs[j]):
+            return None
     image = np.concatenate([shift.links, len(shift.links) + pair_image]) if fair else shift.links
     if not np.allclose(cap[image], cap, rtol=1e-9, atol=0):
         return None
@@ -379,6 +423,7 @@ def _shifted(shift: BoxShift, row_image: np.ndarray, columns, weights, loads):
     """Box 0's trees and their shifts by 1..k-1 boxes, with their weights and (links x trees) loads."""
     roots = np.array([r for r, _ in columns], dtype=np.int64)
     parents = np.array([parent for _, parent in columns], dtype=np.int64)
+    channels = np.array([channels_of(parent) or (0,) * len(parent) for _, parent in columns], dtype=np.int64)
     loads = np.stack(loads, axis=1)
     m = len(columns)
     out_columns, out_loads = [], np.empty((loads.shape[0], shift.order * m))
@@ -386,7 +431,10 @@ def _shifted(shift: BoxShift, row_image: np.ndarray, columns, weights, loads):
     for b in range(shift.order):
         moved = np.empty_like(parents)
         moved[:, node] = np.where(parents >= 0, node[parents], -1)  # parent[v] = p becomes parent[gv] = gp
-        out_columns += [(int(r), tuple(p)) for r, p in zip(node[roots].tolist(), moved.tolist())]
+        moved_channels = np.empty_like(channels)
+        moved_channels[:, node] = channels  # and so does the channel of v's edge (`_row_image` maps the routes)
+        out_columns += [(int(r), tree_of(p, c))
+                        for r, p, c in zip(node[roots].tolist(), moved.tolist(), moved_channels.tolist())]
         out_loads[row, b * m:(b + 1) * m] = loads
         node, row = shift.ranks[node], row_image[row]
     return out_columns, np.tile(weights, shift.order), out_loads
@@ -431,14 +479,15 @@ def forest(topology: Topology, collective, chunk_factor: int | None = None,
     for _, r, wave, first, count, t_in, t_out in pieces:
         if collective is Collective.ALL_GATHER:
             routes.append(TreeRoute(r, first, r * chunks + first, bcast_parent=t_in, wave=wave, hop=hop,
-                                    count=count))
+                                    count=count, bcast_channel=channels_of(t_in)))
         elif collective is Collective.REDUCE_SCATTER:
             routes.append(TreeRoute(r, r * chunks + first, first, reduce_parent=t_in, wave=wave, hop=hop,
-                                    count=count))
+                                    count=count, reduce_channel=channels_of(t_in)))
         else:
             c = r * chunks + first
             routes.append(TreeRoute(r, c, c, reduce_parent=t_in, bcast_parent=t_out, wave=wave, hop=hop,
-                                    count=count))
+                                    count=count, reduce_channel=channels_of(t_in),
+                                    bcast_channel=channels_of(t_out)))
     kk = n * chunks if collective is Collective.ALL_REDUCE else chunks
     # the list schedule's chunks: a block of 128 MiB, as the 1 MiB chunks of 128 per block it was tuned with
     return tree_plan(collective, n, kk, routes, name=f"forest{k}", topology=topology,

@@ -52,6 +52,7 @@ class Schedule:
                      in_blocks=in_blocks, out_blocks=out_blocks)
         self.in_blocks, self.out_blocks = probe.in_blocks, probe.out_blocks
         self.lanes: list[tuple[int, Hashable, int]] = []  # lane id -> (rank, key, peer)
+        self.lane_channel: list[int] = []  # lane id -> the channel its steps name (-1: none, the route)
         self._lane_ids: dict[tuple[int, Hashable], int] = {}
         # The moves, by id: the lane that runs each, its priority, its data step and the moves it depends on.
         self.move_lane: list[int] = []
@@ -60,13 +61,15 @@ class Schedule:
         self.deps: list[Sequence[int]] = []
         self._scratch = [[0] * chunk_factor for _ in range(nranks)]  # rank -> position -> slots used
 
-    def lane(self, rank: int, key: Hashable, peer: int | None = None) -> int:
-        """The id of `rank`'s lane named `key`, whose moves all reach `peer` (None: they stay on `rank`). A
-        rank's lanes are numbered in the plan in order of repr(key)."""
+    def lane(self, rank: int, key: Hashable, peer: int | None = None, channel: int = -1) -> int:
+        """The id of `rank`'s lane named `key`, whose moves all reach `peer` (None: they stay on `rank`) over
+        `channel` (`Topology.route`; -1 names none: the route). A rank's lanes are numbered in the plan in order
+        of repr(key)."""
         lane = self._lane_ids.get((rank, key))
         if lane is None:
             lane = self._lane_ids[rank, key] = len(self.lanes)
             self.lanes.append((rank, key, rank if peer is None else peer))
+            self.lane_channel.append(channel)
         return lane
 
     def scratch(self, rank: int, position: int, count: int = 1) -> ChunkRef:
@@ -89,7 +92,7 @@ class Schedule:
         step is not checked here (`build` validates the plan): `op` is an `Op`, `srcs` and `dsts` tuples."""
         self.move_lane.append(lane)
         self.priority.append(priority)
-        self.step.append(Step.unchecked(op, srcs, dsts))
+        self.step.append(Step.unchecked(op, srcs, dsts, channel=self.lane_channel[lane]))
         self.deps.append(deps)
         return len(self.step) - 1
 
@@ -122,10 +125,10 @@ class Schedule:
         rate = [float(topology.memory_bandwidth_GBps or max(cap))] * len(self.lanes)
         latency = [0.0] * len(self.lanes)
         if remote:
-            routes = [np.asarray(topology.route(*self.lanes[l][::2])) for l in remote]
+            routes = [np.asarray(topology.route(*self.lanes[l][::2], self.lane_channel[l])) for l in remote]
             for l, x in zip(remote, max_min_rates(routes, cap)):
                 rate[l] = float(x)
-                latency[l] = topology.path_latency_us(*self.lanes[l][::2]) * 1e-6
+                latency[l] = topology.path_latency_us(*self.lanes[l][::2], self.lane_channel[l]) * 1e-6
         lane_Bps = [x * 1e9 for x in rate]
         local = [rank == peer for rank, _, peer in self.lanes]
         move_lane, deps_of = self.move_lane, self.deps

@@ -38,11 +38,11 @@ class BoxShift:
         """Rank r -> its image."""
         return self.nodes[:len(self.roots) * self.order]
 
-    def pairs(self, pairs: list[tuple[int, int]]) -> np.ndarray | None:
-        """Index in `pairs` of each pair's image, or None if some image is not in the list."""
+    def pairs(self, pairs: list[tuple[int, int, int]]) -> np.ndarray | None:
+        """Index in `pairs` of each (rank, rank, channel)'s image, or None if some image is not in the list."""
         index = {p: i for i, p in enumerate(pairs)}
         ranks = self.ranks.tolist()
-        image = [index.get((ranks[u], ranks[v])) for u, v in pairs]
+        image = [index.get((ranks[u], ranks[v], c)) for u, v, c in pairs]
         return None if None in image else np.array(image, dtype=np.int64)
 
 

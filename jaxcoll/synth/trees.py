@@ -18,13 +18,52 @@ from jaxcoll.plan import Buffer, ChunkRef, Collective, Op, Plan
 from jaxcoll.synth.schedule import Schedule, paused_gc
 
 
+class Tree(tuple):
+    """A spanning tree as parent pointers (`tree[v]`, -1 at the root) whose edges use channels other than the
+    route (`Topology.route`): `channels[v]` is the channel of v's edge to its parent. A tree whose edges all take
+    the route is a plain tuple (`tree_of`); trees with equal parents and different channels are different."""
+
+    channels: tuple[int, ...]
+
+    def __new__(cls, parent, channels):
+        tree = super().__new__(cls, parent)
+        tree.channels = tuple(channels)
+        return tree
+
+    def __eq__(self, other):
+        return tuple.__eq__(self, other) and self.channels == getattr(other, "channels", None)
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        return hash((tuple(self), self.channels))
+
+    def __reduce__(self):
+        return Tree, (tuple(self), self.channels)
+
+    def __repr__(self):
+        return f"Tree({tuple(self)}, channels={self.channels})"
+
+
+def tree_of(parent, channels) -> tuple[int, ...]:
+    """The tree with these parent pointers and edge channels: a plain tuple when every edge takes the route."""
+    return Tree(parent, channels) if any(c > 0 for c in channels) else tuple(parent)
+
+
+def channels_of(tree) -> tuple[int, ...] | None:
+    """The channel of each rank's edge to its parent, or None when every edge takes the route."""
+    return getattr(tree, "channels", None)
+
+
 @dataclasses.dataclass(frozen=True)
 class TreeRoute:
     """How one piece travels: `count` contiguous chunks from `src` / to `dst`, moved as one step per hop.
     `reduce_parent[v]` / `bcast_parent[v]` is v's parent in the in-tree / out-tree (-1 at the root; None: no such
     phase). `src` is the first input chunk index each contributor reads (all_gather: the root only); `dst` is the
     first output chunk index each receiver writes (reduce_scatter: the root only). A piece stays inside one
-    block of the plan's chunk factor."""
+    block of the plan's chunk factor. `reduce_channel[v]` / `bcast_channel[v]` is the channel (`Topology.route`)
+    of v's edge to its parent (None: every edge takes the route); the steps name it and run in lanes of it."""
 
     root: int
     src: int
@@ -35,6 +74,8 @@ class TreeRoute:
     wave: float = 0  # pipelining: lanes run moves in order of (phase, wave + level * hop, ...); see tree_plan
     hop: float = 1.0
     count: int = 1
+    reduce_channel: tuple[int, ...] | None = None
+    bcast_channel: tuple[int, ...] | None = None
 
 
 def chain(order: Sequence[int], nranks: int) -> tuple[int, ...]:
@@ -105,17 +146,24 @@ def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of
             shapes[key] = order, depth, height, _children(parent)
         return shapes[key]
 
-    # Lane ids, looked up per move: local[v], and to[phase, tag][v][p] (-1 until the lane has a move).
+    # Lane ids, looked up per move: local[v], and to[phase, tag, channel][v][p] (-1 until the lane has a move).
+    # Channel 0 is the route, whose steps name none. The steps on another channel to a peer run in one lane of
+    # their own, of both phases and every tag: the checker keeps a channel to one lane (an ordered connection);
+    # the lane runs the reduction's moves before the broadcast's (priorities start with the phase).
     local = [sched.lane(v, "local") for v in range(nranks)]
-    to: dict[tuple[int, int], list[list[int]]] = {}
+    to: dict[tuple[int, int, int], list[list[int]]] = {}
 
-    def lanes_to(phase: int, tag: int) -> list[list[int]]:
-        if (phase, tag) not in to:
-            to[phase, tag] = [[-1] * nranks for _ in range(nranks)]
-        return to[phase, tag]
+    def lanes_to(phase: int, tag: int, channel: int = 0) -> list[list[int]]:
+        if (phase, tag, channel) not in to:
+            to[phase, tag, channel] = [[-1] * nranks for _ in range(nranks)]
+        return to[phase, tag, channel]
 
-    def new_lane(phase: int, tag: int, v: int, p: int) -> int:
-        lane = to[phase, tag][v][p] = sched.lane(v, ("to", p, phase, lane_of(v, p, phase) if lane_of else tag), p)
+    def new_lane(phase: int, tag: int, v: int, p: int, channel: int = 0) -> int:
+        if channel > 0:
+            lane = sched.lane(v, ("to", p, "channel", channel), p, channel)
+        else:
+            lane = sched.lane(v, ("to", p, phase, lane_of(v, p, phase) if lane_of else tag), p)
+        to[phase, tag, channel][v][p] = lane
         return lane
 
     ref = ChunkRef.unchecked
@@ -125,7 +173,7 @@ def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of
         root, wave, hop, tag, count = route.root, route.wave, route.hop, route.lane, route.count
         produced = None  # the move that leaves the final value in root's output chunk (None: read input)
         if route.reduce_parent is not None:
-            parent, src = route.reduce_parent, route.src
+            parent, src, channel = route.reduce_parent, route.src, route.reduce_channel
             order, togo, height, kids = shape(parent, root)
             up = lanes_to(0, tag)
             slot = [None] * nranks  # child -> the scratch chunk at its parent it delivers into
@@ -144,13 +192,15 @@ def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of
                                     (ref(v, OUTPUT, route.dst, count),), deps)
                 else:
                     p = parent[v]
-                    lane = up[v][p]
+                    ch = channel[v] if channel is not None else 0
+                    lane = (up if ch == 0 else lanes_to(0, tag, ch))[v][p]
                     if lane < 0:
-                        lane = new_lane(0, tag, v, p)
+                        lane = new_lane(0, tag, v, p, ch)
                     slot[v] = scratch(p, src, count)
                     sent[v] = move(lane, prio, Op.REDUCE_PUT if kv else Op.PUT, srcs, (slot[v],), deps)
         if route.bcast_parent is not None:
             order, depth, below, kids = shape(route.bcast_parent, root)
+            channel = route.bcast_channel
             if produced is None:
                 move(local[root], (0, 0, item), Op.COPY, (ref(root, INPUT, route.src, count),),
                      (ref(root, OUTPUT, route.dst, count),))
@@ -169,9 +219,10 @@ def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of
                 when = wave + level * hop
                 lanes = down[v]
                 for c in kv:
-                    lane = lanes[c]
+                    ch = channel[c] if channel is not None else 0
+                    lane = lanes[c] if ch == 0 else lanes_to(1, tag, ch)[v][c]
                     if lane < 0:
-                        lane = new_lane(1, tag, v, c)
+                        lane = new_lane(1, tag, v, c, ch)
                     arrived[c] = (move(lane, (1, when, level, -below[c], item), Op.PUT, srcs, out[c], deps),)
     if topology is not None:
         # Three passes, the last in the direction the trees run: reduce_scatter's in-trees are packed from the

@@ -3,7 +3,8 @@
 Nodes 0..N-1 are the ranks (the GPUs, or the CPU runtime's devices); the nodes after them are named switches
 (NVSwitch, PCIe switch, NIC, rail switch). Each directed link has a bandwidth in GB/s (10^9 bytes/s) and a
 latency in microseconds. Ranks compute and may relay data (a plan forwards chunks through them); switches only
-route: a transfer from rank a to rank b follows a path whose inner nodes are all switches (`Topology.route`).
+route: a transfer from rank a to rank b follows a path whose inner nodes are all switches (`Topology.route`), the
+lowest-latency one, or on channel 1 an alternative that shares no link with it (`Topology.channels`).
 
 The file format (`Topology.load`, `Topology.from_dict`) is
     {"name": str, "ranks": N, "switches": [names],
@@ -98,6 +99,7 @@ class Topology:
             raise TopologyError(f"'boxes' must partition ranks 0..{nranks - 1}, got {boxes!r}")
         self.memory_bandwidth_GBps = None if memory_bandwidth_GBps is None else float(memory_bandwidth_GBps)
         self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._alternatives: dict[tuple[int, int], tuple[int, ...] | None] = {}
         self._check_connected()
 
     # -- nodes -----------------------------------------------------------------------------------------------
@@ -138,10 +140,13 @@ class Topology:
     def out_links(self, node: int) -> list[Link]:
         return [self.links[i] for i in self._out[node]]
 
-    def route(self, src: int, dst: int) -> tuple[int, ...]:
-        """Link indices of the path a transfer from rank src to rank dst takes: the lowest-latency path whose
-        inner nodes are switches (ranks do not route), ties going to the widest bottleneck. Raises
-        TopologyError if the two ranks have no such path (then data must be relayed through a rank)."""
+    def route(self, src: int, dst: int, channel: int = 0) -> tuple[int, ...]:
+        """Link indices of the path a transfer from rank src to rank dst takes on `channel`. Channel 0 (and -1,
+        none named) is the lowest-latency path whose inner nodes are switches (ranks do not route), ties going to
+        the widest bottleneck; channel 1 is the alternative (`channels`). Raises TopologyError if the two ranks
+        have no such path (then data must be relayed through a rank)."""
+        if channel > 0:
+            return self._alternative(src, dst, channel)
         key = (src, dst)
         if key not in self._routes:
             self._routes.update(self._shortest_from(src))
@@ -149,6 +154,29 @@ class Topology:
         if path is None:
             raise TopologyError(f"{self.name}: rank {src} has no path to rank {dst} through switches")
         return path
+
+    def channels(self, src: int, dst: int) -> int:
+        """How many routes rank src has to rank dst (0 if none through switches): the route of channel 0 and,
+        where one exists, an alternative through switches that shares no link with it (channel 1), the
+        lowest-latency such path. The max-flow bound counts both (a PCIe path beside an NVLink), so a plan
+        that spreads a pair's transfers over its channels can use what one route leaves idle."""
+        if not self.direct(src, dst):
+            return 0
+        return 2 if self._alternative_path(src, dst) is not None else 1
+
+    def _alternative(self, src: int, dst: int, channel: int) -> tuple[int, ...]:
+        path = self._alternative_path(src, dst) if channel == 1 else None
+        if path is None:
+            raise TopologyError(f"{self.name}: ranks {src} -> {dst} have no route on channel {channel} (they have "
+                                f"{self.channels(src, dst)})")
+        return path
+
+    def _alternative_path(self, src: int, dst: int) -> tuple[int, ...] | None:
+        key = (src, dst)
+        if key not in self._alternatives:
+            primary = set(self.route(src, dst))
+            self._alternatives[key] = self._shortest_from(src, avoid=primary).get(key)
+        return self._alternatives[key]
 
     def direct(self, src: int, dst: int) -> bool:
         """Whether rank src reaches rank dst without relaying through another rank."""
@@ -158,16 +186,16 @@ class Topology:
         except TopologyError:
             return False
 
-    def path_latency_us(self, src: int, dst: int) -> float:
-        return sum(self.links[i].latency_us for i in self.route(src, dst))
+    def path_latency_us(self, src: int, dst: int, channel: int = 0) -> float:
+        return sum(self.links[i].latency_us for i in self.route(src, dst, channel))
 
     def path_bandwidth_GBps(self, src: int, dst: int) -> float:
         return min(self.links[i].bandwidth_GBps for i in self.route(src, dst))
 
-    def _shortest_from(self, src: int) -> dict[tuple[int, int], tuple[int, ...] | None]:
-        # Dijkstra on (latency, hops, -bottleneck); inner nodes must be switches. Every extension adds a hop, so a
-        # node's route is final when it is popped: one pass gives the same route to each rank as a search that
-        # stops there. Ranks without a route map to None.
+    def _shortest_from(self, src: int, avoid=frozenset()) -> dict[tuple[int, int], tuple[int, ...] | None]:
+        # Dijkstra on (latency, hops, -bottleneck) over the links not in `avoid`; inner nodes must be switches.
+        # Every extension adds a hop, so a node's route is final when it is popped: one pass gives the same route
+        # to each rank as a search that stops there. Ranks without a route map to None.
         best: dict[int, tuple] = {src: (0.0, 0, -float("inf"))}
         prev: dict[int, int] = {}
         heap = [(0.0, 0, -float("inf"), src)]
@@ -178,6 +206,8 @@ class Topology:
             if u != src and self.is_rank(u):
                 continue
             for i in self._out[u]:
+                if i in avoid:
+                    continue
                 l = self.links[i]
                 cand = (lat + l.latency_us, hops + 1, max(negbw, -l.bandwidth_GBps))
                 if l.dst not in best or cand < best[l.dst]:
