@@ -207,6 +207,12 @@ def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of
             # each rank's output chunk is written by its parent's put and read by its own: one ref serves both
             out = [(ref(v, OUTPUT, route.dst, count),) for v in range(nranks)]
             down = lanes_to(1, tag)
+            # A tree's last piece leaves its root at wave 1 and reaches its deepest rank d hops later: the waves
+            # of a tree of depth d run over 1 - d hop, so that every tree's last hop comes at about 1 and the run
+            # ends with the last levels of all trees at once, not with the deep trees' tails (dgx-h100x4
+            # all_gather at 1 GiB: 97.9% -> 98.4% of the bound; dgx-h100x2 99.6% -> 99.7%). With few pieces d
+            # hops can exceed the run: the waves then coincide, and levels order the moves.
+            start = wave * max(0.0, 1 - depth[order[-1]] * hop)  # order is by depth
             arrived = [()] * nranks  # rank -> the move its own put waits for, as deps
             if produced is not None:
                 arrived[root] = (produced,)
@@ -216,7 +222,7 @@ def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of
                     continue
                 srcs = (ref(v, INPUT, route.src, count),) if v == root and produced is None else out[v]
                 deps, level = arrived[v], depth[v]
-                when = wave + level * hop
+                when = start + level * hop
                 lanes = down[v]
                 for c in kv:
                     ch = channel[c] if channel is not None else 0
