@@ -89,7 +89,7 @@ def generation_parts(name: str, boxes: int, collective: str, repeat: int) -> dic
 
 
 def generation_table(args) -> None:
-    print("| topology | collective | plan steps | wall s | process s | routes + packing LP | rounding (MILP) | "
+    print("| topology | collective | plan steps | wall s | process s | routes + packing LP | rounding | "
           "plan (tree_plan) | load |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.presets:

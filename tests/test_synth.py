@@ -43,7 +43,7 @@ def test_packing_reaches_the_bound_before_rounding():
         t = preset(name, boxes)
         p = pack_trees(t)
         assert p.t_unit == pytest.approx(1 / (float(min_cut_ratio(t)[0]) * 1e9), rel=1e-6)
-        # whole chunks: the rounding (MILP over the generated trees) stays within 3% of the LP at 128 chunks
+        # whole chunks: the rounding (largest remainder, then a local search) stays within 3% of the LP at 128 chunks
         assert p.time(128) <= p.t_unit * 1.03
 
 

@@ -44,7 +44,6 @@ from jaxcoll.topology import Topology
 
 MAX_ROUNDS = 400
 IMPROVE_STEPS = 400
-ROUNDING_TOLERANCE = 0.002
 ROUNDING_CHUNKS = 1024  # the throughput plan rounds a block to this many chunks (then moves them in pieces)
 TAPER = 3  # a tree's first and last pieces halve in size over this many pieces (the pipeline's fill and drain)
 MOVE_BUDGET = 1 << 17  # moves of a plan above 16 ranks (N^2 x pieces; a few seconds to generate at 32 ranks)
@@ -191,16 +190,6 @@ class Packing:
                 base[i] += 1
             out.append([(trees[i][0], base[i]) for i in range(len(trees)) if base[i] > 0])
         return out
-
-    def choose_k(self, cap: int, tolerance: float = ROUNDING_TOLERANCE) -> int:
-        best_k, best_t = 1, math.inf
-        for k in range(1, cap + 1):
-            t = self.time(k)
-            if t <= self.t_unit * (1 + tolerance):
-                return k
-            if t < best_t * (1 - 1e-9):
-                best_k, best_t = k, t
-        return best_k
 
 
 def _pairs(topology: Topology, alternatives: bool = False):
