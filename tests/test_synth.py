@@ -112,9 +112,8 @@ def test_plans_on_alternative_routes_pass_the_checker_and_run_on_the_cpu_executo
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{plan.name} rank {r}")
 
 
-# Hybrid cube mesh and a switched box: the xGMI mesh presets (mi250) take minutes to simulate every candidate
-# at three sizes on 2 cores (docs/synthesis.md), too long for the test suite; the benchmark covers them.
-@pytest.mark.parametrize("name, boxes", [("dgx1", 1), ("dgx-h100", 1)])
+# Hybrid cube mesh, a switched box and the xGMI mesh (every candidate at three sizes: a few seconds each).
+@pytest.mark.parametrize("name, boxes", [("dgx1", 1), ("dgx-h100", 1), ("mi250", 1)])
 def test_all_reduce_is_never_slower_than_ring_or_tree(name, boxes):
     t = preset(name, boxes)
     for size in (1 << 10, 1 << 20, 1 << 30):

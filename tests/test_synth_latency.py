@@ -57,7 +57,7 @@ def test_small_messages_take_one_hop_and_medium_ones_a_few_chunks(coll):
     # dgx-h100 x2: at 1 KiB the latency terms decide and the star's single hop beats ring (N-1 hops) and
     # recursive halving/doubling (log2 N); at 256 MiB the packing pipelined over few chunks beats both the
     # one-chunk packing (no pipelining across its two hops) and the ring.
-    # (The 128-chunk packing is left out: simulating its 30k steps at 1 KiB takes minutes.)
+    # (The throughput packing is left out: simulating its 30k moves at three sizes costs seconds for nothing.)
     t = preset("dgx-h100", 2)
     names = ["ring", "rhd", "hierarchical", "direct", "forest1", "forest4", "forest16"]
     by = {c.name: c.seconds for c in evaluate(t, coll, 1 << 10, names)}
