@@ -125,7 +125,7 @@ def main() -> None:
         t = preset(name, boxes)
         print(f"### {t.name} ({t.nranks} ranks), 1 GiB\n")
         print("| collective | bound GB/s | synthesized GB/s (plan) | % of bound | ring GB/s | tree GB/s | "
-              "packing gen s (median) | all_reduce: worst ratio best(ring, tree) / synthesized, 1 KiB-1 GiB |")
+              f"gen s (median of {args.repeat}) | all_reduce: worst ratio best(ring, tree) / synthesized, 1 KiB-1 GiB |")
         print("|---|---|---|---|---|---|---|---|")
         for coll in ("all_gather", "reduce_scatter", "all_reduce"):
             cands = evaluate(t, coll, big)
