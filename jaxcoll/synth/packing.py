@@ -46,6 +46,7 @@ MAX_ROUNDS = 400
 IMPROVE_STEPS = 400
 ROUNDING_CHUNKS = 1024  # the throughput plan rounds a block to this many chunks (then moves them in pieces)
 TAPER = 3  # a tree's first and last pieces halve in size over this many pieces (the pipeline's fill and drain)
+SMALL_MOVE_BUDGET = 1 << 15  # moves of a plan up to 16 ranks (N^2 x pieces), kept for generation under 1 s
 MOVE_BUDGET = 1 << 17  # moves of a plan above 16 ranks (N^2 x pieces; a few seconds to generate at 32 ranks)
 MIN_PIECES = 16  # ... where a block has this many pieces: fewer could not give every tree of a root its own
 SEED_ROUNDS = 8  # multiplicative-weights trees per root before the first LP
@@ -432,12 +433,13 @@ def _shifted(shift: BoxShift, row_image: np.ndarray, columns, weights, loads):
 
 def chunk_cap(nranks: int) -> int:
     """Pieces per block for large messages. The pipeline's fill and drain cost about one piece time (the loss goes
-    as 1/k: mi250 at 1 GiB runs at 98.0 / 99.0 / 99.5% of the bound with 64 / 128 / 256 pieces), but a plan holds
-    about N^2 k moves: 2048 N at 16 ranks and below (32k moves for all_gather at 16 ranks, whose generation stays
-    under 1 s), above that `MOVE_BUDGET` (128 pieces at 32 ranks, 32 at 64: dgx2x4 all_gather 89% -> 94% of the
-    bound with 16 -> 32 pieces)."""
+    as 1/k: mi250 at 1 GiB runs at 98.0 / 99.0 / 99.5 / 99.7% of the bound with 64 / 128 / 256 / 512 pieces), but a
+    plan holds about N^2 k moves: 32k at 16 ranks and below (all_gather at 16 ranks: 128 pieces, generation under
+    1 s; at 8 ranks 512 pieces, which take dgx1 from 98.97 / 98.54% to 99.40 / 99.18%, all_gather /
+    reduce_scatter), above that `MOVE_BUDGET` (128 pieces at 32 ranks, 32 at 64: dgx2x4 all_gather 89% -> 94% of
+    the bound with 16 -> 32 pieces)."""
     n = max(1, nranks)
-    return max(1, min(256, 2048 // n if n <= 16 else MOVE_BUDGET // (n * n)))
+    return max(1, min(512, SMALL_MOVE_BUDGET // (n * n) if n <= 16 else MOVE_BUDGET // (n * n)))
 
 
 def forest(topology: Topology, collective, chunk_factor: int | None = None,
