@@ -31,13 +31,18 @@ def ring_all_reduce(n, channels):
     return p.plan()
 
 
+def stage_inputs(n):
+    """Inside a program: every rank puts its input into block q (its rank) of each rank's staging buffer."""
+    for q in range(n):
+        for r in range(n):
+            chunk(q, "input", 0).copy(r, "stage", q)
+
+
 def gather_then_copy(n, sem):
     """All-gather: every rank puts its input into each peer's staging buffer, then each rank copies the staged
     blocks to its output in one step, which depends on all N-1 peers' puts (sem=: one shared semaphore)."""
     with program("staged_all_gather", "all_gather", n) as p:
-        for q in range(n):
-            for r in range(n):
-                chunk(q, "input", 0).copy(r, "stage", q)
+        stage_inputs(n)
         for r in range(n):
             chunk(r, "stage", 0, n).copy(r, "output", 0, sem=sem)
     return p.plan()
@@ -175,9 +180,7 @@ def test_shared_semaphore_plan_gathers():
 
 def test_pinned_semaphore_is_honoured_and_automatic_ones_go_around_it():
     with program("p", "all_gather", 3) as p:
-        for q in range(3):
-            for r in range(3):
-                chunk(q, "input", 0).copy(r, "stage", q)
+        stage_inputs(3)
         for r in range(3):
             chunk(r, "stage", 1).copy(r, "output", 1, lane=0, sem=0)   # waits for rank 1: pinned sem 0
             chunk(r, "stage", 0).copy(r, "output", 0, lane=1)          # waits for rank 0: automatic
@@ -191,9 +194,7 @@ def test_pinned_semaphore_is_honoured_and_automatic_ones_go_around_it():
 
 def test_semaphore_pinned_on_two_lanes_is_rejected():
     with program("p", "all_gather", 3) as p:
-        for q in range(3):
-            for r in range(3):
-                chunk(q, "input", 0).copy(r, "stage", q)
+        stage_inputs(3)
         for r in range(3):
             chunk(r, "stage", 0).copy(r, "output", 0, lane=0, sem=0)
             chunk(r, "stage", 1).copy(r, "output", 1, lane=1, sem=0)
@@ -207,9 +208,7 @@ def test_shared_semaphore_whose_waits_can_take_the_wrong_signal_is_a_race():
     # rank 2 waits once on sem 0 for rank 0's put, then once for rank 1's; rank 1's signal may come first,
     # so the first copy could read a chunk rank 0 has not written yet
     with program("p", "all_gather", 3) as p:
-        for q in range(3):
-            for r in range(3):
-                chunk(q, "input", 0).copy(r, "stage", q)
+        stage_inputs(3)
         for r in range(3):
             for q in range(3):
                 chunk(r, "stage", q).copy(r, "output", q, lane=0, sem=0)
