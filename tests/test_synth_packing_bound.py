@@ -23,21 +23,25 @@ def bound(topology, inward=False):
     return 1 / (float(min_cut_ratio(topology, reverse=inward)[0]) * 1e9)
 
 
-@pytest.mark.parametrize("inward", [False, True])
-@pytest.mark.parametrize("name, boxes", AT_BOUND)
-def test_packing_meets_the_max_flow_bound(name, boxes, inward):
+def packed_at_the_bound(name, boxes, inward):
+    """(topology, packing) of a preset, after checking that the packing LP's optimum is the max-flow bound."""
     t = preset(name, boxes)
     p = pack_trees(t, inward)
     assert p.t_unit == pytest.approx(bound(t, inward), rel=1e-9)
+    return t, p
+
+
+@pytest.mark.parametrize("inward", [False, True])
+@pytest.mark.parametrize("name, boxes", AT_BOUND)
+def test_packing_meets_the_max_flow_bound(name, boxes, inward):
+    _, p = packed_at_the_bound(name, boxes, inward)
     assert all(c == 0 for _, _, c in p.pairs)  # on routes alone: no alternative joins the LP
 
 
 @pytest.mark.parametrize("inward", [False, True])
 @pytest.mark.parametrize("name, boxes", AT_BOUND_WITH_CHANNELS)
 def test_packing_meets_the_max_flow_bound_with_the_pcie_path_beside_the_route(name, boxes, inward):
-    t = preset(name, boxes)
-    p = pack_trees(t, inward)
-    assert p.t_unit == pytest.approx(bound(t, inward), rel=1e-9)
+    t, p = packed_at_the_bound(name, boxes, inward)
     # the alternatives that join: a GPU pair's shared PCIe switch (dgx1: of NVLink pairs; dgx2x2: of every GPU pair
     # on one), 2 ordered pairs a switch
     alternatives = [(a, b) for a, b, c in p.pairs if c == 1]
