@@ -243,14 +243,14 @@ def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of
     return sched.build()
 
 
-def tree_per_root(collective, nranks: int, tree_of, name: str) -> Plan:
-    """The plan in which block r is reduced up `tree_of(r)` to its root r and broadcast down the same tree (the
+def tree_per_root(collective, nranks: int, tree_at, name: str) -> Plan:
+    """The plan in which block r is reduced up `tree_at(r)` to its root r and broadcast down the same tree (the
     tree serves as in-tree and out-tree alike: recursive halving/doubling's binomial trees, the direct plan's
     stars). all_reduce cuts the buffer into N blocks; the halves move one block per root."""
     collective = Collective(collective)
     routes = []
     for r in range(nranks):
-        t = tree_of(r)
+        t = tree_at(r)
         if collective is Collective.ALL_REDUCE:
             routes.append(TreeRoute(r, r, r, reduce_parent=t, bcast_parent=t))
         elif collective is Collective.ALL_GATHER:
