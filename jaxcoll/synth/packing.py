@@ -306,16 +306,18 @@ def _pack(topology: Topology, inward: bool, fair: bool, pairs, incidence, lower:
         return used
 
     columns: list[tuple[int, tuple[int, ...]]] = []
-    loads: list[np.ndarray] = []
+    uses: list[np.ndarray] = []  # per column: its edges on each pair (`used_pairs`)
+    loads: list[np.ndarray] = []  # per column: its load on each row of the LP
     seen = set()
 
-    def add(root: int, parent) -> bool:
+    def add(root: int, parent, use: np.ndarray) -> bool:
         key = (root, parent)
         if key in seen:
             return False
         seen.add(key)
         columns.append(key)
-        loads.append(lp_incidence_t @ used_pairs(parent))
+        uses.append(use)
+        loads.append(lp_incidence_t @ use)
         return True
 
     # Seed trees by multiplicative weights: each root in turn takes its cheapest tree when a row costs more the
@@ -328,11 +330,13 @@ def _pack(topology: Topology, inward: bool, fair: bool, pairs, incidence, lower:
             busy = seeded / lp_cap
             _, costs, channel = cost_matrix(np.exp(SEED_SHARPNESS * busy / max(busy.max(), 1e-300)) / lp_cap)
             parent = cheapest(costs, channel, r)
-            seeded += lp_incidence_t @ used_pairs(parent)
-            add(r, parent)
+            use = used_pairs(parent)
+            seeded += lp_incidence_t @ use
+            add(r, parent, use)
     for r in roots:
         if all(((r, v, 0) if not inward else (v, r, 0)) in pair_index for v in range(n) if v != r):
-            add(r, tuple(-1 if v == r else r for v in range(n)))  # the star: optimal on a single switch
+            star = tuple(-1 if v == r else r for v in range(n))  # optimal on a single switch
+            add(r, star, used_pairs(star))
     rounds = 0
     while True:
         rounds += 1
@@ -357,8 +361,8 @@ def _pack(topology: Topology, inward: bool, fair: bool, pairs, incidence, lower:
         added = 0
         for r in roots:
             parent = cheapest(costs, channel, r)
-            price = edge_cost @ used_pairs(parent)
-            if price < pi[slot[r]] - 1e-9 * max(1.0, abs(pi[slot[r]])) and add(r, parent):
+            use = used_pairs(parent)
+            if edge_cost @ use < pi[slot[r]] - 1e-9 * max(1.0, abs(pi[slot[r]])) and add(r, parent, use):
                 added += 1
         if not added:
             break
@@ -368,11 +372,11 @@ def _pack(topology: Topology, inward: bool, fair: bool, pairs, incidence, lower:
         # in memory (dgx-h100x32: 12k trees x 11k rows); then the trees of the optimum.
         if shift.order * len(columns) * len(cap) > MAX_SHIFTED_LOADS:
             keep = np.flatnonzero(weights > 1e-9)
-            columns, weights = [columns[j] for j in keep], weights[keep]
+            columns, weights, uses = [columns[j] for j in keep], weights[keep], [uses[j] for j in keep]
         columns, weights, full_loads = _shifted(shift, row_image, columns, weights,
-                                                [incidence_t @ used_pairs(parent) for _, parent in columns])
+                                                [incidence_t @ use for use in uses])
     else:
-        full_loads = np.stack([incidence_t @ used_pairs(parent) for _, parent in columns], axis=1)
+        full_loads = np.stack([incidence_t @ use for use in uses], axis=1)
     trees: list[list] = [[] for _ in range(n)]
     for (r, parent), weight in zip(columns, weights):
         if weight > 1e-9:
