@@ -3,7 +3,8 @@
 The model (docs/synthesis.md, "The simulator"):
 - Every lane of every rank runs its steps in order, from time 0 (the executor's entry rendezvous).
 - A data step that names a chunk on a peer is a *transfer* along `Topology.route` of the step's channel (-1, none
-  named, is channel 0: the lowest-latency route; channel 1 the pair's alternative path): a put (a remote destination)
+  named, is channel 0: the lowest-latency route; channel 1 the pair's alternative path; a channel the pair has no
+  route for, as a language plan's parallel connections, takes channel 0): a put (a remote destination)
   sends from this rank, a get or read_reduce (a remote source) pulls to it. While transfers are in flight the
   links are shared max-min fairly (progressive filling): each transfer gets an equal share of its bottleneck
   link, and what one transfer cannot use goes to the others (`jaxcoll.sim.sharing`, which recomputes only what
