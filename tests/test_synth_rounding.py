@@ -56,7 +56,8 @@ def test_forest_plan_is_the_same_on_every_build(coll):
 
 
 @pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter"])
-@pytest.mark.parametrize("name, boxes", [("dgx-h100", 2), ("dgx-a100", 2), ("mi250", 1), ("mi250", 4), ("dgx1", 1)])
+@pytest.mark.parametrize("name, boxes", [("dgx-h100", 2), ("dgx-a100", 2), ("mi250", 1), ("mi250", 4), ("dgx1", 1),
+                                         ("dgx-h100", 4)])
 def test_forest_reaches_99_percent_of_the_bound(name, boxes, coll):
     t = preset(name, boxes)
     size = 1 << 30

@@ -47,7 +47,9 @@ IMPROVE_STEPS = 400
 ROUNDING_CHUNKS = 1024  # the throughput plan rounds a block to this many chunks (then moves them in pieces)
 TAPER = 3  # a tree's first and last pieces halve in size over this many pieces (the pipeline's fill and drain)
 SMALL_MOVE_BUDGET = 1 << 15  # moves of a plan up to 16 ranks (N^2 x pieces), kept for generation under 1 s
-MOVE_BUDGET = 1 << 17  # moves of a plan above 16 ranks (N^2 x pieces; a few seconds to generate at 32 ranks)
+MID_PIECES = 1 << 13  # pieces x ranks from 17 to 64 ranks: 256 pieces at 32 ranks, 128 at 64 (seconds to generate)
+MOVE_BUDGET = 1 << 17  # moves of a plan above 64 ranks (N^2 x pieces), kept for 256 ranks under 30 s
+PLAN_BYTES = 1 << 30  # the message the throughput plan is list-scheduled for (the bound's targets are at 1 GiB)
 MIN_PIECES = 16  # ... where a block has this many pieces: fewer could not give every tree of a root its own
 SEED_ROUNDS = 8  # multiplicative-weights trees per root before the first LP
 SEED_SHARPNESS = 8.0  # the busiest row costs e^8 times an idle one of equal capacity
@@ -436,21 +438,31 @@ def _shifted(shift: BoxShift, row_image: np.ndarray, columns, weights, loads):
 
 
 def chunk_cap(nranks: int) -> int:
-    """Pieces per block for large messages. The pipeline's fill and drain cost about one piece time (the loss goes
-    as 1/k: mi250 at 1 GiB runs at 98.0 / 99.0 / 99.5 / 99.7% of the bound with 64 / 128 / 256 / 512 pieces), but a
-    plan holds about N^2 k moves: 32k at 16 ranks and below (all_gather at 16 ranks: 128 pieces, generation under
-    1 s; at 8 ranks 512 pieces, which take dgx1 from 98.97 / 98.54% to 99.40 / 99.18%, all_gather /
-    reduce_scatter), above that `MOVE_BUDGET` (128 pieces at 32 ranks, 32 at 64: dgx2x4 all_gather 89% -> 94% of
-    the bound with 16 -> 32 pieces)."""
+    """Pieces per block for large messages. The pipeline's fill and drain cost about a tree's depth in piece
+    times (the loss goes as 1/k: mi250 at 1 GiB runs at 98.0 / 99.0 / 99.5 / 99.7% of the bound with 64 / 128 /
+    256 / 512 pieces), but a plan holds about N^2 k moves, and generating it costs about that:
+    - up to 16 ranks, `SMALL_MOVE_BUDGET` moves: 128 pieces at 16 ranks (generation under 1 s), 512 at 8 (dgx1
+      98.97 / 98.54% -> 99.40 / 99.18% of the bound with 128 -> 512, all_gather / reduce_scatter);
+    - from 17 to 64 ranks, `MID_PIECES` / N pieces: 256 at 32 ranks, 128 at 64, a few seconds (dgx-a100x4
+      reduce_scatter 98.8 -> 99.3% with 128 -> 256; dgx2x4 all_gather 94.7 / 98.0 / 99.2% with 32 / 64 / 128);
+    - above, `MOVE_BUDGET` moves (2 pieces at 256 ranks, generation under 30 s)."""
     n = max(1, nranks)
-    return max(1, min(512, SMALL_MOVE_BUDGET // (n * n) if n <= 16 else MOVE_BUDGET // (n * n)))
+    if n <= 16:
+        k = SMALL_MOVE_BUDGET // (n * n)
+    elif n <= 64:
+        k = MID_PIECES // n
+    else:
+        k = MOVE_BUDGET // (n * n)
+    return max(1, min(512, k))
 
 
 def forest(topology: Topology, collective, chunk_factor: int | None = None,
-           packings: tuple[Packing | None, Packing | None] | None = None, hop: float | None = None) -> Plan:
+           packings: tuple[Packing | None, Packing | None] | None = None, hop: float | None = None,
+           shared: bool = False) -> Plan:
     """The spanning-tree-packing plan for all_gather, reduce_scatter or all_reduce (reduce_scatter trees, then
     all_gather trees). `chunk_factor`: pieces per block per root, each piece one chunk (default: `chunk_cap`
-    pieces over `ROUNDING_CHUNKS` chunks, see `_pieces`)."""
+    pieces over `ROUNDING_CHUNKS` chunks, see `_pieces`). `shared`: list-schedule it last at the links' shared
+    rates (`tree_plan`)."""
     collective = Collective(collective)
     n = topology.nranks
     out_p, in_p = packings if packings is not None else (None, None)
@@ -487,9 +499,11 @@ def forest(topology: Topology, collective, chunk_factor: int | None = None,
                                     count=count, reduce_channel=channels_of(t_in),
                                     bcast_channel=channels_of(t_out)))
     kk = n * chunks if collective is Collective.ALL_REDUCE else chunks
-    # the list schedule's chunks: a block of 128 MiB, as the 1 MiB chunks of 128 per block it was tuned with
-    return tree_plan(collective, n, kk, routes, name=f"forest{k}", topology=topology,
-                     chunk_bytes=(1 << 27) / chunks)
+    # The list schedule's chunks are those of a `PLAN_BYTES` message: a route's latency weighs against a piece's
+    # time as it does at the size the plan is for (dgx-h100x4 all_gather 98.81 -> 99.35% of the bound at 1 GiB
+    # with 32 MiB blocks instead of 128 MiB).
+    return tree_plan(collective, n, kk, routes, name=f"forest{k}" + ("-shared" if shared else ""),
+                     topology=topology, chunk_bytes=PLAN_BYTES / n / chunks, shared=shared)
 
 
 def _taper(length: int, p: int, start: bool, end: bool) -> list[int]:

@@ -120,20 +120,21 @@ def _levels(parent: Sequence[int], root: int) -> tuple[list[int], list[int], lis
 
 
 def tree_plan(collective: Collective, nranks: int, chunk_factor: int, routes: Sequence[TreeRoute],
-              name: str = "", topology=None, lane_of=None, chunk_bytes: float = 1 << 20) -> Plan:
+              name: str = "", topology=None, lane_of=None, chunk_bytes: float = 1 << 20, shared: bool = False) -> Plan:
     """The plan that moves every chunk along its `TreeRoute`.
 
     Lanes: one per (rank, peer, phase), plus a local one. A lane runs its moves in order of (phase, wave, tree
     level, item). The wave is when the chunk would leave its root in a fluid schedule (its position in the run):
     chunks are software-pipelined, a link carries the first hop of one chunk while an earlier one makes its
     second hop, and every link sees its load spread evenly over the run rather than in bursts. With a
-    `topology`, the lanes are list-scheduled (`Schedule.list_schedule`) for chunks of `chunk_bytes`."""
+    `topology`, the lanes are list-scheduled (`Schedule.list_schedule`) for chunks of `chunk_bytes`; `shared` adds a
+    last forward pass at the links' shared rates, as the simulator has them."""
     with paused_gc():
         return _tree_plan(Collective(collective), nranks, chunk_factor, routes, name, topology, lane_of,
-                          chunk_bytes)
+                          chunk_bytes, shared)
 
 
-def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of, chunk_bytes) -> Plan:
+def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of, chunk_bytes, shared) -> Plan:
     sched = Schedule(collective, nranks, chunk_factor, name)
     # Routes share a few trees (a packing has a handful per root): the shape of each is worked out once.
     shapes: dict[tuple[tuple[int, ...], int], tuple] = {}
@@ -239,7 +240,10 @@ def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of
         # quality: % of the bound "bf" / "fbf": dgx-h100x2 99.18 / 98.95, mi250 99.18 / 98.87, mi250x2
         # 99.27 / 99.20, dgx-a100x2 98.41 / 98.61, dgx1 92.79 / 94.30 ("fb": dgx-h100x2 98.27).
         passes = {Collective.REDUCE_SCATTER: "bfb", Collective.ALL_REDUCE: "bf"}.get(collective, "fbf")
-        sched.list_schedule(topology, chunk_bytes, passes=passes)
+        # The shared-rate pass ("F") runs the order as the simulator would, but a lane picks, among its moves
+        # whose inputs are in, the first in the order; its result is the plan's order, and the plan then runs
+        # as that pass did, without a lane waiting on a move whose inputs come later than those of one behind it.
+        sched.list_schedule(topology, chunk_bytes, passes=passes + ("F" if shared else ""))
     return sched.build()
 
 

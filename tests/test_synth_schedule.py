@@ -1,0 +1,56 @@
+"""The list schedule's passes at the links' shared rates ("F", `Schedule.list_schedule`): the last one is the
+simulator's run of the plan's order, so its makespan is the simulated time, and it lifts the packing where the
+fixed-rate schedule drifts from what fair sharing delivers."""
+
+import pytest
+
+from jaxcoll.plan import Buffer, ChunkRef, Op
+from jaxcoll.sim import simulate
+from jaxcoll.synth import lower_bound
+from jaxcoll.synth.packing import PLAN_BYTES, forest
+from jaxcoll.synth.schedule import Schedule
+from jaxcoll.synth.select import candidates
+from jaxcoll.topology import preset
+
+
+def makespans(monkeypatch) -> list[float]:
+    """The makespans `Schedule.list_schedule` returns from here on, in call order."""
+    spans: list[float] = []
+    list_schedule = Schedule.list_schedule
+
+    def recorded(self, *args, **kwargs):
+        spans.append(list_schedule(self, *args, **kwargs))
+        return spans[-1]
+
+    monkeypatch.setattr(Schedule, "list_schedule", recorded)
+    return spans
+
+
+@pytest.mark.parametrize("name, boxes, coll", [("dgx1", 1, "all_gather"), ("dgx1", 1, "reduce_scatter"),
+                                               ("mi250", 2, "reduce_scatter")])
+def test_the_last_shared_pass_predicts_the_simulated_time(monkeypatch, name, boxes, coll):
+    spans = makespans(monkeypatch)
+    t = preset(name, boxes)
+    plan = forest(t, coll, shared=True)
+    simulated = simulate(plan, t, PLAN_BYTES)
+    assert spans[-1] == pytest.approx(simulated, rel=1e-3)
+
+
+def test_shared_pass_lifts_the_two_box_dgx2_to_the_bound():
+    # dgx2x2 all_gather at 1 GiB: the fixed-rate schedule runs at ~94% of the bound, the shared one above 99%
+    t = preset("dgx2", 2)
+    plan = candidates(t, "all_gather")["forest-shared"]()
+    assert lower_bound(t, "all_gather", PLAN_BYTES) / simulate(plan, t, PLAN_BYTES) >= 0.99
+
+
+def test_shared_candidate_only_where_it_pays():
+    assert "forest-shared" not in candidates(preset("dgx-h100", 2), "all_gather")  # 16 ranks: under 1 s
+    assert "forest-shared" in candidates(preset("dgx-h100", 4), "reduce_scatter")
+    assert "forest-shared" not in candidates(preset("dgx-h100", 4), "all_reduce")
+
+
+def test_unknown_pass_is_an_error():
+    s = Schedule("all_gather", 8, 1)
+    s.move(s.lane(0, "to", 1), (0,), Op.PUT, (ChunkRef(0, Buffer.INPUT, 0),), (ChunkRef(1, Buffer.OUTPUT, 0),))
+    with pytest.raises(ValueError, match="'fx'"):
+        s.list_schedule(preset("dgx1"), passes="fx")
