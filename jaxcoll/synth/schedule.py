@@ -195,8 +195,8 @@ class Schedule:
 
             def done(i: int, t: float) -> None:
                 """Move i ends at t: its lane frees up, and the moves waiting for it have its bytes one route
-                latency later (in reversed time the put is the user). Inline, not through a helper per event:
-                this runs once a move, the fixed-rate passes' hot path."""
+                latency later (in reversed time the put is the user). The events are filed here directly, not
+                through a helper: this runs once a move, in the fixed-rate passes' hot loop."""
                 l = move_lane[i]
                 events = at.get(t)
                 if events is None:

@@ -240,9 +240,8 @@ def _tree_plan(collective, nranks, chunk_factor, routes, name, topology, lane_of
         # quality: % of the bound "bf" / "fbf": dgx-h100x2 99.18 / 98.95, mi250 99.18 / 98.87, mi250x2
         # 99.27 / 99.20, dgx-a100x2 98.41 / 98.61, dgx1 92.79 / 94.30 ("fb": dgx-h100x2 98.27).
         passes = {Collective.REDUCE_SCATTER: "bfb", Collective.ALL_REDUCE: "bf"}.get(collective, "fbf")
-        # The shared-rate pass ("F") runs the order as the simulator would, but a lane picks, among its moves
-        # whose inputs are in, the first in the order; its result is the plan's order, and the plan then runs
-        # as that pass did, without a lane waiting on a move whose inputs come later than those of one behind it.
+        # `shared`: a last forward pass at the links' shared rates ("F"), whose order the simulator then runs
+        # exactly as the pass did (`Schedule.list_schedule`).
         sched.list_schedule(topology, chunk_bytes, passes=passes + ("F" if shared else ""))
     return sched.build()
 
