@@ -2,6 +2,7 @@
 simulator's run of the plan's order, so its makespan is the simulated time, and it lifts the packing where the
 fixed-rate schedule drifts from what fair sharing delivers."""
 
+import numpy as np
 import pytest
 
 from jaxcoll.plan import Buffer, ChunkRef, Op
@@ -11,6 +12,7 @@ from jaxcoll.synth.packing import PLAN_BYTES, forest
 from jaxcoll.synth.schedule import Schedule
 from jaxcoll.synth.select import candidates
 from jaxcoll.topology import preset
+from test_synth import _inputs, _reference
 
 
 def makespans(monkeypatch) -> list[float]:
@@ -54,3 +56,15 @@ def test_unknown_pass_is_an_error():
     s.move(s.lane(0, "to", 1), (0,), Op.PUT, (ChunkRef(0, Buffer.INPUT, 0),), (ChunkRef(1, Buffer.OUTPUT, 0),))
     with pytest.raises(ValueError, match="'fx'"):
         s.list_schedule(preset("dgx1"), passes="fx")
+
+
+@pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter"])
+def test_shared_plans_pass_the_checker_and_run_on_the_cpu_executor(coll):
+    # the shared pass only reorders lanes: the plan is still proved by the checker and runs equal to numpy
+    t = preset("dgx1")
+    plan = forest(t, coll, 3, shared=True)
+    pytest.importorskip("jaxcoll.lang").check(plan)
+    runtime = pytest.importorskip("jaxcoll.runtime")
+    xs = _inputs(coll, t.nranks, np.random.default_rng(0))
+    for r, (got, want) in enumerate(zip(runtime.run_plan(plan, xs, op="sum"), _reference(coll, xs))):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"rank {r}")
