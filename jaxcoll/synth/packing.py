@@ -47,7 +47,7 @@ IMPROVE_STEPS = 400
 ROUNDING_CHUNKS = 1024  # the throughput plan rounds a block to this many chunks (then moves them in pieces)
 TAPER = 3  # a tree's first and last pieces halve in size over this many pieces (the pipeline's fill and drain)
 SMALL_MOVE_BUDGET = 1 << 15  # moves of a plan up to 16 ranks (N^2 x pieces), kept for generation under 1 s
-MID_PIECES = 1 << 13  # pieces x ranks from 17 to 64 ranks: 256 pieces at 32 ranks, 128 at 64 (seconds to generate)
+MID_MOVE_BUDGET = 3 << 18  # moves of a plan from 17 to 64 ranks (at most 256 pieces: 256 at 32 ranks, 192 at 64)
 MOVE_BUDGET = 1 << 17  # moves of a plan above 64 ranks (N^2 x pieces), kept for 256 ranks under 30 s
 PLAN_BYTES = 1 << 30  # the message the throughput plan is list-scheduled for (the bound's targets are at 1 GiB)
 MIN_PIECES = 16  # ... where a block has this many pieces: fewer could not give every tree of a root its own
@@ -443,14 +443,15 @@ def chunk_cap(nranks: int) -> int:
     256 / 512 pieces), but a plan holds about N^2 k moves, and generating it costs about that:
     - up to 16 ranks, `SMALL_MOVE_BUDGET` moves: 128 pieces at 16 ranks (generation under 1 s), 512 at 8 (dgx1
       98.97 / 98.54% -> 99.40 / 99.18% of the bound with 128 -> 512, all_gather / reduce_scatter);
-    - from 17 to 64 ranks, `MID_PIECES` / N pieces: 256 at 32 ranks, 128 at 64, a few seconds (dgx-a100x4
-      reduce_scatter 98.8 -> 99.3% with 128 -> 256; dgx2x4 all_gather 94.7 / 98.0 / 99.2% with 32 / 64 / 128);
+    - from 17 to 64 ranks, up to 256 pieces within `MID_MOVE_BUDGET` moves: 256 at 32 ranks, 192 at 64, tens of
+      seconds (dgx-a100x4 reduce_scatter 98.8 -> 99.3% with 128 -> 256; dgx2x4 all_gather 94.7 / 98.0 / 99.2%
+      with 32 / 64 / 128 pieces, reduce_scatter 94.1 / 98.9 / 99.3% with 32 / 128 / 192);
     - above, `MOVE_BUDGET` moves (2 pieces at 256 ranks, generation under 30 s)."""
     n = max(1, nranks)
     if n <= 16:
         k = SMALL_MOVE_BUDGET // (n * n)
     elif n <= 64:
-        k = MID_PIECES // n
+        k = min(256, MID_MOVE_BUDGET // (n * n))
     else:
         k = MOVE_BUDGET // (n * n)
     return max(1, min(512, k))
