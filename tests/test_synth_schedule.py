@@ -49,6 +49,7 @@ def test_shared_candidate_only_where_it_pays():
     assert "forest-shared" not in candidates(preset("dgx-h100", 2), "all_gather")  # 16 ranks: under 1 s
     assert "forest-shared" in candidates(preset("dgx-h100", 4), "reduce_scatter")
     assert "forest-shared" not in candidates(preset("dgx-h100", 4), "all_reduce")
+    assert "forest-shared" not in candidates(preset("dgx2", 4), "all_gather")  # 64 ranks: minutes
 
 
 def test_unknown_pass_is_an_error():
