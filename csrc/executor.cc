@@ -66,7 +66,9 @@ class RankRun {
   RankRun(Rendezvous& rv, const Plan& plan, int32_t rank, const CallBuffers& b, const CallSite& site, int64_t block)
       : rv_(rv), comm_(rv.owner()), plan_(plan), rank_(rank), prog_(plan.ranks[rank]), b_(b), site_(site),
         k_(plan.chunk_factor), dsize_(dtype_size(b.dtype)), asize_(accum_size(b.dtype)),
-        block_(block), lanes_(prog_.nlanes), consumed_(prog_.semaphores) {
+        block_(block),
+        stream_(stream_call(plan.traffic_chunks * block / plan.chunk_factor * int64_t(dtype_size(b.dtype)))),
+        lanes_(prog_.nlanes), consumed_(prog_.semaphores) {
     for (int32_t l = 0; l < prog_.nlanes; ++l) {
       lanes_[l].done = plan_.lanes[prog_.first_lane + l].nsteps == 0;
       live_ += !lanes_[l].done;
@@ -180,7 +182,7 @@ class RankRun {
       const int64_t start = chunk_start(k_, block_, ref.index);
       ops[j] = {static_cast<char*>(base(ref)) + start * int64_t(accum ? asize_ : dsize_), accum};
     }
-    reduce_chunks(b_.dtype, b_.op, ops.data(), s.nsrc, ops.data() + s.nsrc, s.ndst, range.size());
+    reduce_chunks(b_.dtype, b_.op, ops.data(), s.nsrc, ops.data() + s.nsrc, s.ndst, range.size(), stream_);
   }
 
 
@@ -195,6 +197,7 @@ class RankRun {
   int64_t k_;
   size_t dsize_, asize_;
   int64_t block_;
+  bool stream_;  // the call moves enough to stream its large destinations past the caches
   SmallVec<LaneState, 16> lanes_;
   SmallVec<uint32_t, 32> consumed_;
   int32_t live_ = 0;

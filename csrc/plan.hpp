@@ -71,7 +71,8 @@ struct Plan {
   int32_t max_lanes = 0;     // most lanes of any rank
   int32_t max_semaphores = 0;
   // Chunks read plus chunks written by every data step of every rank: a call moves about
-  // traffic_chunks * block / chunk_factor elements in all (how the executor sizes its help).
+  // traffic_chunks * block / chunk_factor elements in all (how the executor sizes its help, and whether it
+  // streams its writes past the caches).
   int64_t traffic_chunks = 0;
   std::vector<RankProgram> ranks;
   std::vector<Lane> lanes;

@@ -72,15 +72,18 @@ struct Min {
   static JAXCOLL_INLINE A apply(A a, A b) { return (a < b || a != a) ? a : b; }
 };
 
-// Destinations of at least this many bytes per step are written with non-temporal stores: they skip the read
-// for ownership of every line and do not evict the sources still to be read. JAXCOLL_NT_BYTES overrides.
-// Measured (direct all_reduce, 8 ranks on 2 cores, run_plan): 16 MiB/rank 16.4 ms with, 23.8 ms without;
-// 64 MiB/rank 60 ms with, 90 ms without; 4 MiB/rank 3.3 ms at a 256 KiB threshold, 5 ms at 1 MiB.
+size_t env_bytes(const char* name, size_t fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? static_cast<size_t>(std::strtoull(v, nullptr, 10)) : fallback;
+}
+
+// In a call that streams (`stream_call`), destinations of at least this many bytes per step are written with
+// non-temporal stores: they skip the read for ownership of every line and do not evict the sources still to be
+// read. JAXCOLL_NT_BYTES overrides. Measured (direct all_reduce, 8 ranks on 2 cores, run_plan): 16 MiB/rank
+// 16.4 ms with, 23.8 ms without; 64 MiB/rank 60 ms with, 90 ms without; 4 MiB/rank 3.3 ms at a 256 KiB
+// threshold, 5 ms at 1 MiB.
 size_t nt_threshold() {
-  static const size_t t = [] {
-    const char* v = std::getenv("JAXCOLL_NT_BYTES");
-    return v && *v ? static_cast<size_t>(std::strtoull(v, nullptr, 10)) : size_t{256} << 10;
-  }();
+  static const size_t t = env_bytes("JAXCOLL_NT_BYTES", size_t{256} << 10);
   return t;
 }
 
@@ -162,9 +165,9 @@ JAXCOLL_INLINE void store_from(const typename Tr::A* __restrict acc, typename Tr
 }
 
 template <class Tr, class R>
-JAXCOLL_INLINE void reduce_typed(const Operand* srcs, int nsrc, const Operand* dsts, int ndst, int64_t n) {
+JAXCOLL_INLINE void reduce_typed(const Operand* srcs, int nsrc, const Operand* dsts, int ndst, int64_t n,
+                                 bool stream) {
   using A = typename Tr::A;
-  const bool stream = size_t(n) * sizeof(typename Tr::D) >= nt_threshold();
   if constexpr (std::is_same_v<typename Tr::D, A>) {
     // Two sources, one destination, no conversion, cache-resident: one pass, no accumulator round trip.
     if (nsrc == 2 && ndst == 1 && !stream) {
@@ -189,18 +192,18 @@ JAXCOLL_INLINE void reduce_typed(const Operand* srcs, int nsrc, const Operand* d
 
 template <class Tr>
 JAXCOLL_INLINE void reduce_dispatch(ReduceOp op, const Operand* srcs, int nsrc, const Operand* dsts, int ndst,
-                                    int64_t n) {
+                                    int64_t n, bool stream) {
   switch (op) {
-    case ReduceOp::kSum: return reduce_typed<Tr, Sum>(srcs, nsrc, dsts, ndst, n);
-    case ReduceOp::kMax: return reduce_typed<Tr, Max>(srcs, nsrc, dsts, ndst, n);
-    case ReduceOp::kMin: return reduce_typed<Tr, Min>(srcs, nsrc, dsts, ndst, n);
+    case ReduceOp::kSum: return reduce_typed<Tr, Sum>(srcs, nsrc, dsts, ndst, n, stream);
+    case ReduceOp::kMax: return reduce_typed<Tr, Max>(srcs, nsrc, dsts, ndst, n, stream);
+    case ReduceOp::kMin: return reduce_typed<Tr, Min>(srcs, nsrc, dsts, ndst, n, stream);
   }
 }
 
 #define JAXCOLL_DEFINE_KERNEL(NAME, TRAITS)                                                                  \
   JAXCOLL_CLONES void NAME(ReduceOp op, const Operand* srcs, int nsrc, const Operand* dsts, int ndst,        \
-                           int64_t n) {                                                                      \
-    reduce_dispatch<TRAITS>(op, srcs, nsrc, dsts, ndst, n);                                                  \
+                           int64_t n, bool stream) {                                                         \
+    reduce_dispatch<TRAITS>(op, srcs, nsrc, dsts, ndst, n, stream);                                          \
   }
 
 JAXCOLL_DEFINE_KERNEL(reduce_f16, Half)
@@ -215,10 +218,23 @@ JAXCOLL_DEFINE_KERNEL(reduce_u32, Plain<uint32_t>)
 
 }  // namespace
 
+// Calls that read and write at least this many bytes in all stream their large destinations; smaller calls
+// leave their results in the caches, where the program's next op (or the next call of a loop, whose buffers are
+// reused) finds them. Measured with `jaxcoll bench` (8 ranks, 2 cores; medians of 11-41 calls, several runs):
+// all_gather of 256 KiB per rank (18 MiB moved per call) 1.17-1.52 ms with ordinary stores, 1.54-1.78 ms
+// streamed (three runs each); reduce_scatter of 4 MiB per rank (36 MiB) 1.7-2.1 ms streamed, 2.9-3.2 ms not;
+// all_reduce of 16 MiB per rank (256 MiB) 17.6-24 ms streamed, 24-27 ms not. JAXCOLL_NT_CALL_BYTES overrides
+// (0: stream at every size).
+bool stream_call(int64_t traffic_bytes) {
+  static const size_t t = env_bytes("JAXCOLL_NT_CALL_BYTES", size_t{32} << 20);
+  return traffic_bytes >= 0 && size_t(traffic_bytes) >= t;
+}
+
 void reduce_chunks(DType dtype, ReduceOp op, const Operand* srcs, int nsrc, const Operand* dsts, int ndst,
-                   int64_t n) {
+                   int64_t n, bool stream) {
   if (n <= 0) return;
   const size_t dsize = dtype_size(dtype), asize = accum_size(dtype);
+  stream = stream && size_t(n) * dsize >= nt_threshold();
   if (nsrc == 0) {  // zero is all-bits-zero in every supported type
     for (int d = 0; d < ndst; ++d) std::memset(dsts[d].ptr, 0, size_t(n) * (dsts[d].accum ? asize : dsize));
     return;
@@ -232,25 +248,25 @@ void reduce_chunks(DType dtype, ReduceOp op, const Operand* srcs, int nsrc, cons
       }
       const size_t bytes = size_t(n) * (srcs[0].accum ? asize : dsize);
       if (dsts[d].ptr == srcs[0].ptr) continue;
-      if (bytes >= nt_threshold())
+      if (stream)
         stream_bytes(dsts[d].ptr, srcs[0].ptr, bytes);
       else
         std::memcpy(dsts[d].ptr, srcs[0].ptr, bytes);
     }
-    stream_fence();
+    if (stream) stream_fence();
     if (all_plain) return;
   }
   if (dtype == DType::kBool && op == ReduceOp::kSum) op = ReduceOp::kMax;  // logical or
   switch (dtype) {
-    case DType::kF16: return reduce_f16(op, srcs, nsrc, dsts, ndst, n);
-    case DType::kBF16: return reduce_bf16(op, srcs, nsrc, dsts, ndst, n);
-    case DType::kF32: return reduce_f32(op, srcs, nsrc, dsts, ndst, n);
-    case DType::kF64: return reduce_f64(op, srcs, nsrc, dsts, ndst, n);
-    case DType::kI8: return reduce_i8(op, srcs, nsrc, dsts, ndst, n);
-    case DType::kI32: return reduce_i32(op, srcs, nsrc, dsts, ndst, n);
-    case DType::kI64: return reduce_i64(op, srcs, nsrc, dsts, ndst, n);
-    case DType::kU8: case DType::kBool: return reduce_u8(op, srcs, nsrc, dsts, ndst, n);
-    case DType::kU32: return reduce_u32(op, srcs, nsrc, dsts, ndst, n);
+    case DType::kF16: return reduce_f16(op, srcs, nsrc, dsts, ndst, n, stream);
+    case DType::kBF16: return reduce_bf16(op, srcs, nsrc, dsts, ndst, n, stream);
+    case DType::kF32: return reduce_f32(op, srcs, nsrc, dsts, ndst, n, stream);
+    case DType::kF64: return reduce_f64(op, srcs, nsrc, dsts, ndst, n, stream);
+    case DType::kI8: return reduce_i8(op, srcs, nsrc, dsts, ndst, n, stream);
+    case DType::kI32: return reduce_i32(op, srcs, nsrc, dsts, ndst, n, stream);
+    case DType::kI64: return reduce_i64(op, srcs, nsrc, dsts, ndst, n, stream);
+    case DType::kU8: case DType::kBool: return reduce_u8(op, srcs, nsrc, dsts, ndst, n, stream);
+    case DType::kU32: return reduce_u32(op, srcs, nsrc, dsts, ndst, n, stream);
   }
 }
 

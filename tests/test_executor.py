@@ -238,6 +238,16 @@ def test_all_to_all_transposes_blocks(n):
         np.testing.assert_array_equal(outs[r], np.stack([xs[p][r] for p in range(n)]), err_msg=f"rank {r}")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
+def test_calls_large_enough_to_stream_past_the_caches_give_the_same_results(dtype):
+    """Calls that move at least 32 MiB write their steps of 256 KiB and more with non-temporal stores (the
+    reduction kernel's, with a conversion for bfloat16, and the copies'); smaller calls use ordinary stores."""
+    n = 8
+    xs = random_inputs(n, (n * (1 << 17) + 5,), dtype)  # 8 chunks of >= 256 KiB per rank: 64 MiB moved or more
+    assert_all_equal(run(direct_all_reduce(n, n), xs), reduce_ref(xs, "sum"))
+    assert_all_equal(run(direct_all_gather(n, False), xs), np.concatenate(xs))
+
+
 @pytest.mark.parametrize("elements", [0, 1, 2, 5, 13, 1001])
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_uneven_sizes_follow_the_chunk_layout(elements, k):

@@ -88,8 +88,10 @@ def _iterations(nbytes: int) -> int:
     """Collective calls per timed launch: back to back below 1 MiB, where a launch of an 8-device program
     (about 0.1 ms here) would hide the collective; one per launch from 1 MiB up. A loop's carry costs a copy of
     the result per iteration on both sides (XLA cannot write a custom call's or an all-reduce's result into the
-    carry's buffer), which at large sizes is as much traffic as the collective itself; a one-iteration loop is
-    inlined by XLA and has no such copy."""
+    carry's buffer), which at large sizes is as much traffic as the collective itself. A one-call program has
+    no loop and returns the collective's own result; inside a loop all_gather's carry is its own block of the
+    output and reduce_scatter's is the input with the result written over its first block, which at 16 MiB
+    per rank would copy the whole input into a fresh output on both sides, twice the collective's traffic."""
     return 1 if nbytes >= 1 << 20 else int(min(20, (1 << 20) // nbytes))
 
 
@@ -106,6 +108,8 @@ def _programs(collective, mesh, n, iters, algorithm):
             return lambda x: lax.pcast(impl["ar"](x), "i", to="varying")
         if collective == "all_to_all":
             return lambda x: impl["a2a"](x)
+        if iters == 1:  # no carry to keep in shape: the program returns the collective's own result
+            return impl["ag" if collective == "all_gather" else "rs"]
         if collective == "all_gather":
             def ag(x):
                 i = lax.axis_index("i")
@@ -125,8 +129,8 @@ def _programs(collective, mesh, n, iters, algorithm):
 
     def program(impl):
         step = body(impl)
-        return jax.jit(jax.shard_map(lambda x: lax.fori_loop(0, iters, lambda _, y: step(y), x),
-                                     mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        loop = step if iters == 1 else lambda x: lax.fori_loop(0, iters, lambda _, y: step(y), x)
+        return jax.jit(jax.shard_map(loop, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
 
     return program(ours), program(xla)
 

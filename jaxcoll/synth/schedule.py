@@ -126,6 +126,7 @@ class Schedule:
 
         Returns the last pass's makespan in seconds (the last bytes landed; with "F" last, the simulated time
         of the plan at chunks of `chunk_bytes`)."""
+        from jaxcoll.sim.engine import local_passes
         from jaxcoll.sim.sharing import Network, max_min_rates
 
         nmoves = len(self.step)
@@ -146,12 +147,12 @@ class Schedule:
         # Every ref of a step has the same chunk count (validate holds it).
         duration = [s.dsts[0].count * chunk_bytes / lane_Bps[l] * (len(s.srcs) if local[l] else 1)
                     for s, l in zip(self.step, move_lane)]
-        # For the shared-rate passes: bytes of each move, and its local work as the simulator charges it (a
-        # reduction reads every source and a local move writes its destination; a plain put streams for free).
+        # For the shared-rate passes: bytes of each move, and its local work as the simulator charges it.
         nbytes = [s.dsts[0].count * chunk_bytes for s in self.step]
         mem = float(topology.memory_bandwidth_GBps or 0) * 1e9
-        work = [(len(s.srcs) + local[l]) * b / mem if mem and (len(s.srcs) > 1 or local[l]) else 0.0
-                for s, l, b in zip(self.step, move_lane, nbytes)]
+        work = [0.0] * nmoves
+        if mem and set(passes) & set("FB"):
+            work = [local_passes(s, self.lanes[l][0]) * b / mem for s, l, b in zip(self.step, move_lane, nbytes)]
         slack = 1e-9 * max(1.0, chunk_bytes)  # as the simulator's: transfers that end together
         # Orders are ranks: lane queues compare ints, faster than priority tuples. `old` is the rank of each
         # move's priority, ties by id.
