@@ -3,6 +3,8 @@ run and report a row per size, and the traffic it measures against is the closed
 
 import re
 
+import pytest
+
 from jaxcoll.cli import main
 from jaxcoll.cli.bench import min_traffic
 
@@ -28,3 +30,9 @@ def test_min_traffic_is_every_input_read_and_every_output_written_once():
     assert min_traffic("all_gather", n, s) == n * s + n * (n * s)  # outputs are n times the input
     assert min_traffic("reduce_scatter", n, s) == n * s + n * (s // n)
     assert min_traffic("all_to_all", n, s) == 2 * n * s
+
+
+def test_bench_rejects_a_negative_warmup_naming_the_value(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--warmup", "-1"])
+    assert "--warmup: must be at least 0, got -1" in capsys.readouterr().err

@@ -4,7 +4,8 @@ Each measurement is one jitted shard_map program that runs the collective `iters
 fori_loop (the carry feeds each call, so XLA can neither hoist nor merge them), timed per program call and
 divided by `iters`, as nccl-tests times back-to-back iterations; from 1 MiB up `iters` is 1, one collective per
 launch (see `_iterations`). jaxcoll and XLA programs alternate call by call
-in one run, so both see the same machine state; the tables quote medians and the ratio of medians.
+in one run, so both see the same machine state, after `--warmup` untimed calls of each (nccl-tests' -w); the
+tables quote medians and the ratio of medians.
 
 Bandwidths follow nccl-tests: algbw = S / t with S the per-rank input bytes (the gathered output for
 all_gather), busbw = algbw * 2(N-1)/N for all_reduce and (N-1)/N for the others. "% mem" is how close a call
@@ -31,11 +32,22 @@ def add_parser(sub) -> None:
     p.add_argument("--sizes", default=SIZES, help=f"per-rank input sizes, comma-separated (default {SIZES})")
     p.add_argument("--devices", type=int, default=8, help="CPU devices to emulate when on CPU (default 8)")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--reps", type=int, default=7, help="timed program calls per side and size (default 7)")
+    p.add_argument("--reps", type=_at_least(1), default=7, help="timed program calls per side and size (default 7)")
+    p.add_argument("--warmup", type=_at_least(0), default=5,
+                   help="untimed program calls per side and size after compiling, as nccl-tests' -w (default 5)")
     p.add_argument("--algorithms", default="auto",
                    help="jaxcoll algorithms to time, comma-separated, e.g. direct,two_shot,ring (default auto)")
     p.add_argument("--plot", metavar="PNG", help="also draw busbw against size to this file")
     p.add_argument("--markdown", metavar="MD", help="also write the tables as markdown to this file")
+
+
+def _at_least(low: int):
+    def count(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return count
 
 
 def parse_size(text: str) -> int:
@@ -88,10 +100,11 @@ def _iterations(nbytes: int) -> int:
     """Collective calls per timed launch: back to back below 1 MiB, where a launch of an 8-device program
     (about 0.1 ms here) would hide the collective; one per launch from 1 MiB up. A loop's carry costs a copy of
     the result per iteration on both sides (XLA cannot write a custom call's or an all-reduce's result into the
-    carry's buffer), which at large sizes is as much traffic as the collective itself. A one-call program has
-    no loop and returns the collective's own result; inside a loop all_gather's carry is its own block of the
-    output and reduce_scatter's is the input with the result written over its first block, which at 16 MiB
-    per rank would copy the whole input into a fresh output on both sides, twice the collective's traffic."""
+    carry's buffer), which at large sizes is as much traffic as the collective itself. all_gather's program
+    returns the rank's own block of the gathered array (1/N of what the collective wrote), which leaves the
+    gathered array inside the program, as a model's use of it does. reduce_scatter's carry is the input with the
+    result written over its first block; a one-call program returns the result itself, since the carry would
+    copy the whole input into a fresh output on both sides, twice the collective's traffic."""
     return 1 if nbytes >= 1 << 20 else int(min(20, (1 << 20) // nbytes))
 
 
@@ -108,8 +121,8 @@ def _programs(collective, mesh, n, iters, algorithm):
             return lambda x: lax.pcast(impl["ar"](x), "i", to="varying")
         if collective == "all_to_all":
             return lambda x: impl["a2a"](x)
-        if iters == 1:  # no carry to keep in shape: the program returns the collective's own result
-            return impl["ag" if collective == "all_gather" else "rs"]
+        if iters == 1 and collective == "reduce_scatter":  # no carry to keep in shape
+            return impl["rs"]
         if collective == "all_gather":
             def ag(x):
                 i = lax.axis_index("i")
@@ -171,7 +184,10 @@ def run(args) -> int:
                 iters = _iterations(nbytes)
                 ours, xla = _programs(collective, mesh, n, iters, algorithm)
                 x = jax.device_put(np.full(n * count, 1e-3, dtype), jax.NamedSharding(mesh, jax.P("i")))
-                jax.block_until_ready((ours(x), xla(x)))  # compile both before timing either
+                # Compile both before timing either, then warm up: a new program's first calls fault in fresh
+                # pages (outputs, the executor's per-call-site state, XLA's buffers) and run 2-3x slower.
+                for _ in range(1 + args.warmup):
+                    jax.block_until_ready((ours(x), xla(x)))
                 times = {"ours": [], "xla": []}
                 for _ in range(args.reps):
                     for side, f in (("ours", ours), ("xla", xla)):
