@@ -1,6 +1,8 @@
 """Synthesizers: the exact bound, the plans' correctness (proving checker and CPU executor against numpy), and
 the selection's guarantees."""
 
+import gc
+import weakref
 from fractions import Fraction
 
 import numpy as np
@@ -10,6 +12,7 @@ from jaxcoll.plan import Collective, validate
 from jaxcoll.sim import simulate
 from jaxcoll.synth import (evaluate, forest, hierarchical, lower_bound, min_cut_ratio, pack_trees, rhd, ring,
                            synthesize, tree)
+from jaxcoll.synth.select import plan_named
 from jaxcoll.topology import Topology, preset
 
 COLLECTIVES = ["all_gather", "reduce_scatter", "all_reduce"]
@@ -150,3 +153,16 @@ def test_forest_reaches_99_percent_of_the_bound_on_a_switched_box(name, coll):
 def test_synthesize_rejects_other_collectives():
     with pytest.raises(ValueError, match="all_to_all"):
         synthesize(preset("dgx-h100"), Collective.ALL_TO_ALL, 1 << 20)
+
+
+def test_the_selection_caches_per_topology_and_its_caches_go_with_the_topology():
+    t = preset("dgx-h100", 1)
+    first, _ = plan_named(t, "all_gather", "ring")
+    again, _ = plan_named(t, "all_gather", "ring")
+    assert again is first  # built once per topology
+    assert plan_named(preset("dgx-h100", 1), "all_gather", "ring")[0] is not first  # a new topology, a new plan
+    lower_bound(t, "all_reduce", 1 << 30)
+    alive = weakref.ref(t)
+    del t, first, again
+    gc.collect()
+    assert alive() is None  # nothing module-level keeps the topology, its packings or its plans

@@ -19,7 +19,6 @@ reduce_scatter followed by all_gather, ForestColl's all_reduce bound for schedul
 
 from __future__ import annotations
 
-import functools
 import math
 from fractions import Fraction
 
@@ -42,11 +41,14 @@ def _lcm_denominators(values) -> int:
 
 def min_cut_ratio(topology: Topology, reverse: bool = False) -> tuple[Fraction, frozenset[int]]:
     """x* = min over node sets C leaving out a rank of B+(C) / |C ∩ ranks| (GB/s), exactly, and a set C that
-    attains it. With reverse=True, B-(C) (bandwidth entering C): the reduce_scatter version."""
-    return _min_cut_ratio(topology, reverse)
+    attains it. With reverse=True, B-(C) (bandwidth entering C): the reduce_scatter version. Cached on the
+    topology (`Topology.derived`)."""
+    key = f"synth.min_cut_ratio.{'in' if reverse else 'out'}"
+    if key not in topology.derived:
+        topology.derived[key] = _min_cut_ratio(topology, reverse)
+    return topology.derived[key]
 
 
-@functools.lru_cache(maxsize=64)
 def _min_cut_ratio(topology: Topology, reverse: bool) -> tuple[Fraction, frozenset[int]]:
     n, nodes = topology.nranks, topology.num_nodes
     caps = {((b, a) if reverse else (a, b)): c for (a, b), c in topology.capacities().items()}

@@ -52,15 +52,9 @@ class _Cache:
         self.choice: dict = {}
 
 
-_CACHES: dict[int, tuple[Topology, _Cache]] = {}
-
-
 def _cache(topology: Topology) -> _Cache:
-    entry = _CACHES.get(id(topology))
-    if entry is None or entry[0] is not topology:
-        entry = (topology, _Cache())
-        _CACHES[id(topology)] = entry
-    return entry[1]
+    # Kept on the topology (`Topology.derived`), so that the plans, which are large, go when it does.
+    return topology.derived.setdefault("synth.select", _Cache())
 
 
 def packings(topology: Topology) -> tuple[Packing, Packing]:

@@ -100,6 +100,9 @@ class Topology:
         self.memory_bandwidth_GBps = None if memory_bandwidth_GBps is None else float(memory_bandwidth_GBps)
         self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
         self._alternatives: dict[tuple[int, int], tuple[int, ...] | None] = {}
+        # What other layers derive from this topology and keep (the synthesizer's packings, plans and choices,
+        # jaxcoll.synth.select): it lives and dies with the topology.
+        self.derived: dict[str, Any] = {}
         self._check_connected()
 
     # -- nodes -----------------------------------------------------------------------------------------------
