@@ -42,14 +42,12 @@ class SimulationError(RuntimeError):
     """The plan cannot run to completion on the topology (a wait that no signal satisfies)."""
 
 
-def local_passes(step, rank: int) -> int:
-    """How many times a data step run on `rank` streams its chunk through that rank's memory: a reduction reads
-    every source, a local copy reads its source, and each local destination is written; a plain put or get
-    streams at the link's rate and costs none. Local work takes this times the chunk's bytes over
+def local_passes(nsrc: int, remote_srcs: int, local_dsts: int) -> int:
+    """How many times a data step streams its chunk through its rank's memory, from how many sources it has, how
+    many of them are on peers and how many of its destinations are local: a reduction reads every source, a
+    local copy reads its source, and each local destination is written; a plain put or get streams at the
+    link's rate and costs none. Local work takes this times the chunk's bytes over
     `Topology.memory_bandwidth_GBps` (the list schedule's shared-rate passes charge the same)."""
-    nsrc = len(step.srcs)
-    local_dsts = sum(ref.rank == rank for ref in step.dsts)
-    remote_srcs = nsrc - sum(ref.rank == rank for ref in step.srcs)
     reads = nsrc if nsrc > 1 or (local_dsts and not remote_srcs) else 0
     return reads + local_dsts if reads or nsrc > 1 else 0
 
@@ -180,7 +178,8 @@ class _Simulation:
         nbytes = self.chunk * step.srcs[0].count if step.srcs else self.chunk * step.dsts[0].count
         remote_srcs = [ref for ref in step.srcs if ref.rank != r]
         remote_dsts = [ref for ref in step.dsts if ref.rank != r]
-        compute = local_passes(step, r) * nbytes / self.mem if self.mem else 0.0
+        passes = local_passes(len(step.srcs), len(remote_srcs), len(step.dsts) - len(remote_dsts))
+        compute = passes * nbytes / self.mem if self.mem else 0.0
         if self.trace is not None:
             self.trace.append((self.now, r, l, step))
         if not remote_srcs and not remote_dsts:

@@ -152,7 +152,12 @@ class Schedule:
         mem = float(topology.memory_bandwidth_GBps or 0) * 1e9
         work = [0.0] * nmoves
         if mem and set(passes) & set("FB"):
-            work = [local_passes(s, self.lanes[l][0]) * b / mem for s, l, b in zip(self.step, move_lane, nbytes)]
+            work = []
+            for s, l, b in zip(self.step, move_lane, nbytes):
+                rank = self.lanes[l][0]
+                remote_srcs = sum(ref.rank != rank for ref in s.srcs)
+                local_dsts = sum(ref.rank == rank for ref in s.dsts)
+                work.append(local_passes(len(s.srcs), remote_srcs, local_dsts) * b / mem)
         slack = 1e-9 * max(1.0, chunk_bytes)  # as the simulator's: transfers that end together
         # Orders are ranks: lane queues compare ints, faster than priority tuples. `old` is the rank of each
         # move's priority, ties by id.
