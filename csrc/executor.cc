@@ -38,6 +38,11 @@ double default_timeout_s() {
 
 namespace {
 
+// Bytes every rank's data steps of one call read and write together, for blocks of `block` elements.
+int64_t call_traffic_bytes(const Plan& plan, int64_t block, DType dtype) {
+  return plan.traffic_chunks * block / plan.chunk_factor * int64_t(dtype_size(dtype));
+}
+
 // A small array on the stack, on the heap only when a plan is unusually wide.
 template <class T, size_t N>
 class SmallVec {
@@ -67,7 +72,7 @@ class RankRun {
       : rv_(rv), comm_(rv.owner()), plan_(plan), rank_(rank), prog_(plan.ranks[rank]), b_(b), site_(site),
         k_(plan.chunk_factor), dsize_(dtype_size(b.dtype)), asize_(accum_size(b.dtype)),
         block_(block),
-        stream_(stream_call(plan.traffic_chunks * block / plan.chunk_factor * int64_t(dtype_size(b.dtype)))),
+        stream_(stream_call(call_traffic_bytes(plan, block, b.dtype))),
         lanes_(prog_.nlanes), consumed_(prog_.semaphores) {
     for (int32_t l = 0; l < prog_.nlanes; ++l) {
       lanes_[l].done = plan_.lanes[prog_.first_lane + l].nsteps == 0;
@@ -227,9 +232,7 @@ Status check_peers(Rendezvous& rv, const Plan& plan, int32_t rank, int64_t block
 // byte the call reads and writes, so an all_gather (N^2 S bytes written) gets help sooner than an all_reduce
 // (2 N S bytes) of the same input size. JAXCOLL_SOLO_BYTES overrides.
 bool solo_call(const Plan& plan, const CallBuffers& b) {
-  const int64_t block = b.input_elements / plan.in_blocks;
-  const int64_t bytes = plan.traffic_chunks * block / plan.chunk_factor * int64_t(dtype_size(b.dtype));
-  return plan.nranks == 1 || bytes <= solo_bytes();
+  return plan.nranks == 1 || call_traffic_bytes(plan, b.input_elements / plan.in_blocks, b.dtype) <= solo_bytes();
 }
 
 // Every rank's lanes of one call, run by the leader and by any helpers that join. A rank is the unit of work:
