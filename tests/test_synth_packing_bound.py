@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from jaxcoll.synth import min_cut_ratio, pack_trees
-from jaxcoll.topology import preset
+from jaxcoll.topology import Topology, preset
 
 # Presets at 1, 2 and 4 boxes whose LP meets the bound; the 2-box ones (and dgx-h100x4, mi250x4) are in
 # tests/test_synth_symmetry.py against the full LP too.
@@ -98,3 +98,24 @@ def test_dgx1_packing_on_routes_alone_meets_the_cut_of_its_routes(inward):
     x = route_cut(t, side, [(b, a) for a, b in links] if inward else links, inward)
     assert x == Fraction(6192, 280)  # (4 x 150 + 19.2) / 28: 93.25% of the bound
     assert pack_trees(t, inward, channels=False).t_unit == pytest.approx(1 / (float(x) * 1e9), rel=1e-9)
+
+
+@pytest.mark.parametrize("inward", [False, True])
+@pytest.mark.parametrize("name, boxes", AT_BOUND_WITH_CHANNELS)
+def test_headroom_packs_for_a_fraction_of_the_second_routes_links(name, boxes, inward):
+    # With headroom h the packing is the optimum of the topology whose second-route links carry h of their
+    # bandwidth: the max-flow bound of that topology, built here from the file format.
+    t, h = preset(name, boxes), Fraction(9, 10)
+    p = pack_trees(t, inward, headroom=float(h))
+    second = {e for a, b, c in p.pairs if c == 1 for e in t.route(a, b, c)}
+    assert second and all(".pcie" in t.node_name(t.links[e].src) + t.node_name(t.links[e].dst) for e in second)
+    d = t.to_dict()
+    for e, link in enumerate(d["links"]):
+        assert (t.node_id(link["src"]), t.node_id(link["dst"])) == (t.links[e].src, t.links[e].dst)
+        if e in second:
+            link["bandwidth_GBps"] = Fraction(str(link["bandwidth_GBps"])) * h
+    scaled = Topology.from_dict(d)
+    assert p.t_unit == pytest.approx(bound(scaled, inward), rel=1e-9)
+    assert bound(t, inward) < p.t_unit < bound(t, inward) / float(h)
+    if name == "dgx2":  # still one rank's ingress: 31 blocks over NVSwitch (150 GB/s) and PCIe at h x 16 GB/s
+        assert min_cut_ratio(scaled, reverse=inward)[0] == (150 + 16 * h) / 31

@@ -38,11 +38,17 @@ def test_the_last_shared_pass_predicts_the_simulated_time(monkeypatch, name, box
     assert spans[-1] == pytest.approx(simulated, rel=1e-3)
 
 
-def test_shared_pass_lifts_the_two_box_dgx2_to_the_bound():
-    # dgx2x2 all_gather at 1 GiB: the fixed-rate schedule runs at ~94% of the bound, the shared one above 99%
-    t = preset("dgx2", 2)
-    plan = candidates(t, "all_gather")["forest-shared"]()
-    assert lower_bound(t, "all_gather", PLAN_BYTES) / simulate(plan, t, PLAN_BYTES) >= 0.99
+@pytest.fixture(scope="module")
+def dgx2x2():
+    return preset("dgx2", 2)  # its packings are cached on it (select.packings), built once for both collectives
+
+
+@pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter"])
+def test_shared_pass_and_headroom_take_the_two_box_dgx2_to_the_bound(dgx2x2, coll):
+    # dgx2x2 at 1 GiB: the shared-rate schedule of the packing with headroom on the PCIe links runs above 99% of
+    # the bound; without the headroom reduce_scatter stopped at 98.1% (docs/synthesis.md)
+    plan = candidates(dgx2x2, coll)["forest-shared"]()
+    assert lower_bound(dgx2x2, coll, PLAN_BYTES) / simulate(plan, dgx2x2, PLAN_BYTES) >= 0.99
 
 
 def test_shared_candidate_only_where_it_pays():

@@ -54,6 +54,11 @@ MIN_PIECES = 16  # ... where a block has this many pieces: fewer could not give 
 SEED_ROUNDS = 8  # multiplicative-weights trees per root before the first LP
 SEED_SHARPNESS = 8.0  # the busiest row costs e^8 times an idle one of equal capacity
 ALTERNATIVE_LINKS = 2  # a pair's alternative route joins the LP if it crosses one switch (`_pairs`)
+# The plans' packings leave the links of the second routes this much of their bandwidth idle in the LP: those links
+# carry the second routes beside other traffic (the NICs' on dgx2x2), and a schedule cannot keep them busy to the
+# last byte where in-trees' joins wait for their slowest child. Measured at 1 GiB (% of the bound, all_gather /
+# reduce_scatter, best plan): dgx2x2 99.52 / 98.10 -> see docs/synthesis.md "Headroom on the second routes".
+SECOND_ROUTE_HEADROOM = 0.97
 MAX_SHIFTED_LOADS = 1 << 24  # entries of Packing.loads kept for the rounding on symmetric topologies (128 MiB)
 
 
@@ -229,7 +234,8 @@ def _pairs(topology: Topology, alternatives: bool = False):
     return pairs, incidence
 
 
-def pack_trees(topology: Topology, inward: bool = False, fair: bool = True, channels: bool = True) -> Packing:
+def pack_trees(topology: Topology, inward: bool = False, fair: bool = True, channels: bool = True,
+               headroom: float = 1.0) -> Packing:
     """Optimal weighted spanning trees for all_gather (out-trees) or, with inward=True, reduce_scatter.
 
     On k identical boxes (`synth.symmetry.box_shift`) the LP is solved for box 0's roots only, with one row per
@@ -239,24 +245,34 @@ def pack_trees(topology: Topology, inward: bool = False, fair: bool = True, chan
 
     Tree edges take the route of their rank pair; where that packing falls short of the max-flow bound and
     `channels`, the LP is solved again with the pairs' alternative routes too (`_pairs`), which meets it on dgx1
-    and dgx2x2. Topologies at the bound on routes alone keep their packing, and pay nothing for the check."""
+    and dgx2x2. Topologies at the bound on routes alone keep their packing, and pay nothing for the check.
+    `headroom` < 1 packs that second LP as if the links of the second routes had only that fraction of their
+    bandwidth (`SECOND_ROUTE_HEADROOM`, for the plans): the packing is then that much above the bound in the LP,
+    and runs closer to it (docs/synthesis.md, "Headroom on the second routes")."""
     x = min_cut_ratio(topology, reverse=inward)[0]
     lower = 1 / float(x) if x else 0.0  # the max-flow bound, in ns per byte (0 for a single rank)
     packing = _pack(topology, inward, fair, *_pairs(topology), lower)
     if channels and packing.t_unit * 1e9 > lower * (1 + 1e-9):
         pairs, incidence = _pairs(topology, alternatives=True)
         if len(pairs) > len(packing.pairs):
-            wider = _pack(topology, inward, fair, pairs, incidence, lower)
+            scale = np.ones(len(topology.links))
+            if headroom != 1:
+                scale[[e for u, v, c in pairs if c for e in topology.route(u, v, c)]] = headroom
+            wider = _pack(topology, inward, fair, pairs, incidence, lower, scale)
             if wider.t_unit < packing.t_unit:
                 packing = wider
     return packing
 
 
-def _pack(topology: Topology, inward: bool, fair: bool, pairs, incidence, lower: float) -> Packing:
+def _pack(topology: Topology, inward: bool, fair: bool, pairs, incidence, lower: float,
+          scale: np.ndarray | None = None) -> Packing:
     """The column generation of `pack_trees` over tree edges on `pairs` ((rank, rank, channel), with their
-    pairs x links `incidence`); `lower` is the bound in ns per byte, where it stops."""
+    pairs x links `incidence`); `lower` is the bound in ns per byte, where it stops; `scale`, the fraction of each
+    link's bandwidth the packing may plan for (the headroom)."""
     n = topology.nranks
     cap = np.array([l.bandwidth_GBps for l in topology.links])  # GB/s; T below is in ns per byte of block
+    if scale is not None:
+        cap = cap * scale
     if fair:
         from jaxcoll.sim.engine import max_min_rates
         rates = max_min_rates([np.asarray(topology.route(u, v, c)) for u, v, c in pairs], cap)

@@ -22,7 +22,7 @@ from jaxcoll.plan import Collective, Plan
 from jaxcoll.sim import simulate
 from jaxcoll.synth.direct import direct
 from jaxcoll.synth.hierarchical import hierarchical
-from jaxcoll.synth.packing import Packing, chunk_cap, forest, pack_trees
+from jaxcoll.synth.packing import SECOND_ROUTE_HEADROOM, Packing, chunk_cap, forest, pack_trees
 from jaxcoll.synth.rhd import rhd
 from jaxcoll.synth.ring import ring
 from jaxcoll.synth.tree import tree
@@ -61,9 +61,9 @@ def packings(topology: Topology) -> tuple[Packing, Packing]:
     """The all_gather and reduce_scatter tree packings of a topology (cached)."""
     c = _cache(topology)
     if not c.packings:
-        out = pack_trees(topology)
+        out = pack_trees(topology, headroom=SECOND_ROUTE_HEADROOM)
         symmetric = all(topology.capacity(b, a) == cap for (a, b), cap in topology.capacities().items())
-        c.packings["in"] = pack_trees(topology, inward=True) if not symmetric else None
+        c.packings["in"] = pack_trees(topology, inward=True, headroom=SECOND_ROUTE_HEADROOM) if not symmetric else None
         c.packings["out"] = out
     return c.packings["out"], c.packings["in"] or _reverse(c.packings["out"])
 
