@@ -56,8 +56,9 @@ SEED_SHARPNESS = 8.0  # the busiest row costs e^8 times an idle one of equal cap
 ALTERNATIVE_LINKS = 2  # a pair's alternative route joins the LP if it crosses one switch (`_pairs`)
 # The plans' packings leave the links of the second routes this much of their bandwidth idle in the LP: those links
 # carry the second routes beside other traffic (the NICs' on dgx2x2), and a schedule cannot keep them busy to the
-# last byte where in-trees' joins wait for their slowest child. Measured at 1 GiB (% of the bound, all_gather /
-# reduce_scatter, best plan): dgx2x2 99.52 / 98.10 -> see docs/synthesis.md "Headroom on the second routes".
+# last byte where in-trees' joins wait for their slowest child. At 1 GiB (% of the bound, all_gather /
+# reduce_scatter, best plan): dgx2x2 99.52 / 98.10 -> 99.36 / 99.43, dgx1 99.40 / 99.18 -> 99.57 / 99.55; from
+# 0.94 to 0.98 dgx2x2's reduce_scatter stays above 99% (docs/synthesis.md, "Headroom on the second routes").
 SECOND_ROUTE_HEADROOM = 0.97
 MAX_SHIFTED_LOADS = 1 << 24  # entries of Packing.loads kept for the rounding on symmetric topologies (128 MiB)
 
