@@ -12,7 +12,7 @@ from jaxcoll.plan import Collective, validate
 from jaxcoll.sim import simulate
 from jaxcoll.synth import (evaluate, forest, hierarchical, lower_bound, min_cut_ratio, pack_trees, rhd, ring,
                            synthesize, tree)
-from jaxcoll.synth.select import plan_named
+from jaxcoll.synth.select import packings, plan_named
 from jaxcoll.topology import Topology, preset
 
 COLLECTIVES = ["all_gather", "reduce_scatter", "all_reduce"]
@@ -66,7 +66,8 @@ def _reference(coll, xs):
 
 
 def _plans(t, coll, k=None):
-    out = [ring(t, coll, 2), forest(t, coll, k), forest(t, coll, 1)]
+    # the packing as the selection builds it (with headroom on dgx1's second routes), and the exact LP's
+    out = [ring(t, coll, 2), forest(t, coll, k, packings(t)), forest(t, coll, 1)]
     if coll == "all_reduce":
         out.append(tree(t, coll, 2))
     if t.nranks & (t.nranks - 1) == 0:
