@@ -1,19 +1,17 @@
 #include "memory.hpp"
 
 #include <cstdint>
-#include <cstdlib>
 
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
 
+#include "env.hpp"
+
 namespace jaxcoll {
 
 size_t huge_page_bytes() {
-  static const size_t t = [] {
-    const char* v = std::getenv("JAXCOLL_HUGEPAGE_BYTES");
-    return v && *v ? static_cast<size_t>(std::strtoull(v, nullptr, 10)) : size_t{4} << 20;
-  }();
+  static const size_t t = env_bytes("JAXCOLL_HUGEPAGE_BYTES", size_t{4} << 20);
   return t;
 }
 

@@ -2,13 +2,14 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
 #endif
+
+#include "env.hpp"
 
 // The kernels are compiled for several instruction sets and picked at load time (GCC/Clang function
 // multiversioning), so the shipped build runs anywhere and still uses AVX-512/AVX2 (and F16C for float16
@@ -71,11 +72,6 @@ struct Min {
   template <class A>
   static JAXCOLL_INLINE A apply(A a, A b) { return (a < b || a != a) ? a : b; }
 };
-
-size_t env_bytes(const char* name, size_t fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? static_cast<size_t>(std::strtoull(v, nullptr, 10)) : fallback;
-}
 
 // In a call that streams (`stream_call`), destinations of at least this many bytes per step are written with
 // non-temporal stores: they skip the read for ownership of every line and do not evict the sources still to be

@@ -1,6 +1,5 @@
 #include "wait.hpp"
 
-#include <cstdlib>
 #include <thread>
 
 #if defined(__linux__)
@@ -10,19 +9,11 @@
 #include <unistd.h>
 #endif
 
+#include "env.hpp"
+
 namespace jaxcoll {
 
 void yield_cpu() { std::this_thread::yield(); }
-
-namespace {
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  return (end && *end == '\0' && x >= 0) ? static_cast<int>(x) : fallback;
-}
-}  // namespace
 
 // Spinning only pays when every device thread has a core of its own; with more device threads than cores
 // (8 on 2 here) a spinning waiter steals the core the thread it waits for needs, and sleeping at once measured
