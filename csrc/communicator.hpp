@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "dtype.hpp"
+#include "lanes.hpp"
 #include "status.hpp"
 #include "wait.hpp"
 
@@ -161,10 +162,10 @@ class Rendezvous {
   uint64_t iteration_ = 0;
 };
 
-class Communicator {
+class Communicator : public CallFailure {
  public:
   explicit Communicator(int32_t nranks);
-  ~Communicator();
+  ~Communicator() override;
   int32_t nranks() const { return nranks_; }
 
   // The rendezvous of this rank's next call within launch `run_id`; null if out of memory. `site` describes the
@@ -175,9 +176,9 @@ class Communicator {
 
   // Mark the communicator failed with the first failure's message and complete every rank still waiting for
   // its peers with it.
-  void fail(const std::string& message);
-  bool failed() const { return failed_.load(std::memory_order_acquire); }
-  std::string failure() const;
+  void fail(const std::string& message) override;
+  bool failed() const override { return failed_.load(std::memory_order_acquire); }
+  std::string failure() const override;
 
   // Fail every call whose peers have not all arrived by its deadline (the watchdog calls this), handing back
   // the completions to call with `error`; true while some call is still gathering.

@@ -1,9 +1,7 @@
-// The CPU executor. The last rank of a group to arrive at a call (the leader) runs every rank's lanes; the ranks
-// before it publish their buffers and return pending (see communicator.hpp for why no rank waits for its peers).
-// A rank's lanes are interleaved cooperatively: a lane runs until it blocks on a wait whose signal has not
-// arrived or on a lane barrier, then the next lane runs. Larger calls are shared with helper threads (XLA's
-// intra-op pool): each claims a rank, advances its lanes until they block and releases it, so the work spreads
-// over the cores whatever order the ranks arrived in.
+// The CPU executor of a group whose ranks are all in this process. The last rank of a group to arrive at a call
+// (the leader) runs every rank's lanes (lanes.hpp); the ranks before it publish their buffers and return pending
+// (see communicator.hpp for why no rank waits for its peers). Larger calls are shared with helper threads (XLA's
+// intra-op pool). Groups that span processes run in spanning.hpp.
 #pragma once
 
 #include <cstdint>
@@ -11,20 +9,11 @@
 
 #include "communicator.hpp"
 #include "dtype.hpp"
+#include "lanes.hpp"
 #include "plan.hpp"
 #include "status.hpp"
 
 namespace jaxcoll {
-
-// One rank's operands of one call, as XLA (or run_plan) hands them over.
-struct CallBuffers {
-  const void* input;
-  void* output;
-  int64_t input_elements;
-  int64_t output_elements;
-  DType dtype;
-  ReduceOp op;
-};
 
 // Threads that may help run a call: `schedule` runs a task on another thread (or inline); up to `count` tasks are
 // scheduled for one call. Tasks that start after the call has finished return at once.

@@ -28,24 +28,26 @@ int yield_iterations() {
   return n;
 }
 
-void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::nanoseconds timeout) {
+void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::nanoseconds timeout, bool shared) {
 #if defined(__linux__)
   if (timeout.count() <= 0) return;
   timespec ts;
   ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
   ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), shared ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
 #else
   (void)expected;
+  (void)shared;
   std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(timeout, std::chrono::microseconds(50)));
 #endif
 }
 
-void futex_wake_all(std::atomic<uint32_t>& word) {
+void futex_wake_all(std::atomic<uint32_t>& word, bool shared) {
 #if defined(__linux__)
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), shared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
 #else
   (void)word;
+  (void)shared;
 #endif
 }
 

@@ -12,9 +12,10 @@ namespace jaxcoll {
 
 using Clock = std::chrono::steady_clock;
 
-// Sleep while *word == expected, at most `timeout` (spurious returns are allowed).
-void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::nanoseconds timeout);
-void futex_wake_all(std::atomic<uint32_t>& word);
+// Sleep while *word == expected, at most `timeout` (spurious returns are allowed). `shared`: the word lives in
+// memory mapped by several processes (the futex must then not be process-private).
+void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::nanoseconds timeout, bool shared);
+void futex_wake_all(std::atomic<uint32_t>& word, bool shared);
 void yield_cpu();
 
 inline void cpu_relax() {
@@ -25,14 +26,19 @@ inline void cpu_relax() {
 #endif
 }
 
-// A futex word with a count of sleepers: the pair a waiter sleeps on and a notifier rings.
+// A futex word with a count of sleepers: the pair a waiter sleeps on and a notifier rings. A doorbell placed in
+// shared memory (spanning.cc) is constructed with process_shared, so waiters in other processes are woken.
 struct Doorbell {
   alignas(64) std::atomic<uint32_t> word{0};
   std::atomic<uint32_t> sleepers{0};
+  uint32_t process_shared = 0;
+
+  Doorbell() = default;
+  explicit Doorbell(bool shared) : process_shared(shared) {}
 
   void ring() {
     word.fetch_add(1, std::memory_order_seq_cst);
-    if (sleepers.load(std::memory_order_seq_cst)) futex_wake_all(word);
+    if (sleepers.load(std::memory_order_seq_cst)) futex_wake_all(word, process_shared != 0);
   }
 };
 
@@ -66,7 +72,7 @@ WaitResult wait_for(Doorbell& bell, Ready&& ready, Aborted&& aborted, Clock::tim
     if (!ready()) {
       // Wake at least every 50 ms to notice an abort whose ring we might have raced with.
       const auto slice = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(50));
-      futex_wait(bell.word, seen, slice);
+      futex_wait(bell.word, seen, slice, bell.process_shared != 0);
     }
     bell.sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }

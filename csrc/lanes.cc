@@ -1,0 +1,276 @@
+#include "lanes.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "communicator.hpp"
+#include "layout.hpp"
+#include "reduce.hpp"
+
+namespace jaxcoll {
+
+int64_t call_traffic_bytes(const Plan& plan, int64_t block, DType dtype) {
+  return plan.traffic_chunks * block / plan.chunk_factor * int64_t(dtype_size(dtype));
+}
+
+// A small array on the stack, on the heap only when a plan is unusually wide.
+template <class T, size_t N>
+class SmallVec {
+ public:
+  explicit SmallVec(size_t n) : n_(n) {
+    if (n > N) heap_.resize(n);
+  }
+  T* data() { return n_ > N ? heap_.data() : stack_; }
+  T& operator[](size_t i) { return data()[i]; }
+
+ private:
+  size_t n_;
+  T stack_[N]{};
+  std::vector<T> heap_;
+};
+
+struct LaneState {
+  int32_t pc = 0;
+  int32_t barriers = 0;     // barriers this lane has arrived at
+  bool at_barrier = false;  // arrived at its current barrier, not yet released
+  bool done = false;
+};
+
+class RankRun {
+ public:
+  RankRun(const PeerView* views, CallFailure& failure, const Plan& plan, int32_t rank, const CallBuffers& b,
+          const CallSite& site, int64_t block)
+      : views_(views), failure_(failure), plan_(plan), rank_(rank), prog_(plan.ranks[rank]), b_(b), site_(site),
+        k_(plan.chunk_factor), dsize_(dtype_size(b.dtype)), asize_(accum_size(b.dtype)),
+        block_(block),
+        stream_(stream_call(call_traffic_bytes(plan, block, b.dtype))),
+        lanes_(prog_.nlanes), consumed_(prog_.semaphores) {
+    for (int32_t l = 0; l < prog_.nlanes; ++l) {
+      lanes_[l].done = plan_.lanes[prog_.first_lane + l].nsteps == 0;
+      live_ += !lanes_[l].done;
+    }
+  }
+
+  bool done() const { return live_ == 0; }
+
+  // Run every lane until it blocks on an unsatisfied wait or barrier; true if any step ran.
+  bool advance() {
+    const int32_t nlanes = prog_.nlanes;
+    std::atomic<uint32_t>* mine = views_[rank_].semaphores;
+    bool progressed = false;
+    for (int32_t l = 0; l < nlanes; ++l) {
+      LaneState& ls = lanes_[l];
+      const Lane& lane = plan_.lanes[prog_.first_lane + l];
+      while (!ls.done) {
+        const Step& s = plan_.steps[lane.first_step + ls.pc];
+        if (s.op == Op::kWait) {
+          if (mine[s.sem].load(std::memory_order_acquire) <= consumed_[s.sem]) break;
+          ++consumed_[s.sem];
+        } else if (s.op == Op::kBarrier) {
+          if (!ls.at_barrier) {
+            ls.at_barrier = true;
+            ++ls.barriers;
+            progressed = true;
+          }
+          bool all = true;
+          for (int32_t o = 0; o < nlanes && all; ++o) all = lanes_[o].done || lanes_[o].barriers >= ls.barriers;
+          if (!all) break;
+          ls.at_barrier = false;
+        } else if (s.op == Op::kSignal) {
+          const PeerView& peer = views_[s.peer];
+          peer.semaphores[s.sem].fetch_add(1, std::memory_order_release);
+          peer.bell->ring();
+        } else {
+          data_step(s);
+        }
+        progressed = true;
+        if (++ls.pc == lane.nsteps) {
+          ls.done = true;
+          --live_;
+        }
+      }
+    }
+    return progressed;
+  }
+
+  // Some lane is blocked on a wait (not a barrier): the state a deadlock or timeout reports.
+  bool waiting() {
+    for (int32_t l = 0; l < prog_.nlanes; ++l) {
+      if (lanes_[l].done) continue;
+      if (plan_.steps[plan_.lanes[prog_.first_lane + l].first_step + lanes_[l].pc].op == Op::kWait) return true;
+    }
+    return false;
+  }
+
+  // What every blocked wait of this rank is waiting for, and who should signal it (marks the call failed).
+  Status blocked_error(const std::string& why) {
+    LaneState* lanes = lanes_.data();
+    const uint32_t* consumed = consumed_.data();
+    std::string what;
+    std::atomic<uint32_t>* mine = views_[rank_].semaphores;
+    for (int32_t l = 0; l < prog_.nlanes; ++l) {
+      if (lanes[l].done) continue;
+      const Step& s = plan_.steps[plan_.lanes[prog_.first_lane + l].first_step + lanes[l].pc];
+      if (s.op != Op::kWait) continue;
+      std::string signallers;
+      for (int32_t r = 0; r < plan_.nranks; ++r) {
+        const RankProgram& p = plan_.ranks[r];
+        bool sends = false;
+        for (int32_t q = 0; q < p.nlanes && !sends; ++q) {
+          const Lane& ln = plan_.lanes[p.first_lane + q];
+          for (int32_t i = 0; i < ln.nsteps && !sends; ++i) {
+            const Step& t = plan_.steps[ln.first_step + i];
+            sends = t.op == Op::kSignal && t.peer == rank_ && t.sem == s.sem;
+          }
+        }
+        if (sends) signallers += (signallers.empty() ? "" : ", ") + std::to_string(r);
+      }
+      what += (what.empty() ? "" : "; ") + plan_.where(rank_, l, lanes[l].pc) + " waits on semaphore " +
+              std::to_string(s.sem) + ", which received " +
+              std::to_string(mine[s.sem].load()) + " signal(s) and needs " +
+              std::to_string(consumed[s.sem] + 1) + " (ranks whose plan signals it: [" + signallers + "])";
+    }
+    Status err = Status::Error(site_.describe() + ": rank " + std::to_string(rank_) + " " + why + what +
+                               " (timeout set by JAXCOLL_TIMEOUT; the plan may deadlock: check it with "
+                               "jaxcoll.lang's checker)");
+    failure_.fail(err.message());
+    return err;
+  }
+
+ private:
+  void* base(const ChunkRef& ref) {
+    const PeerView& v = views_[ref.rank];
+    switch (ref.buffer) {
+      case BufferKind::kInput: return v.input;
+      case BufferKind::kOutput: return v.output;
+      case BufferKind::kScratch: return v.scratch;
+    }
+    return nullptr;
+  }
+
+  void data_step(const Step& s) {
+    const ChunkRef* refs = plan_.srcs(s);
+    const int32_t nref = s.nsrc + s.ndst;
+    const ElementRange range = chunk_range(k_, block_, refs[0].index, refs[0].count);
+    if (range.size() == 0) return;
+    SmallVec<Operand, 24> ops(nref);
+    for (int32_t j = 0; j < nref; ++j) {
+      const ChunkRef& ref = refs[j];
+      const bool accum = ref.buffer == BufferKind::kScratch;
+      const int64_t start = chunk_start(k_, block_, ref.index);
+      ops[j] = {static_cast<char*>(base(ref)) + start * int64_t(accum ? asize_ : dsize_), accum};
+    }
+    reduce_chunks(b_.dtype, b_.op, ops.data(), s.nsrc, ops.data() + s.nsrc, s.ndst, range.size(), stream_);
+  }
+
+
+ private:
+  const PeerView* views_;
+  CallFailure& failure_;
+  const Plan& plan_;
+  int32_t rank_;
+  const RankProgram& prog_;
+  const CallBuffers& b_;
+  const CallSite& site_;
+  int64_t k_;
+  size_t dsize_, asize_;
+  int64_t block_;
+  bool stream_;  // the call moves enough to stream its large destinations past the caches
+  SmallVec<LaneState, 16> lanes_;
+  SmallVec<uint32_t, 32> consumed_;
+  int32_t live_ = 0;
+};
+
+
+GroupRun::GroupRun(std::vector<PeerView> views, const std::vector<int32_t>& ranks, const Plan& plan,
+                   const CallBuffers& b, const CallSite& site, Clock::time_point deadline, int64_t block,
+                   Doorbell& bell, CallFailure& failure, bool whole_group)
+    : views_(std::move(views)), bell_(bell), failure_(failure), whole_group_(whole_group),
+      claimed_(std::make_unique<std::atomic<bool>[]>(ranks.size())), deadline_(deadline) {
+  runs_.reserve(ranks.size());
+  for (int32_t r : ranks) {
+    runs_.push_back(std::make_unique<RankRun>(views_.data(), failure, plan, r, b, site, block));
+    remaining_ += !runs_.back()->done();
+  }
+}
+
+GroupRun::~GroupRun() = default;
+
+void GroupRun::help(int32_t start) {
+  active_.fetch_add(1, std::memory_order_seq_cst);
+  while (!closed_.load(std::memory_order_seq_cst) && remaining_.load(std::memory_order_acquire) > 0 &&
+         !failure_.failed()) {
+    const uint32_t seen = bell_.word.load(std::memory_order_seq_cst);
+    if (pass(start)) continue;
+    if (wait_for(bell_, [&] { return changed(seen); }, [&] { return failure_.failed(); }, deadline_) !=
+        WaitResult::kReady)
+      break;
+  }
+  active_.fetch_sub(1, std::memory_order_seq_cst);
+  left_.ring();  // the group's own bell: the rendezvous may be recycled by now
+}
+
+Status GroupRun::lead() {
+  Status st = drive();
+  closed_.store(true, std::memory_order_seq_cst);
+  bell_.ring();  // wakes helpers sleeping on a signal
+  wait_for(left_, [&] { return active_.load(std::memory_order_seq_cst) == 0; }, [] { return false; },
+           Clock::time_point::max());
+  return st;
+}
+
+bool GroupRun::changed(uint32_t seen) const {
+  return bell_.word.load(std::memory_order_seq_cst) != seen || closed_.load(std::memory_order_seq_cst) ||
+         remaining_.load(std::memory_order_acquire) == 0;
+}
+
+bool GroupRun::pass(int32_t start) {
+  bool progressed = false;
+  const int32_t n = static_cast<int32_t>(runs_.size());
+  busy_.fetch_add(1, std::memory_order_seq_cst);
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t r = (start + i) % n;
+    if (claimed_[r].exchange(true, std::memory_order_acquire)) continue;
+    RankRun& run = *runs_[r];
+    if (!run.done() && run.advance()) {
+      progressed = true;
+      if (run.done()) remaining_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+    claimed_[r].store(false, std::memory_order_release);
+  }
+  if (progressed) epoch_.fetch_add(1, std::memory_order_seq_cst);
+  busy_.fetch_sub(1, std::memory_order_seq_cst);
+  if (progressed && active_.load(std::memory_order_relaxed) > 0) bell_.ring();  // others may now move
+  return progressed;
+}
+
+Status GroupRun::drive() {
+  while (remaining_.load(std::memory_order_acquire) > 0) {
+    if (failure_.failed()) return Status::Error(failure_.failure());
+    const uint32_t seen = bell_.word.load(std::memory_order_seq_cst);
+    const uint64_t epoch = epoch_.load(std::memory_order_seq_cst);
+    if (pass(0)) continue;
+    // Nothing moved in a full pass while nobody else was working: every lane of every rank is blocked.
+    if (whole_group_ && busy_.load(std::memory_order_seq_cst) == 0 &&
+        epoch_.load(std::memory_order_seq_cst) == epoch)
+      return blocked("deadlocks: every lane of every rank is blocked, so a semaphore is never signalled: ",
+                     "jaxcoll: every lane of every rank is blocked at a barrier (malformed plan)");
+    const WaitResult w = wait_for(bell_, [&] { return changed(seen); }, [&] { return failure_.failed(); },
+                                  deadline_);
+    if (w == WaitResult::kAborted) return Status::Error(failure_.failure());
+    failure_.poll();
+    if (w == WaitResult::kTimeout)
+      return blocked("timed out: the semaphore was never signalled: ",
+                     "jaxcoll: timed out with every lane blocked at a barrier");
+  }
+  return {};
+}
+
+Status GroupRun::blocked(const std::string& why, const std::string& at_barrier) {
+  for (auto& run : runs_)
+    if (!run->done() && run->waiting()) return run->blocked_error(why);
+  return Status::Error(at_barrier);
+}
+
+}  // namespace jaxcoll

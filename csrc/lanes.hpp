@@ -1,0 +1,108 @@
+// Running the lanes of a call's ranks: the interpreter of the plan's steps, shared by the in-process executor
+// (executor.cc, every rank of the group in this process) and the cross-process one (spanning.cc, the ranks this
+// process hosts, its peers' buffers and semaphores mapped from shared memory). Both describe where each rank's
+// buffers and semaphores are in this process's address space (a PeerView per rank); the steps then mean the same
+// thing whoever hosts the rank.
+//
+// A rank's lanes are interleaved cooperatively: a lane runs until it blocks on a wait whose signal has not arrived
+// or on a lane barrier, then the next lane runs. Larger calls are shared with helper threads: each claims a rank,
+// advances its lanes until they block and releases it, so the work spreads over the cores whatever order the ranks
+// arrived in.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtype.hpp"
+#include "plan.hpp"
+#include "status.hpp"
+#include "wait.hpp"
+
+namespace jaxcoll {
+
+struct CallSite;
+
+// One rank of a call as this process addresses it.
+struct PeerView {
+  void* input = nullptr;
+  void* output = nullptr;
+  void* scratch = nullptr;
+  std::atomic<uint32_t>* semaphores = nullptr;
+  Doorbell* bell = nullptr;  // rung after every signal to this rank: its runner sleeps on it
+};
+
+// A call's failure state, as the runners of its lanes see it. The first failure wins; every runner that notices
+// failed() stops with failure().
+class CallFailure {
+ public:
+  virtual ~CallFailure() = default;
+  virtual void fail(const std::string& message) = 0;
+  virtual bool failed() const = 0;
+  virtual std::string failure() const = 0;
+  // Called by a runner each time it wakes without progress: the place to notice a peer process that has gone
+  // (by calling fail()). In-process groups have nothing to poll.
+  virtual void poll() {}
+};
+
+// One rank's operands of one call, as XLA (or run_plan) hands them over.
+struct CallBuffers {
+  const void* input;
+  void* output;
+  int64_t input_elements;
+  int64_t output_elements;
+  DType dtype;
+  ReduceOp op;
+};
+
+// Bytes every rank's data steps of one call read and write together, for blocks of `block` elements.
+int64_t call_traffic_bytes(const Plan& plan, int64_t block, DType dtype);
+
+class RankRun;
+
+// The lanes of `ranks` (every rank of the group in one process, or the ranks this process hosts), run by the
+// thread that calls lead() and by any helpers that join with help(). A rank is the unit of work: whoever claims it
+// advances its lanes until they block, then releases it (its lanes share semaphore counts, so one thread at a
+// time). A helper that starts late, or never, only costs parallelism: the leader alone can always finish.
+//
+// `bell` is the doorbell every signal to these ranks rings. `whole_group` says every rank of the plan is in
+// `ranks`: a full pass in which nothing moves then proves a deadlock; otherwise a signal may still come from
+// another process, and only the deadline ends the wait.
+class GroupRun {
+ public:
+  GroupRun(std::vector<PeerView> views, const std::vector<int32_t>& ranks, const Plan& plan, const CallBuffers& b,
+           const CallSite& site, Clock::time_point deadline, int64_t block, Doorbell& bell, CallFailure& failure,
+           bool whole_group);
+  ~GroupRun();
+
+  // A helper's whole part: claim ranks until the call is done, sleeping on the bell while every rank it could
+  // claim is blocked.
+  void help(int32_t start);
+  // The leader's part: run until every rank is done, then wait for the helpers inside to leave.
+  Status lead();
+  int32_t nruns() const { return static_cast<int32_t>(runs_.size()); }
+
+ private:
+  bool changed(uint32_t seen) const;
+  bool pass(int32_t start);
+  Status drive();
+  Status blocked(const std::string& why, const std::string& at_barrier);
+
+  std::vector<PeerView> views_;
+  Doorbell& bell_;
+  CallFailure& failure_;
+  bool whole_group_;
+  std::vector<std::unique_ptr<RankRun>> runs_;
+  std::unique_ptr<std::atomic<bool>[]> claimed_;
+  std::atomic<int32_t> remaining_{0};
+  std::atomic<int32_t> active_{0};  // helpers inside help()
+  std::atomic<int32_t> busy_{0};    // threads inside pass()
+  std::atomic<uint64_t> epoch_{0};  // passes that moved something
+  std::atomic<bool> closed_{false};
+  Doorbell left_;  // rung by each helper as it leaves
+  const Clock::time_point deadline_;
+};
+
+}  // namespace jaxcoll
