@@ -137,7 +137,7 @@ namespace {
 struct Watchdog {
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<Communicator*> comms;
+  std::vector<Gathering*> comms;
   bool poked = false;
   std::thread thread;
 
@@ -160,7 +160,7 @@ struct Watchdog {
       // Completions run outside the lock: they may start XLA's continuation of a program, which can call into
       // jaxcoll again (and create communicators, which takes this lock).
       std::vector<std::pair<std::vector<Completion>, Status>> failed;
-      for (Communicator* c : comms) {
+      for (Gathering* c : comms) {
         std::vector<Completion> pending;
         Status error;
         gathering |= c->expire(now, pending, error);
@@ -190,17 +190,21 @@ void watchdog_notify() {
   w.cv.notify_one();
 }
 
-Communicator::Communicator(int32_t nranks) : nranks_(nranks), iterations_(nranks) {
+void watch(Gathering* g) {
   Watchdog& w = watchdog();
   std::lock_guard<std::mutex> lock(w.mu);
-  w.comms.push_back(this);
+  w.comms.push_back(g);
 }
 
-Communicator::~Communicator() {
+void unwatch(Gathering* g) {
   Watchdog& w = watchdog();
   std::lock_guard<std::mutex> lock(w.mu);
-  w.comms.erase(std::remove(w.comms.begin(), w.comms.end(), this), w.comms.end());
+  w.comms.erase(std::remove(w.comms.begin(), w.comms.end(), g), w.comms.end());
 }
+
+Communicator::Communicator(int32_t nranks) : nranks_(nranks), iterations_(nranks) { watch(this); }
+
+Communicator::~Communicator() { unwatch(this); }
 
 Rendezvous* Communicator::join(int32_t rank, int64_t run_id, const CallSite& site) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -162,7 +162,19 @@ class Rendezvous {
   uint64_t iteration_ = 0;
 };
 
-class Communicator : public CallFailure {
+// Something the watchdog polls while calls gather their ranks: expire() fails every call whose ranks have not all
+// arrived by its deadline, handing back the completions to call with `error`; true while some call still gathers.
+class Gathering {
+ public:
+  virtual ~Gathering() = default;
+  virtual bool expire(Clock::time_point now, std::vector<Completion>& pending, Status& error) = 0;
+};
+
+// Register with (or leave) the watchdog; a Communicator does both itself.
+void watch(Gathering* g);
+void unwatch(Gathering* g);
+
+class Communicator : public CallFailure, public Gathering {
  public:
   explicit Communicator(int32_t nranks);
   ~Communicator() override;
@@ -182,7 +194,7 @@ class Communicator : public CallFailure {
 
   // Fail every call whose peers have not all arrived by its deadline (the watchdog calls this), handing back
   // the completions to call with `error`; true while some call is still gathering.
-  bool expire(Clock::time_point now, std::vector<Completion>& pending, Status& error);
+  bool expire(Clock::time_point now, std::vector<Completion>& pending, Status& error) override;
 
  private:
   std::vector<Completion> fail_gathering(const std::string& message);

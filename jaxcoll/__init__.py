@@ -9,6 +9,8 @@ if _os.path.isdir(_os.path.join(_checkout, "lowering")) and not _os.path.isdir(
         _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "lowering")):
     __path__.append(_checkout)  # noqa: F821 - __path__ is defined for packages
 
+__version__ = "0.1.0"
+
 from jaxcoll.collectives import all_gather, all_reduce, all_to_all, broadcast, ppermute, reduce_scatter  # noqa: E402
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "ppermute", "reduce_scatter"]

@@ -71,6 +71,16 @@ def _register_state_type() -> None:
         jax.ffi.register_ffi_type(STATE_TYPE, _jaxcoll.state_type(), platform="cpu")
 
 
+def default_timeout_s() -> float:
+    """The timeout of a call in seconds, as the runtime reads it: JAXCOLL_TIMEOUT, default 300."""
+    return float(_jaxcoll.default_timeout_s())
+
+
+def configure_world(process: int, pids: Sequence[int], hosts: Sequence[int], token: str) -> None:
+    """Tell the native runtime which job this process is part of (jaxcoll.distributed.connect does it)."""
+    _jaxcoll.configure_world(int(process), [int(p) for p in pids], [int(h) for h in hosts], str(token))
+
+
 def check_words(words: np.ndarray) -> None:
     """Decode serialized plan words exactly as the executor does; raise ValueError naming the fault."""
     _jaxcoll.check_plan(np.ascontiguousarray(words, dtype=np.int32).ravel())

@@ -1,6 +1,7 @@
 """Emitting one jaxcoll collective as a `stablehlo.custom_call` (the contract is docs/plan-ir.md, "The custom
 call"): target `jaxcoll_<collective>`, operands (x, rank, group), result the rank's output, attributes `plan`
-(the plan's int32 words), `reduce_op` (s32) and `callsite` (s64).
+(the plan's int32 words), `reduce_op` (s32), `callsite` (s64) and `processes` (int32: the jax process hosting
+each rank of each group, empty when the mesh is in one process).
 
 `callsite` is unique per lowered call site in this process: the runtime keys its rendezvous by (callsite,
 group), so collectives that XLA runs in different orders on different devices never meet the wrong peers. The
@@ -60,6 +61,11 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
     nbytes = math.prod(aval.shape) * wire_aval.dtype.itemsize
     plan = plans.choose(api_name, collective, nranks, nbytes, wire_aval.dtype, algorithm, **params)
     rank, group = groups.rank_and_group(ctx, axes)
+    processes = groups.process_map(ctx, axes)
+    if processes is not None:
+        # Groups span processes: the job's processes must know each other before the program runs.
+        from jaxcoll import distributed
+        distributed.connect()
     call = mlir.custom_call(
         f"jaxcoll_{collective.value}",
         result_types=[mlir.aval_to_ir_type(ctx.module_context, wire_out)],
@@ -68,6 +74,7 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
             "plan": mlir.ir_attribute(encode(plan)),
             "reduce_op": mlir.ir_attribute(np.int32(REDUCE_OPS[op])),
             "callsite": mlir.ir_attribute(np.int64(next_callsite())),
+            "processes": mlir.ir_attribute(np.zeros(0, np.int32) if processes is None else processes),
         },
         api_version=4,
         operand_layouts=[_row_major(len(aval.shape)), (), ()],

@@ -100,6 +100,36 @@ def _linear_index(ctx, names: tuple, sizes: tuple) -> ir.Value:
     return index
 
 
+def process_map(ctx, axes: tuple) -> np.ndarray | None:
+    """Which process hosts each rank of each group: int32 [group * nranks + rank] -> jax process index, with rank
+    and group numbered as `rank_and_group` numbers them; None when the whole mesh is in this process (the
+    runtime then keeps every group in-process, as in a single-process program)."""
+    import jax
+    if jax.process_count() == 1:
+        return None
+    mesh = ctx.module_context.axis_context.mesh
+    devices = getattr(mesh, "devices", None)
+    if devices is None:
+        raise ValueError(
+            f"jaxcoll collectives over axes {axes} in a job of {jax.process_count()} processes need the mesh's "
+            f"devices to know which process hosts each rank, but shard_map was given an abstract mesh "
+            f"({mesh}); pass a concrete mesh (jax.make_mesh or jax.sharding.Mesh)")
+    names = tuple(mesh.axis_names)
+    shape = dict(zip(names, devices.shape))
+    others = tuple(a for a in names if a not in axes)
+    nranks = math.prod(shape[a] for a in axes)
+    out = np.empty(math.prod(devices.shape), np.int32)
+    for coords in np.ndindex(*devices.shape):
+        at = dict(zip(names, coords))
+        rank = group = 0
+        for a in axes:
+            rank = rank * shape[a] + at[a]
+        for a in others:
+            group = group * shape[a] + at[a]
+        out[group * nranks + rank] = devices[coords].process_index
+    return None if (out == out[0]).all() else out
+
+
 def rank_and_group(ctx, axes: tuple) -> tuple[ir.Value, ir.Value]:
     """(rank, group) s32 scalars of this device for a collective over `axes`."""
     shape = _mesh_shape(ctx)

@@ -410,7 +410,7 @@ def ffi_collective(plan: Plan, x, out_shape, axis="i", op=0):
     rank = jax.lax.axis_index(axis).astype(jnp.int32)
     return jax.ffi.ffi_call(runtime.target_name(plan.collective), jax.ShapeDtypeStruct(out_shape, x.dtype),
                             has_side_effect=True)(x, rank, jnp.int32(0), plan=words, reduce_op=np.int32(op),
-                                                  callsite=np.int64(callsite))
+                                                  callsite=np.int64(callsite), processes=np.zeros(0, np.int32))
 
 
 @pytest.fixture(scope="module")
@@ -475,7 +475,7 @@ def test_ffi_malformed_plan_fails_at_compile_time_with_the_decoder_message(mesh8
     def body(b):
         rank = jax.lax.axis_index("i").astype(jnp.int32)
         return jax.ffi.ffi_call("jaxcoll_all_reduce", jax.ShapeDtypeStruct(b.shape, b.dtype), has_side_effect=True)(
-            b, rank, jnp.int32(0), plan=words, reduce_op=np.int32(0), callsite=np.int64(next(_CALLSITES)))
+            b, rank, jnp.int32(0), plan=words, reduce_op=np.int32(0), callsite=np.int64(next(_CALLSITES)), processes=np.zeros(0, np.int32))
 
     f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("i"), out_specs=P("i"), check_vma=False))
     with pytest.raises(Exception, match="unknown collective code 99"):

@@ -45,7 +45,8 @@ ffi::ErrorOr<cuda::CallShape> shape_of(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuf
 // read them once here, where XLA allows a synchronisation, and join the group.
 ffi::ErrorOr<GroupMember*> join(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank_buf,
                                 ffi::Buffer<ffi::S32> group_buf, ffi::Result<ffi::AnyBuffer>& out,
-                                ffi::Span<const int32_t> words, int32_t reduce_op, int64_t callsite) {
+                                ffi::Span<const int32_t> words, int32_t reduce_op, int64_t callsite,
+                                ffi::Span<const int32_t> processes) {
   if (GroupMember* m = cuda::find_member(callsite, device)) return m;
   auto shape = shape_of(x, out, reduce_op, callsite);
   if (!shape.has_value()) return ffi::Unexpected(shape.error());
@@ -58,6 +59,19 @@ ffi::ErrorOr<GroupMember*> join(cudaStream_t stream, int32_t device, ffi::AnyBuf
     return ffi::Unexpected(ffi::Error::Internal(site_of(callsite, "initialize") +
                                                 ": reading the rank and group operands failed: " +
                                                 cudaGetErrorString(err)));
+  // A group spanning processes needs CUDA IPC between them (csrc/cuda/ipc.*), which is not wired to the
+  // handler yet: refuse it by name rather than wait for ranks that live elsewhere (docs/multiprocess.md).
+  const int32_t nranks = words.size() > 3 ? words.begin()[3] : 0;
+  if (nranks > 0 && processes.size() >= size_t(ids[1] + 1) * size_t(nranks)) {
+    const int32_t* procs = processes.begin() + size_t(ids[1]) * size_t(nranks);
+    for (int32_t r = 1; r < nranks; ++r)
+      if (procs[r] != procs[0])
+        return ffi::Unexpected(ffi::Error::InvalidArgument(
+            site_of(callsite, "initialize") + ": group " + std::to_string(ids[1]) + " spans processes " +
+            std::to_string(procs[0]) + " and " + std::to_string(procs[r]) +
+            "; jaxcoll's CUDA executor runs groups within one process only (CUDA IPC between processes is not "
+            "wired yet: docs/multiprocess.md)"));
+  }
   GroupMember* member = nullptr;
   if (Status st = cuda::join_group(callsite, ids[1], ids[0], device,
                                    std::span<const int32_t>(words.begin(), words.size()), *shape,
@@ -69,14 +83,14 @@ ffi::ErrorOr<GroupMember*> join(cudaStream_t stream, int32_t device, ffi::AnyBuf
 
 ffi::Error Initialize(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank,
                       ffi::Buffer<ffi::S32> group, ffi::Result<ffi::AnyBuffer> out, ffi::Span<const int32_t> words,
-                      int32_t reduce_op, int64_t callsite) {
-  auto member = join(stream, device, x, rank, group, out, words, reduce_op, callsite);
+                      int32_t reduce_op, int64_t callsite, ffi::Span<const int32_t> processes) {
+  auto member = join(stream, device, x, rank, group, out, words, reduce_op, callsite, processes);
   return member.has_value() ? ffi::Error::Success() : member.error();
 }
 
 ffi::Error Execute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank,
                    ffi::Buffer<ffi::S32> group, ffi::Result<ffi::AnyBuffer> out, ffi::Span<const int32_t> words,
-                   int32_t reduce_op, int64_t callsite) {
+                   int32_t reduce_op, int64_t callsite, ffi::Span<const int32_t> processes) {
   GroupMember* member = cuda::find_member(callsite, device);
   if (!member) {
     // Initialize normally ran; joining here needs a synchronisation, which a CUDA graph capture forbids.
@@ -84,7 +98,7 @@ ffi::Error Execute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::B
     if (cudaStreamIsCapturing(stream, &capturing) == cudaSuccess && capturing != cudaStreamCaptureStatusNone)
       return ffi::Error::Internal(site_of(callsite, "execute") + ": the group was not set up before CUDA graph "
                                   "capture (XLA did not run the initialize stage)");
-    auto joined = join(stream, device, x, rank, group, out, words, reduce_op, callsite);
+    auto joined = join(stream, device, x, rank, group, out, words, reduce_op, callsite, processes);
     if (!joined.has_value()) return joined.error();
     member = *joined;
   }
@@ -119,7 +133,8 @@ auto call_binding() {
       .template Ret<ffi::AnyBuffer>()
       .template Attr<ffi::Span<const int32_t>>("plan")
       .template Attr<int32_t>("reduce_op")
-      .template Attr<int64_t>("callsite");
+      .template Attr<int64_t>("callsite")
+      .template Attr<ffi::Span<const int32_t>>("processes");
 }
 }  // namespace
 

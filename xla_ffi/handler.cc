@@ -13,6 +13,7 @@
 #include "dtypes.hpp"
 #include "executor.hpp"
 #include "plan.hpp"
+#include "spanning.hpp"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -28,12 +29,17 @@ struct PlanState {
   ReduceOp op = ReduceOp::kSum;
   int64_t callsite = 0;
   std::array<std::atomic<Communicator*>, 64> by_group{};
+  // Where the ranks live when the mesh spans processes: processes[group * nranks + rank] is the job process
+  // index hosting that rank (empty in a one-process program). A group inside one process runs in-process.
+  std::vector<int32_t> processes;
+  uint64_t fingerprint = 0;
+  std::array<std::atomic<SpanningCommunicator*>, 64> spanning_by_group{};
 };
 ffi::TypeId PlanState::id = XLA_FFI_UNKNOWN_TYPE_ID;
 constexpr ffi::TypeInfo kPlanStateInfo = ffi::MakeTypeInfo<PlanState>();
 
 ffi::ErrorOr<std::unique_ptr<PlanState>> Instantiate(ffi::Span<const int32_t> words, int32_t reduce_op,
-                                                     int64_t callsite) {
+                                                     int64_t callsite, ffi::Span<const int32_t> processes) {
   auto state = std::make_unique<PlanState>();
   if (Status st = decode_plan(std::span<const int32_t>(words.begin(), words.size()), state->plan); !st.ok())
     return ffi::Unexpected(ffi::Error::InvalidArgument("jaxcoll callsite " + std::to_string(callsite) +
@@ -44,6 +50,13 @@ ffi::ErrorOr<std::unique_ptr<PlanState>> Instantiate(ffi::Span<const int32_t> wo
                                                        " is not 0 (sum), 1 (max) or 2 (min)"));
   state->op = static_cast<ReduceOp>(reduce_op);
   state->callsite = callsite;
+  if (processes.size() % state->plan.nranks)
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        "jaxcoll callsite " + std::to_string(callsite) + ": the processes attribute has " +
+        std::to_string(processes.size()) + " entries, not a multiple of the plan's " +
+        std::to_string(state->plan.nranks) + " ranks"));
+  state->processes.assign(processes.begin(), processes.end());
+  state->fingerprint = plan_fingerprint(words.begin(), words.size(), reduce_op);
   return state;
 }
 
@@ -86,22 +99,9 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
     return Failed(ffi::Error::InvalidArgument(site.describe() + ": rank operand " + std::to_string(rank) +
                                               " is out of range for a plan of " + std::to_string(plan.nranks) +
                                               " ranks; pass lax.axis_index over the collective's axes"));
-  Communicator* comm = nullptr;
   const bool cached = group >= 0 && group < static_cast<int32_t>(state->by_group.size());
-  if (cached) comm = state->by_group[group].load(std::memory_order_acquire);
-  if (!comm) {
-    Status st;
-    comm = communicator_for(state->callsite, group, plan.nranks, st);
-    if (!comm) return Failed(ffi::Error::InvalidArgument(st.message()));
-    if (cached) state->by_group[group].store(comm, std::memory_order_release);
-  }
   CallBuffers b{x.untyped_data(), out->untyped_data(), static_cast<int64_t>(x.element_count()),
                 static_cast<int64_t>(out->element_count()), *dtype, state->op};
-  // Helpers and completions go to XLA's intra-op pool; the pool handle is valid for the length of this call,
-  // which is as long as the leader schedules on it. One helper per core beyond the leader's own.
-  static const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));  // read once
-  const Helpers helpers{[&pool](std::function<void()> task) { pool.Schedule(std::move(task)); },
-                        static_cast<int>(std::min<int64_t>(pool.num_threads(), cores - 1))};
   ffi::Promise promise;
   Completion complete = [promise](const Status& st) mutable {
     if (st.ok())
@@ -110,6 +110,43 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
       promise.SetError(ErrorOf(st));
   };
   bool pending = false;
+
+  // A group whose ranks live in several processes (a mesh of a jax.distributed job) runs in spanning.hpp.
+  if (!state->processes.empty()) {
+    const int64_t ngroups = static_cast<int64_t>(state->processes.size()) / plan.nranks;
+    if (group < 0 || group >= ngroups)
+      return Failed(ffi::Error::InvalidArgument(site.describe() + ": group operand " + std::to_string(group) +
+                                                " is out of range for " + std::to_string(ngroups) + " groups"));
+    const int32_t* procs = state->processes.data() + int64_t(group) * plan.nranks;
+    if (std::any_of(procs, procs + plan.nranks, [&](int32_t p) { return p != procs[0]; })) {
+      SpanningCommunicator* span = cached ? state->spanning_by_group[group].load(std::memory_order_acquire) : nullptr;
+      if (!span) {
+        Status st;
+        span = spanning_communicator_for(state->callsite, group, plan,
+                                         std::vector<int32_t>(procs, procs + plan.nranks), state->fingerprint, st);
+        if (!span) return Failed(ffi::Error::InvalidArgument(st.message()));
+        if (cached) state->spanning_by_group[group].store(span, std::memory_order_release);
+      }
+      const Status st = execute_spanning_rank(*span, run_id.run_id, plan, rank, b, site, default_timeout_s(),
+                                              std::move(complete), pending);
+      if (pending) return ffi::Future(promise);
+      return st.ok() ? Done() : Failed(ErrorOf(st));
+    }
+  }
+
+  Communicator* comm = nullptr;
+  if (cached) comm = state->by_group[group].load(std::memory_order_acquire);
+  if (!comm) {
+    Status st;
+    comm = communicator_for(state->callsite, group, plan.nranks, st);
+    if (!comm) return Failed(ffi::Error::InvalidArgument(st.message()));
+    if (cached) state->by_group[group].store(comm, std::memory_order_release);
+  }
+  // Helpers and completions go to XLA's intra-op pool; the pool handle is valid for the length of this call,
+  // which is as long as the leader schedules on it. One helper per core beyond the leader's own.
+  static const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));  // read once
+  const Helpers helpers{[&pool](std::function<void()> task) { pool.Schedule(std::move(task)); },
+                        static_cast<int>(std::min<int64_t>(pool.num_threads(), cores - 1))};
   const Status st = execute_rank(*comm, run_id.run_id, plan, rank, b, site, default_timeout_s(), helpers,
                                  std::move(complete), pending);
   if (pending) return ffi::Future(promise);
@@ -122,7 +159,8 @@ XLA_FFI_DEFINE_HANDLER(kInstantiate, Instantiate,
                        ffi::Ffi::BindInstantiate()
                            .Attr<ffi::Span<const int32_t>>("plan")
                            .Attr<int32_t>("reduce_op")
-                           .Attr<int64_t>("callsite"));
+                           .Attr<int64_t>("callsite")
+                           .Attr<ffi::Span<const int32_t>>("processes"));
 
 XLA_FFI_DEFINE_HANDLER(kExecute, Execute,
                        ffi::Ffi::Bind()

@@ -16,6 +16,7 @@
 #include "executor.hpp"
 #include "local_group.hpp"
 #include "plan.hpp"
+#include "world.hpp"
 #ifdef JAXCOLL_WITH_CUDA
 #include "cuda_module.hpp"
 #endif
@@ -77,6 +78,17 @@ NB_MODULE(_jaxcoll, m) {
     return std::make_tuple(r.start, r.stop);
   }, nb::arg("k"), nb::arg("block"), nb::arg("index"), nb::arg("count") = 1,
         "Element range [start, stop) of chunks index..index+count-1 (csrc/layout.hpp).");
+
+  m.def("default_timeout_s", &jaxcoll::default_timeout_s,
+        "The timeout of a call in seconds: JAXCOLL_TIMEOUT, default 300 (read once).");
+
+  m.def("configure_world",
+        [](int32_t process, std::vector<int64_t> pids, std::vector<int32_t> hosts, std::string token) {
+          jaxcoll::Status st = jaxcoll::configure_world(process, std::move(pids), std::move(hosts), std::move(token));
+          if (!st.ok()) throw std::runtime_error(st.message());
+        },
+        nb::arg("process"), nb::arg("pids"), nb::arg("hosts"), nb::arg("token"),
+        "Tell the runtime which job this process belongs to (jaxcoll.distributed.connect does it once).");
 
   m.def("solo_bytes", &jaxcoll::solo_bytes, "Bytes a call reads and writes in all (every rank together) up to which one thread runs it.");
   m.def("set_solo_bytes", &jaxcoll::set_solo_bytes, nb::arg("bytes"),

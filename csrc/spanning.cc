@@ -1,0 +1,779 @@
+#include "spanning.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "layout.hpp"
+#include "memory.hpp"
+#include "shared_memory.hpp"
+#include "workers.hpp"
+#include "world.hpp"
+
+namespace jaxcoll {
+
+namespace {
+
+constexpr uint64_t kDirectoryMagic = 0x314C4C4F43584A44ull;  // "DJXCOLL1"
+constexpr int32_t kSlots = 32;                               // calls of one call site in flight in one process
+constexpr size_t kPage = 4096;
+
+// A slot's state word: generation << 3 | phase. The generation grows each time the owner reuses the slot, so a
+// peer that matched a call can tell it from a later one in the same slot.
+enum Phase : uint64_t { kFree = 0, kFilling = 1, kPublished = 2, kDone = 3, kFailed = 4 };
+constexpr uint64_t phase_of(uint64_t state) { return state & 7; }
+constexpr uint64_t generation_of(uint64_t state) { return state >> 3; }
+
+// One call slot of a directory; written by its owner, read (and its doorbell rung, its acks counted) by peers.
+struct SlotHeader {
+  Doorbell bell{true};  // rung by every signal to the owner's ranks, and by peers publishing or finishing the call
+  std::atomic<uint64_t> state{kFree};
+  std::atomic<uint32_t> acks{0};  // peer processes done with this generation of the slot
+  std::atomic<int32_t> dtype{0};
+  std::atomic<int64_t> run_id{0};
+  std::atomic<uint64_t> iteration{0};
+  std::atomic<uint64_t> data_id{0};  // the data segment: directory prefix + "d" + data_id
+  std::atomic<int64_t> block{0};
+  char message[512] = {};  // why the owner failed the call (phase kFailed)
+};
+
+struct Directory {
+  uint64_t magic = kDirectoryMagic;
+  uint64_t fingerprint = 0;
+  int32_t nranks = 0;
+  int32_t process = 0;
+  std::atomic<uint32_t> ready{0};  // set once the header is written
+  SlotHeader slots[kSlots];
+};
+
+size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// Where a process's ranks keep, in one call's data segment, what the call shares: their semaphores and scratch
+// always, their input and output where a rank of another process reaches them. kPrivate: the rank uses XLA's
+// buffer. Every process computes the same layout for every process from the plan, so no offset is exchanged.
+constexpr size_t kPrivate = SIZE_MAX;
+struct RankArea {
+  size_t semaphores = kPrivate, input = kPrivate, output = kPrivate, scratch = kPrivate;
+};
+
+std::string process_prefix(const World& w, int32_t p) {
+  return "/jaxcoll-" + w.token + "-" + std::to_string(w.pids[p]) + "-";
+}
+
+std::string rank_list(const std::vector<int32_t>& ranks) {
+  std::string s;
+  for (int32_t r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return "[" + s + "]";
+}
+
+Clock::duration sync_wait() {
+  static const Clock::duration d = [] {
+    const char* v = std::getenv("JAXCOLL_SYNC_WAIT_US");
+    const long us = v && *v ? std::strtol(v, nullptr, 10) : 2000;
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(std::max(0L, us)));
+  }();
+  return d;
+}
+
+}  // namespace
+
+class SpanCall;
+void finish_call(const std::shared_ptr<SpanCall>& call, Status st);
+
+class SpanningCommunicator : public Gathering {
+ public:
+  SpanningCommunicator(int64_t callsite, int32_t group, const Plan& plan, std::vector<int32_t> processes,
+                       uint64_t fingerprint, const World& world)
+      : callsite_(callsite), group_(group), plan_(plan), processes_(std::move(processes)),
+        fingerprint_(fingerprint), world_(world), me_(world.process) {
+    for (int32_t r = 0; r < plan_.nranks; ++r) {
+      if (processes_[r] == me_) local_.push_back(r);
+      else if (std::find(peers_.begin(), peers_.end(), processes_[r]) == peers_.end()) peers_.push_back(processes_[r]);
+    }
+    std::sort(peers_.begin(), peers_.end());
+    local_index_.assign(plan_.nranks, -1);
+    for (size_t i = 0; i < local_.size(); ++i) local_index_[local_[i]] = static_cast<int32_t>(i);
+    // A rank's buffer is shared when a step that another process runs names it.
+    shared_.assign(size_t(plan_.nranks) * 3, false);
+    for (int32_t q = 0; q < plan_.nranks; ++q) {
+      const RankProgram& prog = plan_.ranks[q];
+      for (int32_t l = 0; l < prog.nlanes; ++l) {
+        const Lane& lane = plan_.lanes[prog.first_lane + l];
+        for (int32_t i = 0; i < lane.nsteps; ++i) {
+          const Step& s = plan_.steps[lane.first_step + i];
+          const ChunkRef* refs = plan_.srcs(s);
+          for (int32_t j = 0; j < s.nsrc + s.ndst; ++j)
+            if (processes_[refs[j].rank] != processes_[q])
+              shared_[size_t(refs[j].rank) * 3 + size_t(refs[j].buffer)] = true;
+        }
+      }
+    }
+    if (plan_.in_place)  // input and output are one buffer (or one inside the other): shared together
+      for (int32_t r = 0; r < plan_.nranks; ++r) {
+        const bool either = shared(r, BufferKind::kInput) || shared(r, BufferKind::kOutput);
+        shared_[size_t(r) * 3] = shared_[size_t(r) * 3 + 1] = either;
+      }
+    peer_dirs_.resize(peers_.size());
+    peer_data_.resize(peers_.size() * kSlots);
+    peer_data_ids_.assign(peers_.size() * kSlots, 0);
+    data_.resize(kSlots);
+    data_ids_.assign(kSlots, 0);
+    watch(this);
+  }
+  ~SpanningCommunicator() override { unwatch(this); }
+
+  // The watchdog: a call whose local ranks have not all arrived by its deadline fails (the peers' workers time
+  // out on their own, waiting for this process to publish it).
+  bool expire(Clock::time_point now, std::vector<Completion>& pending, Status& error) override;
+
+  Status open_directory() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (directory_.mapped()) return {};
+    Status st = SharedSegment::create(directory_name(me_), sizeof(Directory), directory_);
+    if (!st.ok()) return st;
+    Directory* d = new (directory_.data()) Directory();
+    d->fingerprint = fingerprint_;
+    d->nranks = plan_.nranks;
+    d->process = me_;
+    d->ready.store(1, std::memory_order_release);
+    return {};
+  }
+
+  std::string describe() const {
+    return "jaxcoll " + std::string(collective_name(plan_.collective)) + " (callsite " + std::to_string(callsite_) +
+           ", group " + std::to_string(group_) + ", process " + std::to_string(me_) + ")";
+  }
+
+  std::vector<int32_t> ranks_of(int32_t process) const {
+    std::vector<int32_t> out;
+    for (int32_t r = 0; r < plan_.nranks; ++r)
+      if (processes_[r] == process) out.push_back(r);
+    return out;
+  }
+
+  std::string describe_process(int32_t p) const {
+    return "process " + std::to_string(p) + " (pid " + std::to_string(world_.pids[p]) + ", ranks " +
+           rank_list(ranks_of(p)) + " of this group)";
+  }
+
+  bool shared(int32_t rank, BufferKind b) const { return shared_[size_t(rank) * 3 + size_t(b)]; }
+
+  // The layout of `process`'s ranks in a call's data segment, for blocks of `block` elements of `dtype`.
+  std::vector<RankArea> layout(int32_t process, int64_t block, DType dtype, size_t& bytes) const {
+    std::vector<RankArea> areas(plan_.nranks);
+    const size_t dsize = dtype_size(dtype), asize = accum_size(dtype);
+    const size_t in_bytes = size_t(plan_.in_blocks) * size_t(block) * dsize;
+    const size_t out_bytes = size_t(plan_.out_blocks) * size_t(block) * dsize;
+    size_t at = 0;
+    for (int32_t r = 0; r < plan_.nranks; ++r) {
+      if (processes_[r] != process) continue;
+      const RankProgram& prog = plan_.ranks[r];
+      RankArea& a = areas[r];
+      a.semaphores = at;
+      at = align_up(at + size_t(prog.semaphores) * sizeof(uint32_t), kPage);
+      const size_t scratch = size_t(prog.scratch_chunks / plan_.chunk_factor) * size_t(block) * asize;
+      if (scratch) {
+        a.scratch = at;
+        at = align_up(at + scratch, kPage);
+      }
+      if (plan_.in_place) {
+        if (shared(r, BufferKind::kInput)) {
+          a.input = a.output = at;
+          at = align_up(at + std::max(in_bytes, out_bytes), kPage);
+        }
+      } else {
+        if (shared(r, BufferKind::kInput)) {
+          a.input = at;
+          at = align_up(at + in_bytes, kPage);
+        }
+        if (shared(r, BufferKind::kOutput)) {
+          a.output = at;
+          at = align_up(at + out_bytes, kPage);
+        }
+      }
+    }
+    bytes = std::max<size_t>(at, kPage);
+    return areas;
+  }
+
+  std::string directory_name(int32_t p) const {
+    return process_prefix(world_, p) + "c" + std::to_string(callsite_) + "g" + std::to_string(group_);
+  }
+  std::string data_name(int32_t p, uint64_t id) const { return process_prefix(world_, p) + "d" + std::to_string(id); }
+
+  Directory& directory() { return *static_cast<Directory*>(directory_.data()); }
+
+  // -- failure state (a failed call site stays failed, as in one process) --
+  void fail(const std::string& message) {
+    {
+      std::lock_guard<std::mutex> lock(failure_mu_);
+      if (failure_.empty()) failure_ = message;
+    }
+    failed_.store(true, std::memory_order_release);
+  }
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  std::string failure() const {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    return failure_;
+  }
+
+  const int64_t callsite_;
+  const int32_t group_;
+  const Plan plan_;
+  const std::vector<int32_t> processes_;
+  const uint64_t fingerprint_;
+  const World& world_;
+  const int32_t me_;
+  std::vector<int32_t> local_;        // ranks hosted here, ascending
+  std::vector<int32_t> local_index_;  // rank -> position in local_, or -1
+  std::vector<int32_t> peers_;        // other processes hosting ranks of the group, ascending
+  std::vector<bool> shared_;          // [rank * 3 + buffer]
+
+  std::mutex mu_;  // guards what follows
+  SharedSegment directory_;
+  std::vector<SharedSegment> data_;       // per slot
+  std::vector<uint64_t> data_ids_;        // per slot
+  std::vector<SharedSegment> peer_dirs_;  // per peer
+  std::vector<SharedSegment> peer_data_;  // per peer * kSlots + slot
+  std::vector<uint64_t> peer_data_ids_;
+  std::vector<std::map<int64_t, uint64_t>> iterations_;  // per local rank: run id -> calls in that launch
+  std::vector<std::shared_ptr<SpanCall>> active_;
+
+  std::atomic<bool> failed_{false};
+  mutable std::mutex failure_mu_;
+  std::string failure_;
+};
+
+namespace {
+std::atomic<uint64_t> next_data_id{1};
+}
+
+// One call of a spanning group in this process: what its local ranks published and what the worker needs.
+class SpanCall : public CallFailure {
+ public:
+  SpanCall(SpanningCommunicator& comm, int64_t run_id, uint64_t iteration, int32_t slot, int64_t block, DType dtype,
+           const CallSite& site, Clock::time_point deadline)
+      : comm_(comm), run_id_(run_id), iteration_(iteration), slot_(slot), block_(block), dtype_(dtype), site_(site),
+        deadline_(deadline), buffers_(comm.local_.size()), copy_out_(comm.local_.size()),
+        completions_(comm.local_.size()), handoff_(std::make_unique<std::atomic<int>[]>(comm.local_.size())),
+        arrived_ranks_(comm.local_.size(), false),
+        peer_slot_(comm.peers_.size(), -1), peer_generation_(comm.peers_.size(), 0) {}
+
+  // -- CallFailure --
+  void fail(const std::string& message) override {
+    comm_.fail(message);
+    SlotHeader& me = header();
+    const uint64_t st = me.state.load(std::memory_order_acquire);
+    if (phase_of(st) != kFailed) {
+      std::snprintf(me.message, sizeof(me.message), "%s", message.c_str());
+      me.state.store((generation_of(st) << 3) | kFailed, std::memory_order_release);
+    }
+    ring_peers();
+    me.bell.ring();
+  }
+  bool failed() const override { return comm_.failed(); }
+  std::string failure() const override { return comm_.failure(); }
+  void poll() override {
+    const auto now = Clock::now();
+    if (now - last_poll_ < std::chrono::milliseconds(20)) return;
+    last_poll_ = now;
+    for (size_t i = 0; i < comm_.peers_.size(); ++i) {
+      const int32_t p = comm_.peers_[i];
+      if (!process_alive(p)) {
+        fail(site_.describe() + ": " + comm_.describe_process(p) + " exited during this call (launch " +
+             std::to_string(run_id_) + ", call " + std::to_string(iteration_) +
+             " of this site in it); its ranks will never finish their steps");
+        return;
+      }
+      if (peer_slot_[i] >= 0) {
+        SlotHeader& h = peer_header(i, peer_slot_[i]);
+        const uint64_t st = h.state.load(std::memory_order_acquire);
+        if (generation_of(st) == peer_generation_[i] && phase_of(st) == kFailed) {
+          fail(site_.describe() + ": " + comm_.describe_process(p) + " failed this call: " +
+               std::string(h.message, strnlen(h.message, sizeof(h.message))));
+          return;
+        }
+      }
+    }
+  }
+
+  SlotHeader& header() { return comm_.directory().slots[slot_]; }
+  SlotHeader& peer_header(size_t i, int32_t slot) {
+    return static_cast<Directory*>(comm_.peer_dirs_[i].data())->slots[slot];
+  }
+  void ring_peers() {
+    for (size_t i = 0; i < comm_.peers_.size(); ++i)
+      if (peer_slot_[i] >= 0) peer_header(i, peer_slot_[i]).bell.ring();
+  }
+
+  SpanningCommunicator& comm_;
+  const int64_t run_id_;
+  const uint64_t iteration_;
+  const int32_t slot_;
+  const int64_t block_;
+  const DType dtype_;
+  const CallSite site_;
+  const Clock::time_point deadline_;
+  std::vector<CallBuffers> buffers_;  // per local rank
+  std::vector<CopyOut> copy_out_;     // per local rank: what goes back to XLA's output after the call
+  std::vector<PeerView> local_views_;
+  std::vector<Completion> completions_;
+  enum Handoff { kWaiting = 0, kDone = 1, kDeferred = 2 };
+  std::unique_ptr<std::atomic<int>[]> handoff_;
+  std::vector<GrowableBuffer> staging_;  // per local rank, in-place reduce_scatter without sharing
+  int32_t arrived_ = 0;                  // guarded by comm_.mu_
+  std::vector<bool> arrived_ranks_;      // per local rank, guarded by comm_.mu_
+  bool arrived(size_t i) {
+    std::lock_guard<std::mutex> lock(comm_.mu_);
+    return arrived_ranks_[i];
+  }
+  Status status_;
+  Doorbell finished_;
+  std::vector<int32_t> peer_slot_;  // per peer: the slot holding this call, once found
+  std::vector<uint64_t> peer_generation_;
+  Clock::time_point last_poll_{};
+};
+
+namespace {
+
+// Find peer i's slot for the call; true once found (peer_slot_ set). Opens the peer's directory on first use and
+// checks its fingerprint.
+Status find_peer(SpanCall& call, size_t i, bool& found) {
+  SpanningCommunicator& c = call.comm_;
+  const int32_t p = c.peers_[i];
+  found = false;
+  SharedSegment& dir = c.peer_dirs_[i];
+  if (!dir.mapped()) {
+    SharedSegment::Opened opened;
+    Status st = SharedSegment::open(c.directory_name(p), dir, opened);
+    if (!st.ok()) return st;
+    if (opened == SharedSegment::Opened::kNotYet) return {};
+    if (dir.size() < sizeof(Directory)) {
+      dir = SharedSegment();
+      return {};
+    }
+  }
+  Directory* d = static_cast<Directory*>(dir.data());
+  if (d->ready.load(std::memory_order_acquire) != 1) return {};
+  if (d->magic != kDirectoryMagic || d->nranks != c.plan_.nranks || d->fingerprint != c.fingerprint_)
+    return Status::Error(call.site_.describe() + ": " + c.describe_process(p) +
+                         " runs a different plan at this call site (plan fingerprint " +
+                         std::to_string(d->fingerprint) + ", this process " + std::to_string(c.fingerprint_) +
+                         "); every process must run the same program with the same jaxcoll version");
+  for (int32_t s = 0; s < kSlots; ++s) {
+    SlotHeader& h = d->slots[s];
+    const uint64_t st1 = h.state.load(std::memory_order_acquire);
+    const uint64_t ph = phase_of(st1);
+    if (ph != kPublished && ph != kDone && ph != kFailed) continue;
+    const int64_t run_id = h.run_id.load(std::memory_order_relaxed);
+    const uint64_t iteration = h.iteration.load(std::memory_order_relaxed);
+    const int64_t block = h.block.load(std::memory_order_relaxed);
+    const int32_t dtype = h.dtype.load(std::memory_order_relaxed);
+    const uint64_t data_id = h.data_id.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (generation_of(h.state.load(std::memory_order_relaxed)) != generation_of(st1)) continue;  // being reused
+    if (run_id != call.run_id_ || iteration != call.iteration_) continue;
+    if (block != call.block_ || dtype != static_cast<int32_t>(call.dtype_))
+      return Status::Error(call.site_.describe() + ": " + c.describe_process(p) + " called with " +
+                           std::to_string(block) + "-element blocks of " +
+                           dtype_name(static_cast<DType>(dtype)) + ", this process with " +
+                           std::to_string(call.block_) + " of " + dtype_name(call.dtype_) +
+                           "; every rank must pass the same shape");
+    // Map the data segment of this slot (a new one when the owner grew it).
+    const size_t k = i * kSlots + size_t(s);
+    if (c.peer_data_ids_[k] != data_id || !c.peer_data_[k].mapped()) {
+      SharedSegment::Opened opened;
+      Status st = SharedSegment::open(c.data_name(p, data_id), c.peer_data_[k], opened);
+      if (!st.ok()) return st;
+      if (opened == SharedSegment::Opened::kNotYet)
+        return Status::Error(call.site_.describe() + ": the data segment of " + c.describe_process(p) +
+                             " is gone (" + c.data_name(p, data_id) + ")");
+      c.peer_data_ids_[k] = data_id;
+    }
+    size_t bytes = 0;
+    c.layout(p, call.block_, call.dtype_, bytes);
+    if (c.peer_data_[k].size() < bytes)
+      return Status::Error(call.site_.describe() + ": the data segment of " + c.describe_process(p) + " holds " +
+                           std::to_string(c.peer_data_[k].size()) + " bytes, the call needs " +
+                           std::to_string(bytes));
+    call.peer_slot_[i] = s;
+    call.peer_generation_[i] = generation_of(st1);
+    found = true;
+    return {};
+  }
+  return {};
+}
+
+// The worker's part of a call: find the peers, run the local ranks' lanes, wait for every process to finish.
+Status run_call(SpanCall& call) {
+  SpanningCommunicator& c = call.comm_;
+  SlotHeader& me = call.header();
+  // 1. Every peer process's slot for this call.
+  for (;;) {
+    if (c.failed()) return Status::Error(c.failure());
+    const uint32_t seen = me.bell.word.load(std::memory_order_seq_cst);
+    bool all = true;
+    {
+      std::lock_guard<std::mutex> lock(c.mu_);
+      for (size_t i = 0; i < c.peers_.size(); ++i) {
+        if (call.peer_slot_[i] >= 0) continue;
+        bool found = false;
+        Status st = find_peer(call, i, found);
+        if (!st.ok()) return st;
+        if (found) call.peer_header(i, call.peer_slot_[i]).bell.ring();  // it may be waiting for us
+        all &= found;
+      }
+    }
+    if (all) break;
+    call.poll();
+    if (c.failed()) return Status::Error(c.failure());
+    if (Clock::now() >= call.deadline_) {
+      std::string missing;
+      for (size_t i = 0; i < c.peers_.size(); ++i)
+        if (call.peer_slot_[i] < 0) missing += (missing.empty() ? "" : "; ") + c.describe_process(c.peers_[i]);
+      return Status::Error(call.site_.describe() + ": timed out waiting for every process to arrive (launch " +
+                           std::to_string(call.run_id_) + ", call " + std::to_string(call.iteration_) +
+                           " of this site in it); never arrived: " + missing +
+                           " (timeout set by JAXCOLL_TIMEOUT; a process that never arrives usually ran a different "
+                           "program or failed before this collective)");
+    }
+    wait_for(me.bell, [&] { return me.bell.word.load(std::memory_order_seq_cst) != seen; },
+             [&] { return c.failed(); }, std::min(call.deadline_, Clock::now() + std::chrono::milliseconds(20)));
+  }
+
+  // 2. The local ranks' lanes, every rank addressed where this process reaches it.
+  std::vector<PeerView> views(c.plan_.nranks);
+  for (int32_t r : c.local_) views[r] = call.local_views_[c.local_index_[r]];
+  for (size_t i = 0; i < c.peers_.size(); ++i) {
+    const int32_t p = c.peers_[i];
+    size_t bytes = 0;
+    const std::vector<RankArea> areas = c.layout(p, call.block_, call.dtype_, bytes);
+    char* base = static_cast<char*>(c.peer_data_[i * kSlots + size_t(call.peer_slot_[i])].data());
+    SlotHeader& h = call.peer_header(i, call.peer_slot_[i]);
+    for (int32_t r : c.ranks_of(p)) {
+      const RankArea& a = areas[r];
+      auto at = [&](size_t off) -> void* { return off == kPrivate ? nullptr : base + off; };
+      views[r] = {at(a.input), at(a.output), at(a.scratch),
+                  reinterpret_cast<std::atomic<uint32_t>*>(base + a.semaphores), &h.bell};
+    }
+  }
+  Status st;
+  {
+    const CallBuffers& b = call.buffers_[0];
+    GroupRun group(std::move(views), c.local_, c.plan_, b, call.site_, call.deadline_, call.block_, me.bell, call,
+                   /*whole_group=*/false);
+    st = group.lead();
+  }
+  if (!st.ok()) return st;
+
+  // 3. Done here; wait until every peer is done with its steps (they may still read this process's buffers).
+  me.state.store((generation_of(me.state.load(std::memory_order_relaxed)) << 3) | kDone, std::memory_order_release);
+  call.ring_peers();
+  for (;;) {
+    const uint32_t seen = me.bell.word.load(std::memory_order_seq_cst);
+    bool all = true;
+    for (size_t i = 0; i < c.peers_.size() && all; ++i) {
+      const uint64_t s = call.peer_header(i, call.peer_slot_[i]).state.load(std::memory_order_acquire);
+      all = generation_of(s) == call.peer_generation_[i] && phase_of(s) == kDone;
+    }
+    if (all) return {};
+    call.poll();
+    if (c.failed()) return Status::Error(c.failure());
+    if (Clock::now() >= call.deadline_)
+      return Status::Error(call.site_.describe() + ": timed out waiting for the other processes to finish the call");
+    wait_for(me.bell, [&] { return me.bell.word.load(std::memory_order_seq_cst) != seen; },
+             [&] { return c.failed(); }, std::min(call.deadline_, Clock::now() + std::chrono::milliseconds(20)));
+  }
+}
+
+}  // namespace
+
+// After the call: outputs back to XLA's buffers, peers' slots acknowledged, local ranks completed.
+void finish_call(const std::shared_ptr<SpanCall>& call, Status st) {
+  SpanningCommunicator& c = call->comm_;
+  if (!st.ok()) {
+    call->fail(st.message());
+  } else {
+    for (const CopyOut& out : call->copy_out_)
+      if (out.bytes) std::memcpy(out.dst, out.src, out.bytes);
+    for (size_t i = 0; i < c.peers_.size(); ++i) call->peer_header(i, call->peer_slot_[i]).acks.fetch_add(1);
+  }
+  call->status_ = st;
+  std::vector<Completion> owed;
+  {
+    std::lock_guard<std::mutex> lock(c.mu_);
+    c.active_.erase(std::remove(c.active_.begin(), c.active_.end(), call), c.active_.end());
+    for (size_t i = 0; i < c.local_.size(); ++i) {
+      int expected = SpanCall::kWaiting;
+      if (call->handoff_[i].compare_exchange_strong(expected, SpanCall::kDone, std::memory_order_acq_rel))
+        call->completions_[i] = nullptr;  // finished on its own thread
+      else
+        owed.push_back(std::move(call->completions_[i]));
+    }
+  }
+  call->finished_.ring();
+  // Each completion on its own worker: one may resume an XLA program that waits for the others.
+  for (Completion& done : owed)
+    run_on_worker([done = std::move(done), st]() mutable { done(st); });
+}
+
+bool SpanningCommunicator::expire(Clock::time_point now, std::vector<Completion>& pending, Status& error) {
+  (void)pending;
+  (void)error;
+  std::vector<std::shared_ptr<SpanCall>> expired;
+  bool gathering = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& call : active_) {
+      if (call->arrived_ == static_cast<int32_t>(local_.size())) continue;
+      if (now < call->deadline_) {
+        gathering = true;
+        continue;
+      }
+      expired.push_back(call);
+    }
+  }
+  for (auto& call : expired) {
+    std::string missing;
+    for (size_t i = 0; i < local_.size(); ++i)
+      if (!call->arrived(i)) missing += (missing.empty() ? "" : ", ") + std::to_string(local_[i]);
+    finish_call(call, Status::Error(call->site_.describe() + ": timed out waiting for this process's ranks to "
+                                    "arrive (launch " + std::to_string(call->run_id_) + ", call " +
+                                    std::to_string(call->iteration_) + " of this site in it); ranks that never "
+                                    "arrived: [" + missing + "] (timeout set by JAXCOLL_TIMEOUT; a rank that never "
+                                    "arrives usually ran a different program or failed before this collective)"));
+  }
+  return gathering;
+}
+
+namespace {
+
+// A free slot of this process's directory (its last call acknowledged by every peer), claimed for a call.
+int32_t claim_slot(SpanningCommunicator& c) {
+  Directory& d = c.directory();
+  const uint32_t npeers = static_cast<uint32_t>(c.peers_.size());
+  for (int32_t s = 0; s < kSlots; ++s) {
+    SlotHeader& h = d.slots[s];
+    const uint64_t st = h.state.load(std::memory_order_acquire);
+    const uint64_t ph = phase_of(st);
+    if (ph == kFree || (ph == kDone && h.acks.load(std::memory_order_acquire) == npeers)) {
+      bool busy = false;
+      for (auto& a : c.active_) busy |= a->slot_ == s;
+      if (busy) continue;
+      h.acks.store(0, std::memory_order_relaxed);
+      h.state.store(((generation_of(st) + 1) << 3) | kFilling, std::memory_order_release);
+      return s;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+uint64_t plan_fingerprint(const int32_t* words, size_t nwords, int32_t reduce_op) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint32_t w) {
+    for (int i = 0; i < 4; ++i) {
+      h ^= (w >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (size_t i = 0; i < nwords; ++i) mix(static_cast<uint32_t>(words[i]));
+  mix(static_cast<uint32_t>(reduce_op));
+  return h;
+}
+
+SpanningCommunicator* spanning_communicator_for(int64_t callsite, int32_t group, const Plan& plan,
+                                                const std::vector<int32_t>& processes, uint64_t fingerprint,
+                                                Status& status) {
+  const World* w = world();
+  if (!w) {
+    status = Status::Error("jaxcoll callsite " + std::to_string(callsite) +
+                           ": this group spans several processes, but jaxcoll's multi-process runtime is not set "
+                           "up in this process (jaxcoll.distributed.connect() runs when a collective over a mesh "
+                           "of several processes is lowered, after jax.distributed.initialize)");
+    return nullptr;
+  }
+  for (int32_t p : processes)
+    if (p < 0 || p >= w->nprocesses()) {
+      status = Status::Error("jaxcoll callsite " + std::to_string(callsite) + ": the plan names process " +
+                             std::to_string(p) + ", but the job has " + std::to_string(w->nprocesses()));
+      return nullptr;
+    }
+  for (int32_t p : processes)
+    if (!w->same_host(p, w->process)) {
+      status = Status::Error("jaxcoll callsite " + std::to_string(callsite) + ": process " + std::to_string(p) +
+                             " is on another host; jaxcoll's network transport between hosts is not built yet "
+                             "(docs/multiprocess.md), only shared memory between processes of one host");
+      return nullptr;
+    }
+  static std::mutex mu;
+  static auto* registry = new std::map<std::pair<int64_t, int32_t>, std::unique_ptr<SpanningCommunicator>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto& c = (*registry)[{callsite, group}];
+  if (!c) {
+    auto made = std::make_unique<SpanningCommunicator>(callsite, group, plan, processes, fingerprint, *w);
+    made->iterations_.resize(made->local_.size());
+    status = made->open_directory();
+    if (!status.ok()) {
+      registry->erase({callsite, group});
+      return nullptr;
+    }
+    c = std::move(made);
+  }
+  return c.get();
+}
+
+Status execute_spanning_rank(SpanningCommunicator& c, int64_t run_id, const Plan& plan, int32_t rank,
+                             const CallBuffers& b, const CallSite& site, double timeout_s, Completion completion,
+                             bool& pending) {
+  pending = false;
+  if (c.failed())
+    return Status::Error(site.describe() + ": an earlier call of this collective failed and left its peers in an "
+                         "unknown state; restart the job. The failure was: " + c.failure());
+  const int32_t li = (rank >= 0 && rank < plan.nranks) ? c.local_index_[rank] : -1;
+  if (li < 0)
+    return Status::Error(site.describe() + ": rank " + std::to_string(rank) + " is not hosted by process " +
+                         std::to_string(c.me_) + " (the plan's process map puts it elsewhere)");
+  if (b.input_elements % plan.in_blocks)
+    return Status::Error(site.describe() + ": rank " + std::to_string(rank) + ": input of " +
+                         std::to_string(b.input_elements) + " elements does not split into the plan's in_blocks=" +
+                         std::to_string(plan.in_blocks) + " blocks");
+  const int64_t block = b.input_elements / plan.in_blocks;
+  if (b.output_elements != block * plan.out_blocks)
+    return Status::Error(site.describe() + ": rank " + std::to_string(rank) + ": output has " +
+                         std::to_string(b.output_elements) + " elements, the plan needs out_blocks*block=" +
+                         std::to_string(plan.out_blocks) + "*" + std::to_string(block));
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s));
+  const size_t dsize = dtype_size(b.dtype);
+
+  // Join (or open) the call: the first local rank claims a slot and sizes its data segment.
+  std::shared_ptr<SpanCall> call;
+  {
+    std::lock_guard<std::mutex> lock(c.mu_);
+    if (c.failed()) return Status::Error(site.describe() + ": " + c.failure());
+    auto& iters = c.iterations_[li];
+    const uint64_t iteration = ++iters[run_id];
+    if (iters.size() > 64) iters.erase(iters.begin());
+    for (auto& a : c.active_)
+      if (a->run_id_ == run_id && a->iteration_ == iteration) call = a;
+    if (!call) {
+      const int32_t slot = claim_slot(c);
+      if (slot < 0)
+        return Status::Error(site.describe() + ": more than " + std::to_string(kSlots) +
+                             " calls of this collective are in flight in this process");
+      size_t bytes = 0;
+      c.layout(c.me_, block, b.dtype, bytes);
+      if (c.data_[slot].size() < bytes) {
+        const uint64_t id = next_data_id.fetch_add(1);
+        Status st = SharedSegment::create(c.data_name(c.me_, id), align_up(bytes, size_t(2) << 20), c.data_[slot]);
+        if (!st.ok()) return st;
+        c.data_ids_[slot] = id;
+      }
+      call = std::make_shared<SpanCall>(c, run_id, iteration, slot, block, b.dtype, site, deadline);
+      call->staging_.resize(c.local_.size());
+      // Views of the local ranks into this call's data segment (XLA's buffers are filled in as ranks arrive).
+      const std::vector<RankArea> areas = c.layout(c.me_, block, b.dtype, bytes);
+      char* base = static_cast<char*>(c.data_[slot].data());
+      call->local_views_.resize(c.local_.size());
+      for (size_t i = 0; i < c.local_.size(); ++i) {
+        const RankArea& a = areas[c.local_[i]];
+        PeerView& v = call->local_views_[i];
+        v.semaphores = reinterpret_cast<std::atomic<uint32_t>*>(base + a.semaphores);
+        v.bell = &call->header().bell;
+        v.scratch = a.scratch == kPrivate ? nullptr : base + a.scratch;
+        v.input = a.input == kPrivate ? nullptr : base + a.input;
+        v.output = a.output == kPrivate ? nullptr : base + a.output;
+      }
+      c.active_.push_back(call);
+    }
+  }
+  // A rank with another shape fails the call, but still arrives: the call's other ranks learn of it as it ends.
+  const bool mismatch = call->block_ != block || call->dtype_ != b.dtype;
+  if (mismatch)
+    call->fail(site.describe() + ": rank " + std::to_string(rank) + " called with " + std::to_string(block) +
+               "-element blocks of " + dtype_name(b.dtype) + ", another rank of this process with " +
+               std::to_string(call->block_) + " of " + dtype_name(call->dtype_) +
+               "; every rank must pass the same shape");
+
+  // Stage this rank's buffers as the plan's arrangement and the sharing need (outside the lock: ranks in parallel).
+  PeerView& v = call->local_views_[li];
+  const RankProgram& prog = plan.ranks[rank];
+  CopyOut copy_out;
+  if (!mismatch) {
+  std::memset(static_cast<void*>(v.semaphores), 0, size_t(prog.semaphores) * sizeof(uint32_t));
+  const size_t in_bytes = size_t(b.input_elements) * dsize, out_bytes = size_t(b.output_elements) * dsize;
+  const bool shared_io = v.output != nullptr;  // in-place plans share input and output together
+  if (!plan.in_place) {
+    if (v.input) std::memcpy(v.input, b.input, in_bytes);
+    else v.input = const_cast<void*>(b.input);
+    if (v.output) copy_out = {b.output, v.output, out_bytes};
+    else v.output = b.output;
+  } else if (plan.collective == Collective::kAllGather) {
+    if (!shared_io) v.output = b.output;
+    v.input = static_cast<char*>(v.output) + rank * block * int64_t(dsize);
+    std::memcpy(v.input, b.input, block * dsize);
+    if (shared_io) copy_out = {b.output, v.output, out_bytes};
+  } else if (plan.collective == Collective::kReduceScatter) {
+    void* staging = shared_io ? v.input : call->staging_[li].reserve(in_bytes);
+    if (!staging) {
+      call->fail(site.describe() + ": out of memory for the in-place staging buffer");
+      staging = v.input = v.output = nullptr;
+    }
+    if (staging) std::memcpy(staging, b.input, in_bytes);
+    v.input = staging;
+    v.output = static_cast<char*>(staging) + rank * block * int64_t(dsize);
+    copy_out = {b.output, v.output, size_t(block) * dsize};
+  } else {
+    if (!shared_io) v.output = b.output;
+    if (v.output != b.input) std::memcpy(v.output, b.input, in_bytes);
+    v.input = v.output;
+    if (shared_io) copy_out = {b.output, v.output, out_bytes};
+  }
+  if (!shared_io) advise_huge_pages(b.output, out_bytes);
+  }
+
+  bool last = false;
+  {
+    std::lock_guard<std::mutex> lock(c.mu_);
+    call->buffers_[li] = b;
+    call->copy_out_[li] = copy_out;
+    call->completions_[li] = std::move(completion);
+    call->arrived_ranks_[li] = true;
+    call->handoff_[li].store(SpanCall::kWaiting, std::memory_order_relaxed);
+    last = ++call->arrived_ == static_cast<int32_t>(c.local_.size());
+    if (last) {
+      // Publish: peers may now find the call, map its segment and signal its semaphores.
+      SlotHeader& h = call->header();
+      h.run_id.store(run_id, std::memory_order_relaxed);
+      h.iteration.store(call->iteration_, std::memory_order_relaxed);
+      h.block.store(block, std::memory_order_relaxed);
+      h.dtype.store(static_cast<int32_t>(b.dtype), std::memory_order_relaxed);
+      h.data_id.store(c.data_ids_[call->slot_], std::memory_order_relaxed);
+      h.state.store((generation_of(h.state.load(std::memory_order_relaxed)) << 3) | kPublished,
+                    std::memory_order_release);
+    }
+  }
+  if (last) run_on_worker([call] { finish_call(call, run_call(*call)); });
+
+  // Finish on this thread if the call is done soon (saves a worker hop), else return pending.
+  std::atomic<int>& h = call->handoff_[li];
+  wait_for(call->finished_, [&] { return h.load(std::memory_order_acquire) != SpanCall::kWaiting; },
+           [] { return false; }, std::min(deadline, Clock::now() + sync_wait()));
+  int expected = SpanCall::kWaiting;
+  if (h.compare_exchange_strong(expected, SpanCall::kDeferred, std::memory_order_acq_rel)) {
+    pending = true;
+    watchdog_notify();
+    return {};
+  }
+  return call->status_;
+}
+
+}  // namespace jaxcoll

@@ -1,0 +1,55 @@
+// Groups whose ranks live in several processes of one host (jax.distributed jobs), over shared memory.
+//
+// Each process hosts some of a group's ranks and runs only their lanes (lanes.hpp); the steps that reach a rank
+// in another process read and write that rank's buffers in shared memory. Per call site (callsite, group) every
+// process owns a *directory* segment of call slots; a slot names the call it holds (XLA's run id, which is the
+// same in every process of a launch, and the call's count within the launch), its state, a doorbell, and a data
+// segment holding the semaphores of the process's ranks, their scratch and the buffers peers reach. XLA's
+// buffers are private to a process, so a rank's input is copied into its data segment when a peer process reads
+// it, and its output copied back when a peer process writes it (the plan says which, per rank and buffer).
+//
+// One call, in each process:
+//   1. Each local rank arrives on its device thread: the first claims a free slot, each stages its input, the
+//      last publishes the slot and hands the call to a worker thread (workers.hpp); the device threads return
+//      pending (or finish on their own thread if the call is done within JAXCOLL_SYNC_WAIT_US).
+//   2. The worker finds each peer process's slot for the same call (their directories are found by name, so no
+//      address is exchanged per call), checks that they run the same plan (a fingerprint in the directory) with
+//      the same shapes, maps their data segments, and runs the local ranks' lanes.
+//   3. It marks the slot done and waits until every peer's slot is done: no rank returns before every rank of
+//      the group has finished its steps (docs/plan-ir.md). Then it copies outputs back, completes the local ranks
+//      and acknowledges each peer's slot; a slot is reused only when every peer has acknowledged it.
+//
+// Faults end in an error on every surviving rank, never a hang: a peer process that exits (seen through its
+// pidfd within 50 ms), one that reports a failure in its slot, one that runs another plan at this call site, or
+// one that does not arrive within the timeout. A failed call site stays failed, as in one process.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "communicator.hpp"
+#include "executor.hpp"
+#include "plan.hpp"
+#include "status.hpp"
+
+namespace jaxcoll {
+
+class SpanningCommunicator;
+
+// The communicator of (callsite, group) for a plan whose ranks live in the processes `processes[r]` (job process
+// indices, world.hpp); created on first use. `fingerprint` identifies the plan and reduction: a peer process whose
+// directory states another is running a different program at this call site.
+SpanningCommunicator* spanning_communicator_for(int64_t callsite, int32_t group, const Plan& plan,
+                                                const std::vector<int32_t>& processes, uint64_t fingerprint,
+                                                Status& status);
+
+// Rank `rank`'s part of a call of a spanning group (rank must be hosted here). Like execute_rank: returns OK with
+// `pending` set when `completion` will be called later with the call's status.
+Status execute_spanning_rank(SpanningCommunicator& comm, int64_t run_id, const Plan& plan, int32_t rank,
+                             const CallBuffers& buffers, const CallSite& site, double timeout_s,
+                             Completion completion, bool& pending);
+
+// A fingerprint of a plan's words and the call's reduction (FNV-1a), for spanning_communicator_for.
+uint64_t plan_fingerprint(const int32_t* words, size_t nwords, int32_t reduce_op);
+
+}  // namespace jaxcoll

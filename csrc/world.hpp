@@ -1,0 +1,34 @@
+// The job this process belongs to, when jaxcoll spans processes: which process this is, every process's pid and
+// host, and the job's random token (names of shared-memory segments). jaxcoll.distributed fills it in once,
+// through jax.distributed's key-value store, before the first collective whose group spans processes runs
+// (docs/multiprocess.md). A process that never calls configure_world runs every group in-process, as before.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "status.hpp"
+
+namespace jaxcoll {
+
+struct World {
+  int32_t process = 0;             // this process's index (jax.process_index())
+  std::vector<int64_t> pids;       // per process
+  std::vector<int32_t> hosts;      // per process: equal values share a host (and /dev/shm)
+  std::string token;               // the job's random token, hex
+  int32_t nprocesses() const { return static_cast<int32_t>(pids.size()); }
+  bool same_host(int32_t a, int32_t b) const { return hosts[a] == hosts[b]; }
+};
+
+// Set the job once; a second call must describe the same job.
+Status configure_world(int32_t process, std::vector<int64_t> pids, std::vector<int32_t> hosts, std::string token);
+// The job, or null before configure_world.
+const World* world();
+
+// Whether process `p` of the job still runs: false once it has exited (or been killed), even before its parent
+// reaps it. Only answerable for processes on this host; others count as alive (a network transport notices
+// them through their connection).
+bool process_alive(int32_t p);
+
+}  // namespace jaxcoll

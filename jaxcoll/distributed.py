@@ -1,0 +1,121 @@
+"""jaxcoll across the processes of a `jax.distributed` job: the bootstrap (docs/multiprocess.md).
+
+jax.distributed's coordinator and key-value store are the only rendezvous: no second launcher and no port for
+the user to configure. `connect()` runs once per process, when the first collective over a mesh of several
+processes is lowered (every process lowers the same program, so every process gets here):
+
+1. process 0 draws the job's random token (it names the shared-memory segments, so no other job or user can
+   guess or collide with them) and publishes it;
+2. every process publishes its pid, host and jaxcoll version, and reads every other process's;
+3. the native runtime learns the job (`_jaxcoll.configure_world`), which also removes segments a crashed
+   earlier run left behind.
+
+A process that never publishes (it crashed, or runs another program) is named in the error after the timeout
+(JAXCOLL_TIMEOUT); a process running another jaxcoll version is refused at once. A process that imports jaxcoll
+without jax.distributed never calls this and runs every group in-process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import socket
+import threading
+
+import jax
+
+import jaxcoll
+from jaxcoll import _jax
+
+_PREFIX = "jaxcoll/v1/"
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    """The job as jaxcoll sees it: this process's index, and every process's pid and host index (processes
+    with equal host indices share a host and its /dev/shm)."""
+    process: int
+    pids: tuple[int, ...]
+    hosts: tuple[int, ...]
+
+    @property
+    def nprocesses(self) -> int:
+        return len(self.pids)
+
+
+_world: World | None = None
+_lock = threading.Lock()
+
+
+def _host_identity() -> str:
+    # The hostname alone can repeat across containers; the boot id tells two kernels (two /dev/shm) apart.
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _timeout_ms() -> int:
+    from jaxcoll import runtime
+    return int(runtime.default_timeout_s() * 1000)
+
+
+def world() -> World | None:
+    """The job, once `connect()` has run in this process; None before (or without jax.distributed)."""
+    return _world
+
+
+def connect() -> World | None:
+    """Join this process to the job's other processes through jax.distributed's key-value store (once; later
+    calls return the same World). None when the job has one process. Raises RuntimeError naming a process
+    that does not publish within the timeout, or one that runs another jaxcoll version."""
+    global _world
+    if jax.process_count() == 1:
+        return None
+    with _lock:
+        if _world is not None:
+            return _world
+        client = _jax.distributed_client()
+        if client is None:
+            raise RuntimeError(
+                f"jaxcoll: this job has {jax.process_count()} processes but jax.distributed's key-value store is "
+                "not available; call jax.distributed.initialize() before running jaxcoll collectives")
+        me, n = jax.process_index(), jax.process_count()
+        timeout = _timeout_ms()
+        if me == 0:
+            client.key_value_set(_PREFIX + "token", secrets.token_hex(16))
+        token = _get(client, _PREFIX + "token", timeout, "process 0", "the job's token")
+        mine = {"pid": os.getpid(), "host": _host_identity(), "version": jaxcoll.__version__}
+        client.key_value_set(_PREFIX + f"process/{me}", json.dumps(mine))
+        peers = [mine if q == me else json.loads(_get(client, _PREFIX + f"process/{q}", timeout, f"process {q}",
+                                                      "its pid and host"))
+                 for q in range(n)]
+        for q, peer in enumerate(peers):
+            if peer["version"] != mine["version"]:
+                raise RuntimeError(f"jaxcoll: process {q} runs jaxcoll {peer['version']}, process {me} runs "
+                                   f"{mine['version']}; every process of a job must run the same version")
+        # JAXCOLL_TRANSPORT=tcp puts every process on a host of its own: a peer is then reached over the
+        # network even on this machine (how the network transport is tested over loopback).
+        forced_network = os.environ.get("JAXCOLL_TRANSPORT", "") == "tcp"
+        host_ids: dict[str, int] = {}
+        hosts = tuple(q if forced_network else host_ids.setdefault(peer["host"], len(host_ids))
+                      for q, peer in enumerate(peers))
+        pids = tuple(int(peer["pid"]) for peer in peers)
+        from jaxcoll import runtime
+        runtime.configure_world(me, pids, hosts, token)
+        _world = World(me, pids, hosts)
+        return _world
+
+
+def _get(client, key: str, timeout_ms: int, who: str, what: str) -> str:
+    try:
+        return client.blocking_key_value_get(key, timeout_ms)
+    except Exception as e:  # jaxlib raises its own XlaRuntimeError (DEADLINE_EXCEEDED) here
+        raise RuntimeError(
+            f"jaxcoll: {who} did not publish {what} within {timeout_ms / 1000:g} s (key {key!r} of "
+            f"jax.distributed's store; timeout set by JAXCOLL_TIMEOUT): it never started jaxcoll, crashed, or runs "
+            f"a different program") from e
