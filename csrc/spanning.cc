@@ -286,9 +286,9 @@ class SpanCall : public CallFailure {
     for (size_t i = 0; i < comm_.peers_.size(); ++i) {
       const int32_t p = comm_.peers_[i];
       if (!process_alive(p)) {
-        fail(site_.describe() + ": " + comm_.describe_process(p) + " exited during this call (launch " +
+        fail(site_.describe() + ": " + comm_.describe_process(p) + " has exited (noticed during launch " +
              std::to_string(run_id_) + ", call " + std::to_string(iteration_) +
-             " of this site in it); its ranks will never finish their steps");
+             " of this site in it); its ranks will never arrive or finish their steps");
         return;
       }
       if (peer_slot_[i] >= 0) {

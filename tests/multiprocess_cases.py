@@ -1,0 +1,309 @@
+"""The programs test_multiprocess.py runs in every process of a jax.distributed job (started by
+jaxcoll.launch): `python multiprocess_cases.py CASE`. Each case raises (exit code 1, traceback on stderr) when a
+check fails and prints one line `ok CASE <what it checked>` when every check passed.
+
+Every collective is compared with two references: XLA's own collective (gloo across processes, run in the same
+processes on the same input) and numpy, applied to each group of the mesh from the global input. Inputs are
+small integers, so sums compare bitwise whatever order each side reduces in.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import jaxcoll.launch
+
+PROCESS, NPROCESSES = jaxcoll.launch.initialize()
+
+import jax  # noqa: E402 - after the job is joined
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import jaxcoll  # noqa: E402
+
+# -- meshes and data -----------------------------------------------------------------------------------------
+
+
+def mesh_1d() -> Mesh:
+    return Mesh(np.array(jax.devices()), ("i",))
+
+
+def mesh_2d(crossing: str) -> Mesh:
+    """A 2D mesh of every device: axis `crossing` ("x" or "y") runs across the processes, the other stays inside
+    each process."""
+    per = len(jax.local_devices())
+    grid = np.array(jax.devices()).reshape(NPROCESSES, per)  # row p: process p's devices
+    return Mesh(grid if crossing == "x" else grid.T, ("x", "y"))
+
+
+def small_ints(rng, shape, dtype):
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(bool)
+    lo = 0 if dtype.kind == "u" else -3
+    return rng.integers(lo, 4, shape).astype(dtype)
+
+
+def put(x: np.ndarray, mesh: Mesh):
+    """The global array sharded over every mesh axis along its leading dimension (row-major over the axes)."""
+    sharding = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def run(fn, mesh: Mesh, x):
+    spec = P(tuple(mesh.axis_names))
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec))(x)
+
+
+def local_values(y) -> dict:
+    """{global index of the shard: its values} for this process's shards."""
+    return {tuple((s.start, s.stop) for s in shard.index): np.asarray(shard.data) for shard in y.addressable_shards}
+
+
+def reference(kind: str, mesh: Mesh, axes: tuple, x: np.ndarray, **kw) -> np.ndarray:
+    """numpy: collective `kind` over `axes` applied to every group of `mesh`, each device holding the block of x
+    that put() gives it; returns the global result laid out the same way."""
+    names, shape = mesh.axis_names, mesh.devices.shape
+    blocks = np.split(x, int(np.prod(shape)))
+    sizes = dict(zip(names, shape))
+    groups: dict[tuple, dict[int, int]] = {}
+    for linear, coords in enumerate(np.ndindex(*shape)):
+        at = dict(zip(names, coords))
+        rank = 0
+        for a in axes:
+            rank = rank * sizes[a] + at[a]
+        groups.setdefault(tuple(at[a] for a in names if a not in axes), {})[rank] = linear
+    out = [None] * len(blocks)
+    for members in groups.values():
+        n = len(members)
+        ins = [blocks[members[r]] for r in range(n)]
+        wide = np.stack([b.astype(np.float64) if b.dtype != np.bool_ else b for b in ins])
+        for r in range(n):
+            if kind in ("sum", "max", "min"):
+                red = {"sum": np.sum, "max": np.max, "min": np.min}[kind](wide, axis=0)
+                res = red.astype(ins[0].dtype)
+            elif kind == "all_gather":
+                res = np.concatenate(ins)
+            elif kind == "reduce_scatter":
+                res = np.split(wide.sum(axis=0).astype(ins[0].dtype), n)[r]
+            elif kind == "all_to_all":
+                res = np.concatenate([np.split(ins[s], n)[r] for s in range(n)])
+            elif kind == "ppermute":
+                src = [s for s, d in kw["perm"] if d == r]
+                res = ins[src[0]] if src else np.zeros_like(ins[0])
+            elif kind == "broadcast":
+                res = ins[kw["root"]]
+            else:
+                raise ValueError(kind)
+            out[members[r]] = res
+    return np.concatenate(out)
+
+
+def check(label: str, mesh: Mesh, axes, ours, theirs, x_np: np.ndarray, kind: str, **kw) -> None:
+    """ours == XLA's collective (theirs) == numpy, on this process's shards."""
+    axes_t = axes if isinstance(axes, tuple) else (axes,)
+    x = put(x_np, mesh)
+    got, want = local_values(run(ours, mesh, x)), local_values(run(theirs, mesh, x))
+    expect = reference(kind, mesh, axes_t, x_np, **kw)
+    for index, value in got.items():
+        np.testing.assert_array_equal(value, want[index], err_msg=f"{label}: jaxcoll vs XLA at {index}")
+        np.testing.assert_array_equal(value, expect[tuple(slice(a, b) for a, b in index)],
+                                      err_msg=f"{label}: jaxcoll vs numpy at {index}")
+
+
+AXES = [("1d", "i"), ("2d-x", "x"), ("2d-x", "y"), ("2d-x", ("x", "y")), ("2d-y", "y"), ("2d-y", ("y", "x"))]
+
+
+def meshes():
+    return {"1d": mesh_1d(), "2d-x": mesh_2d("x"), "2d-y": mesh_2d("y")}
+
+
+# -- cases ---------------------------------------------------------------------------------------------------
+
+def case_collectives() -> str:
+    """The six collectives, every op of all_reduce, three dtypes, over axes inside and across processes."""
+    rng = np.random.default_rng(0)
+    ms = meshes()
+    nchecks = 0
+    for mesh_name, axes in AXES:
+        mesh = ms[mesh_name]
+        axes_t = axes if isinstance(axes, tuple) else (axes,)
+        n = int(np.prod([mesh.shape[a] for a in axes_t]))
+        ndev = mesh.devices.size
+        label = f"{mesh_name} over {axes}"
+        for dtype in (np.float32, jnp.bfloat16, np.int32):
+            x = small_ints(rng, (ndev * n * 2, 3), dtype)
+            for op, ref in (("sum", lax.psum), ("max", lax.pmax), ("min", lax.pmin)):
+                check(f"all_reduce {op} {label}", mesh, axes, lambda v, op=op: jaxcoll.all_reduce(v, axes, op=op),
+                      lambda v, ref=ref: ref(v, axes), x, op)
+            check(f"all_gather {label}", mesh, axes, lambda v: jaxcoll.all_gather(v, axes, tiled=True),
+                  lambda v: lax.all_gather(v, axes, tiled=True), x, "all_gather")
+            check(f"reduce_scatter {label}", mesh, axes, lambda v: jaxcoll.reduce_scatter(v, axes, tiled=True),
+                  lambda v: lax.psum_scatter(v, axes, tiled=True), x, "reduce_scatter")
+            check(f"all_to_all {label}", mesh, axes, lambda v: jaxcoll.all_to_all(v, axes, 0, 0, tiled=True),
+                  lambda v: lax.all_to_all(v, axes, 0, 0, tiled=True), x, "all_to_all")
+            # ppermute over axes in mesh order: how jax numbers a tuple in another order changed in jax 0.11
+            # (test_collectives covers that contract); here the point is the processes.
+            in_order = tuple(sorted(axes_t, key=mesh.axis_names.index))
+            perm = [(r, (r + 1) % n) for r in range(n)]
+            check(f"ppermute {label}", mesh, in_order, lambda v: jaxcoll.ppermute(v, in_order, perm),
+                  lambda v: lax.ppermute(v, in_order, perm), x, "ppermute", perm=perm)
+            root = n - 1
+            check(f"broadcast {label}", mesh, axes, lambda v: jaxcoll.broadcast(v, axes, root=root),
+                  lambda v: lax.all_gather(v, axes)[root], x, "broadcast", root=root)
+            nchecks += 8
+    return f"{nchecks} checks"
+
+
+def case_algorithms() -> str:
+    """Every built-in all_reduce and all_gather algorithm across processes, and an odd size."""
+    from jaxcoll import algorithms
+    rng = np.random.default_rng(1)
+    mesh = mesh_1d()
+    n = mesh.devices.size
+    names = []
+    for name in algorithms.known("all_reduce"):
+        x = small_ints(rng, (n * 7, 5), np.float32)
+        check(f"all_reduce {name}", mesh, "i", lambda v, a=name: jaxcoll.all_reduce(v, "i", algorithm=a),
+              lambda v: lax.psum(v, "i"), x, "sum")
+        names.append(name)
+    for name in algorithms.known("all_gather"):
+        x = small_ints(rng, (n * 3, 2), np.int32)
+        check(f"all_gather {name}", mesh, "i", lambda v, a=name: jaxcoll.all_gather(v, "i", tiled=True, algorithm=a),
+              lambda v: lax.all_gather(v, "i", tiled=True), x, "all_gather")
+        names.append(name)
+    return f"algorithms {names}"
+
+
+def case_loops() -> str:
+    """A 200-step scan of all_reduce, two independent collectives per step and their gradient: same as XLA's."""
+    mesh = mesh_2d("x")
+    rng = np.random.default_rng(2)
+    x_np = small_ints(rng, (mesh.devices.size * 4, 3), np.float32) / 8
+
+    def steps(all_reduce, all_gather):
+        def body(v):
+            def step(c, _):
+                a = all_reduce(c, "x") * 0.5
+                b = all_gather(c, "y")
+                return a + b.sum(0) * 0.01, None
+            out, _ = lax.scan(step, v, None, length=200)
+            return out
+        return body
+
+    ours = steps(lambda v, a: jaxcoll.all_reduce(v, a), lambda v, a: jaxcoll.all_gather(v, a))
+    theirs = steps(lambda v, a: lax.psum(v, a), lambda v, a: lax.all_gather(v, a))
+    x = put(x_np, mesh)
+    got, want = local_values(run(ours, mesh, x)), local_values(run(theirs, mesh, x))
+    for index, value in got.items():
+        np.testing.assert_allclose(value, want[index], rtol=1e-6, err_msg=f"scan at {index}")
+
+    def loss(f):
+        return lambda v: jnp.sum(f(v, ("x", "y")) ** 2)
+    gours = jax.grad(loss(lambda v, a: jaxcoll.all_reduce(v, a)))
+    gtheirs = jax.grad(loss(lambda v, a: lax.psum(v, a)))
+    got, want = local_values(run(gours, mesh, x)), local_values(run(gtheirs, mesh, x))
+    for index, value in got.items():
+        np.testing.assert_allclose(value, want[index], rtol=1e-6, err_msg=f"grad at {index}")
+    return "scan of 200 steps, two collectives per step, grad"
+
+
+def case_large() -> str:
+    """A call larger than the segments first made: the data segment grows, results stay right."""
+    mesh = mesh_1d()
+    n = mesh.devices.size
+    for rows in (8, 1 << 16):
+        x = (np.arange(n * rows, dtype=np.float32) % 7).reshape(n * rows, 1)
+        check(f"all_reduce of {rows} rows", mesh, "i", lambda v: jaxcoll.all_reduce(v, "i"),
+              lambda v: lax.psum(v, "i"), x, "sum")
+    return "segments grow"
+
+
+def case_segments_private() -> str:
+    """Every shared-memory segment jaxcoll made in this process is owner-only (0600)."""
+    mesh = mesh_1d()
+    x = put(np.ones((mesh.devices.size * 2,), np.float32), mesh)
+    run(lambda v: jaxcoll.all_reduce(v, "i"), mesh, x).block_until_ready()
+    mine = [f for f in os.listdir("/dev/shm") if f.startswith("jaxcoll-") and f"-{os.getpid()}-" in f]
+    assert mine, "no jaxcoll segment found in /dev/shm"
+    modes = {f: oct(os.stat(os.path.join("/dev/shm", f)).st_mode & 0o777) for f in mine}
+    assert all(m == "0o600" for m in modes.values()), modes
+    return f"{len(mine)} segments, all 0600"
+
+
+# -- faults: the surviving processes print the error they got ------------------------------------------------
+
+def _fault_call(algorithm="auto"):
+    mesh = mesh_1d()
+    x = put(np.ones((mesh.devices.size * 4,), np.float32), mesh)
+    f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "i", algorithm=algorithm), mesh=mesh,
+                              in_specs=P("i"), out_specs=P("i")))
+    return f, x
+
+
+def _report(fn) -> str:
+    """Run fn; print the error it raised as `error <seconds> <message>` (the test reads it); then leave at once,
+    without jax.distributed's shutdown barrier, which would wait for the peer that is gone."""
+    start = time.monotonic()
+    try:
+        fn()
+    except Exception as e:  # the error under test
+        print("error", f"{time.monotonic() - start:.2f}", " ".join(str(e).split()), flush=True)
+        os._exit(0)
+    print("noerror", flush=True)
+    os._exit(0)
+
+
+def case_exit_between_calls() -> str:
+    f, x = _fault_call()
+    f(x).block_until_ready()
+    if PROCESS == 1:
+        os._exit(0)
+    time.sleep(1.0)
+    _report(lambda: f(x).block_until_ready())
+
+
+def case_killed_mid_call() -> str:
+    f, x = _fault_call()
+    f(x).block_until_ready()
+    if PROCESS == 1:
+        # Arrive, then die while the call waits for process 0.
+        import signal
+        import threading
+        threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        f(x).block_until_ready()
+        time.sleep(60)
+    time.sleep(2.5)
+    _report(lambda: f(x).block_until_ready())
+
+
+def case_never_arrives() -> str:
+    f, x = _fault_call()
+    f(x).block_until_ready()
+    if PROCESS == 1:
+        time.sleep(60)  # alive, but never calls again
+        os._exit(0)
+    _report(lambda: f(x).block_until_ready())
+
+
+def case_different_plan() -> str:
+    f, x = _fault_call(algorithm="ring" if PROCESS == 1 else "two_shot")
+    _report(lambda: f(x).block_until_ready())
+
+
+def case_different_version() -> str:
+    if PROCESS == 1:
+        jaxcoll.__version__ = "0.0.0-other"
+    f, x = _fault_call()
+    _report(lambda: f(x).block_until_ready())
+
+
+if __name__ == "__main__":
+    name = sys.argv[1]
+    result = globals()[f"case_{name}"]()
+    print("ok", name, result, flush=True)
+    jax.distributed.shutdown()

@@ -1,0 +1,107 @@
+"""jaxcoll across the processes of a jax.distributed job on this machine: each test launches a job
+(jaxcoll.launch) whose processes run a case of multiprocess_cases.py; every collective there is compared with
+XLA's gloo collectives in the same processes and with numpy. The fault tests check that each surviving process
+gets an error naming the process at fault, well within the job's time, never a hang."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import jaxcoll
+
+from jaxcoll.launch import launch
+
+CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_cases.py")
+
+
+def job(case: str, nprocesses: int = 2, local_devices: int = 4, timeout_s: float = 240.0, **env):
+    return launch(nprocesses, [CASES, case], local_devices=local_devices, timeout_s=timeout_s,
+                  env={k: str(v) for k, v in env.items()})
+
+
+def assert_all_ok(results, case):
+    for r in results:
+        assert r.returncode == 0, f"process {r.process} of case {case} exited with {r.returncode}:\n{r.stderr[-4000:]}"
+        assert f"ok {case}" in r.stdout, f"process {r.process} did not finish case {case}:\n{r.stdout[-2000:]}"
+
+
+def error_of(result) -> tuple[float, str]:
+    """(seconds the failing call took, its message) printed by a surviving process."""
+    for line in result.stdout.splitlines():
+        if line.startswith("error "):
+            _, seconds, message = line.split(" ", 2)
+            return float(seconds), message
+    raise AssertionError(f"process {result.process} reported no error (rc {result.returncode}):\n"
+                         f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+
+
+@pytest.mark.parametrize("nprocesses,local_devices", [(2, 4), (4, 2)])
+@pytest.mark.parametrize("case", ["collectives", "loops"])
+def test_collectives_across_processes_equal_xla_and_numpy(case, nprocesses, local_devices):
+    assert_all_ok(job(case, nprocesses, local_devices), case)
+
+
+@pytest.mark.parametrize("case", ["algorithms", "large", "segments_private"])
+def test_across_two_processes(case):
+    assert_all_ok(job(case), case)
+
+
+def test_a_process_that_exits_between_calls_is_named_at_once():
+    seconds, message = error_of(job("exit_between_calls", JAXCOLL_TIMEOUT=60)[0])
+    assert re.search(r"process 1 \(pid \d+, ranks \[4, 5, 6, 7\] of this group\) has exited", message), message
+    assert seconds < 10, f"the error took {seconds} s (timeout 60 s): the exit should be noticed at once"
+
+
+def test_a_process_killed_mid_call_is_named_at_once():
+    results = job("killed_mid_call", JAXCOLL_TIMEOUT=60)
+    assert results[1].returncode == -9
+    seconds, message = error_of(results[0])
+    assert "process 1" in message and "has exited" in message, message
+    assert seconds < 10, f"the error took {seconds} s (timeout 60 s)"
+
+
+def test_a_process_that_never_arrives_is_named_after_the_timeout():
+    seconds, message = error_of(job("never_arrives", JAXCOLL_TIMEOUT=5)[0])
+    assert "timed out waiting for every process to arrive" in message, message
+    assert "never arrived: process 1" in message and "ranks [4, 5, 6, 7]" in message, message
+    assert 4 < seconds < 30, seconds
+
+
+def test_a_process_running_another_plan_is_refused_by_fingerprint():
+    for r in job("different_plan", JAXCOLL_TIMEOUT=60):
+        seconds, message = error_of(r)
+        other = 1 - r.process
+        assert f"process {other}" in message and "runs a different plan at this call site" in message, message
+        assert seconds < 10, seconds
+
+
+def test_a_process_running_another_jaxcoll_version_is_refused_at_setup():
+    for r in job("different_version", JAXCOLL_TIMEOUT=60):
+        _, message = error_of(r)
+        assert "0.0.0-other" in message and jaxcoll.__version__ in message, message
+        assert "every process of a job must run the same version" in message, message
+
+
+def test_segments_left_by_a_crashed_run_are_removed():
+    # A segment named as jaxcoll names them, for a process that no longer exists.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = f"/dev/shm/jaxcoll-{'ab' * 16}-{dead.pid}-c1g0"
+    with open(stale, "wb") as f:
+        f.write(b"\0" * 4096)
+    os.chmod(stale, 0o600)
+    assert_all_ok(job("segments_private"), "segments_private")
+    assert not os.path.exists(stale), "the stale segment is still in /dev/shm"
+
+
+def test_a_finished_job_leaves_no_segment():
+    before = {f for f in os.listdir("/dev/shm") if f.startswith("jaxcoll-")}
+    results = job("large")
+    assert_all_ok(results, "large")
+    after = {f for f in os.listdir("/dev/shm") if f.startswith("jaxcoll-")} - before
+    assert not after, f"segments left behind: {sorted(after)}"
