@@ -142,8 +142,8 @@ class RankRun {
   void* base(const ChunkRef& ref) {
     const PeerView& v = views_[ref.rank];
     switch (ref.buffer) {
-      case BufferKind::kInput: return v.input;
-      case BufferKind::kOutput: return v.output;
+      case BufferKind::kInput: return v.input_chunks && v.input_chunks[ref.index] ? v.shared_input : v.input;
+      case BufferKind::kOutput: return v.output_chunks && v.output_chunks[ref.index] ? v.shared_output : v.output;
       case BufferKind::kScratch: return v.scratch;
     }
     return nullptr;

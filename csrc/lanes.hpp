@@ -32,6 +32,12 @@ struct PeerView {
   void* scratch = nullptr;
   std::atomic<uint32_t>* semaphores = nullptr;
   Doorbell* bell = nullptr;  // rung after every signal to this rank: its runner sleeps on it
+  // A rank whose buffers other processes reach in part (spanning.hpp): the chunks flagged here are used in a copy
+  // of the buffer in shared memory (same offsets), the others in XLA's buffer above. Null: no chunk is shared.
+  void* shared_input = nullptr;
+  void* shared_output = nullptr;
+  const uint8_t* input_chunks = nullptr;  // per chunk: 1 if shared
+  const uint8_t* output_chunks = nullptr;
 };
 
 // A call's failure state, as the runners of its lanes see it. The first failure wins; every runner that notices

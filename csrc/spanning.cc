@@ -54,6 +54,24 @@ struct Directory {
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+// Call f(byte offset, bytes) for each maximal run of flagged chunks of a buffer (k chunks per block of `block`
+// elements of `dsize` bytes).
+template <class F>
+void for_each_run(const std::vector<uint8_t>& flags, int64_t k, int64_t block, size_t dsize, F&& f) {
+  const int64_t n = static_cast<int64_t>(flags.size());
+  for (int64_t i = 0; i < n;) {
+    if (!flags[i]) {
+      ++i;
+      continue;
+    }
+    int64_t j = i;
+    while (j < n && flags[j]) ++j;
+    const ElementRange range = chunk_range(k, block, i, j - i);
+    if (range.size() > 0) f(size_t(range.start) * dsize, size_t(range.size()) * dsize);
+    i = j;
+  }
+}
+
 // Where a process's ranks keep, in one call's data segment, what the call shares: their semaphores and scratch
 // always, their input and output where a rank of another process reaches them. kPrivate: the rank uses XLA's
 // buffer. Every process computes the same layout for every process from the plan, so no offset is exchanged.
@@ -99,25 +117,50 @@ class SpanningCommunicator : public Gathering {
     std::sort(peers_.begin(), peers_.end());
     local_index_.assign(plan_.nranks, -1);
     for (size_t i = 0; i < local_.size(); ++i) local_index_[local_[i]] = static_cast<int32_t>(i);
-    // A rank's buffer is shared when a step that another process runs names it.
-    shared_.assign(size_t(plan_.nranks) * 3, false);
-    for (int32_t q = 0; q < plan_.nranks; ++q) {
-      const RankProgram& prog = plan_.ranks[q];
-      for (int32_t l = 0; l < prog.nlanes; ++l) {
-        const Lane& lane = plan_.lanes[prog.first_lane + l];
-        for (int32_t i = 0; i < lane.nsteps; ++i) {
-          const Step& s = plan_.steps[lane.first_step + i];
-          const ChunkRef* refs = plan_.srcs(s);
-          for (int32_t j = 0; j < s.nsrc + s.ndst; ++j)
-            if (processes_[refs[j].rank] != processes_[q])
-              shared_[size_t(refs[j].rank) * 3 + size_t(refs[j].buffer)] = true;
+    // A chunk of a rank's input or output is shared when a step that another process runs names it; then so is
+    // every chunk of any ref that names a shared chunk, so each ref is wholly in shared memory or wholly not.
+    chunks_.resize(size_t(plan_.nranks) * 2);
+    for (int32_t r = 0; r < plan_.nranks; ++r) {
+      chunks_[size_t(r) * 2].assign(plan_.ranks[r].input_chunks, 0);
+      chunks_[size_t(r) * 2 + 1].assign(plan_.ranks[r].output_chunks, 0);
+    }
+    auto for_each_ref = [&](auto&& visit) {
+      for (int32_t q = 0; q < plan_.nranks; ++q) {
+        const RankProgram& prog = plan_.ranks[q];
+        for (int32_t l = 0; l < prog.nlanes; ++l) {
+          const Lane& lane = plan_.lanes[prog.first_lane + l];
+          for (int32_t i = 0; i < lane.nsteps; ++i) {
+            const Step& s = plan_.steps[lane.first_step + i];
+            const ChunkRef* refs = plan_.srcs(s);
+            for (int32_t j = 0; j < s.nsrc + s.ndst; ++j)
+              if (refs[j].buffer != BufferKind::kScratch) visit(q, refs[j]);
+          }
         }
       }
+    };
+    auto flags = [&](const ChunkRef& ref) -> std::vector<uint8_t>& {
+      return chunks_[size_t(ref.rank) * 2 + (ref.buffer == BufferKind::kOutput ? 1 : 0)];
+    };
+    for_each_ref([&](int32_t q, const ChunkRef& ref) {
+      if (processes_[ref.rank] != processes_[q])
+        std::fill_n(flags(ref).begin() + ref.index, ref.count, uint8_t{1});
+    });
+    for (bool changed = true; changed;) {
+      changed = false;
+      for_each_ref([&](int32_t, const ChunkRef& ref) {
+        auto& f = flags(ref);
+        const auto first = f.begin() + ref.index, last = first + ref.count;
+        if (std::find(first, last, uint8_t{1}) != last && std::find(first, last, uint8_t{0}) != last) {
+          std::fill(first, last, uint8_t{1});
+          changed = true;
+        }
+      });
     }
-    if (plan_.in_place)  // input and output are one buffer (or one inside the other): shared together
+    if (plan_.in_place)  // input and output are one buffer (or one inside the other): shared whole, together
       for (int32_t r = 0; r < plan_.nranks; ++r) {
         const bool either = shared(r, BufferKind::kInput) || shared(r, BufferKind::kOutput);
-        shared_[size_t(r) * 3] = shared_[size_t(r) * 3 + 1] = either;
+        for (int b = 0; b < 2; ++b) std::fill(chunks_[size_t(r) * 2 + b].begin(), chunks_[size_t(r) * 2 + b].end(),
+                                              uint8_t{either});
       }
     peer_dirs_.resize(peers_.size());
     peer_data_.resize(peers_.size() * kSlots);
@@ -162,7 +205,14 @@ class SpanningCommunicator : public Gathering {
            rank_list(ranks_of(p)) + " of this group)";
   }
 
-  bool shared(int32_t rank, BufferKind b) const { return shared_[size_t(rank) * 3 + size_t(b)]; }
+  // Per chunk of rank's input (or output): 1 where shared.
+  const std::vector<uint8_t>& chunk_flags(int32_t rank, BufferKind b) const {
+    return chunks_[size_t(rank) * 2 + (b == BufferKind::kOutput ? 1 : 0)];
+  }
+  bool shared(int32_t rank, BufferKind b) const {
+    const auto& f = chunk_flags(rank, b);
+    return std::find(f.begin(), f.end(), uint8_t{1}) != f.end();
+  }
 
   // The layout of `process`'s ranks in a call's data segment, for blocks of `block` elements of `dtype`.
   std::vector<RankArea> layout(int32_t process, int64_t block, DType dtype, size_t& bytes) const {
@@ -233,7 +283,7 @@ class SpanningCommunicator : public Gathering {
   std::vector<int32_t> local_;        // ranks hosted here, ascending
   std::vector<int32_t> local_index_;  // rank -> position in local_, or -1
   std::vector<int32_t> peers_;        // other processes hosting ranks of the group, ascending
-  std::vector<bool> shared_;          // [rank * 3 + buffer]
+  std::vector<std::vector<uint8_t>> chunks_;  // [rank * 2 + (input 0, output 1)]: per chunk, 1 if shared
 
   std::mutex mu_;  // guards what follows
   SharedSegment directory_;
@@ -321,7 +371,7 @@ class SpanCall : public CallFailure {
   const CallSite site_;
   const Clock::time_point deadline_;
   std::vector<CallBuffers> buffers_;  // per local rank
-  std::vector<CopyOut> copy_out_;     // per local rank: what goes back to XLA's output after the call
+  std::vector<std::vector<CopyOut>> copy_out_;  // per local rank: what goes back to XLA's output after the call
   std::vector<PeerView> local_views_;
   std::vector<Completion> completions_;
   enum Handoff { kWaiting = 0, kDone = 1, kDeferred = 2 };
@@ -459,8 +509,16 @@ Status run_call(SpanCall& call) {
     for (int32_t r : c.ranks_of(p)) {
       const RankArea& a = areas[r];
       auto at = [&](size_t off) -> void* { return off == kPrivate ? nullptr : base + off; };
-      views[r] = {at(a.input), at(a.output), at(a.scratch),
-                  reinterpret_cast<std::atomic<uint32_t>*>(base + a.semaphores), &h.bell};
+      PeerView& v = views[r];
+      v = {at(a.input), at(a.output), at(a.scratch), reinterpret_cast<std::atomic<uint32_t>*>(base + a.semaphores),
+           &h.bell};
+      // An in-place plan's input is a block of its output (all_gather) or the reverse (reduce_scatter), as the
+      // owner staged it.
+      const int64_t block_bytes = call.block_ * int64_t(dtype_size(call.dtype_));
+      if (c.plan_.in_place && v.input && c.plan_.collective == Collective::kAllGather)
+        v.input = static_cast<char*>(v.output) + r * block_bytes;
+      if (c.plan_.in_place && v.input && c.plan_.collective == Collective::kReduceScatter)
+        v.output = static_cast<char*>(v.input) + r * block_bytes;
     }
   }
   Status st;
@@ -500,8 +558,8 @@ void finish_call(const std::shared_ptr<SpanCall>& call, Status st) {
   if (!st.ok()) {
     call->fail(st.message());
   } else {
-    for (const CopyOut& out : call->copy_out_)
-      if (out.bytes) std::memcpy(out.dst, out.src, out.bytes);
+    for (const auto& outs : call->copy_out_)
+      for (const CopyOut& out : outs) std::memcpy(out.dst, out.src, out.bytes);
     for (size_t i = 0; i < c.peers_.size(); ++i) call->peer_header(i, call->peer_slot_[i]).acks.fetch_add(1);
   }
   call->status_ = st;
@@ -689,8 +747,10 @@ Status execute_spanning_rank(SpanningCommunicator& c, int64_t run_id, const Plan
         v.semaphores = reinterpret_cast<std::atomic<uint32_t>*>(base + a.semaphores);
         v.bell = &call->header().bell;
         v.scratch = a.scratch == kPrivate ? nullptr : base + a.scratch;
-        v.input = a.input == kPrivate ? nullptr : base + a.input;
-        v.output = a.output == kPrivate ? nullptr : base + a.output;
+        v.shared_input = a.input == kPrivate ? nullptr : base + a.input;
+        v.shared_output = a.output == kPrivate ? nullptr : base + a.output;
+        v.input_chunks = v.shared_input ? c.chunk_flags(c.local_[i], BufferKind::kInput).data() : nullptr;
+        v.output_chunks = v.shared_output ? c.chunk_flags(c.local_[i], BufferKind::kOutput).data() : nullptr;
       }
       c.active_.push_back(call);
     }
@@ -706,45 +766,60 @@ Status execute_spanning_rank(SpanningCommunicator& c, int64_t run_id, const Plan
   // Stage this rank's buffers as the plan's arrangement and the sharing need (outside the lock: ranks in parallel).
   PeerView& v = call->local_views_[li];
   const RankProgram& prog = plan.ranks[rank];
-  CopyOut copy_out;
+  std::vector<CopyOut> copy_out;
   if (!mismatch) {
-  std::memset(static_cast<void*>(v.semaphores), 0, size_t(prog.semaphores) * sizeof(uint32_t));
-  const size_t in_bytes = size_t(b.input_elements) * dsize, out_bytes = size_t(b.output_elements) * dsize;
-  const bool shared_io = v.output != nullptr;  // in-place plans share input and output together
-  if (!plan.in_place) {
-    if (v.input) std::memcpy(v.input, b.input, in_bytes);
-    else v.input = const_cast<void*>(b.input);
-    if (v.output) copy_out = {b.output, v.output, out_bytes};
-    else v.output = b.output;
-  } else if (plan.collective == Collective::kAllGather) {
-    if (!shared_io) v.output = b.output;
-    v.input = static_cast<char*>(v.output) + rank * block * int64_t(dsize);
-    std::memcpy(v.input, b.input, block * dsize);
-    if (shared_io) copy_out = {b.output, v.output, out_bytes};
-  } else if (plan.collective == Collective::kReduceScatter) {
-    void* staging = shared_io ? v.input : call->staging_[li].reserve(in_bytes);
-    if (!staging) {
-      call->fail(site.describe() + ": out of memory for the in-place staging buffer");
-      staging = v.input = v.output = nullptr;
+    std::memset(static_cast<void*>(v.semaphores), 0, size_t(prog.semaphores) * sizeof(uint32_t));
+    const size_t in_bytes = size_t(b.input_elements) * dsize, out_bytes = size_t(b.output_elements) * dsize;
+    if (!plan.in_place) {
+      // XLA's buffers, with the shared chunks in the copies peers reach: inputs copied in now, outputs back after.
+      v.input = const_cast<void*>(b.input);
+      v.output = b.output;
+      if (v.shared_input)
+        for_each_run(c.chunk_flags(rank, BufferKind::kInput), plan.chunk_factor, block, dsize,
+                     [&](size_t offset, size_t bytes) {
+                       std::memcpy(static_cast<char*>(v.shared_input) + offset,
+                                   static_cast<const char*>(b.input) + offset, bytes);
+                     });
+      if (v.shared_output)
+        for_each_run(c.chunk_flags(rank, BufferKind::kOutput), plan.chunk_factor, block, dsize,
+                     [&](size_t offset, size_t bytes) {
+                       copy_out.push_back({static_cast<char*>(b.output) + offset,
+                                           static_cast<char*>(v.shared_output) + offset, bytes});
+                     });
+    } else {
+      // In-place plans share input and output whole (v.shared_output is their one copy), or not at all.
+      const bool shared_io = v.shared_output != nullptr;
+      v.input_chunks = v.output_chunks = nullptr;
+      void* io = shared_io ? v.shared_output : b.output;
+      if (plan.collective == Collective::kAllGather) {
+        v.output = io;
+        v.input = static_cast<char*>(io) + rank * block * int64_t(dsize);
+        std::memcpy(v.input, b.input, block * dsize);
+        if (shared_io) copy_out.push_back({b.output, io, out_bytes});
+      } else if (plan.collective == Collective::kReduceScatter) {
+        void* staging = shared_io ? io : call->staging_[li].reserve(in_bytes);
+        if (!staging) {
+          call->fail(site.describe() + ": out of memory for the in-place staging buffer");
+        } else {
+          std::memcpy(staging, b.input, in_bytes);
+          v.input = staging;
+          v.output = static_cast<char*>(staging) + rank * block * int64_t(dsize);
+          copy_out.push_back({b.output, v.output, size_t(block) * dsize});
+        }
+      } else {
+        if (io != b.input) std::memcpy(io, b.input, in_bytes);
+        v.input = v.output = io;
+        if (shared_io) copy_out.push_back({b.output, io, out_bytes});
+      }
     }
-    if (staging) std::memcpy(staging, b.input, in_bytes);
-    v.input = staging;
-    v.output = static_cast<char*>(staging) + rank * block * int64_t(dsize);
-    copy_out = {b.output, v.output, size_t(block) * dsize};
-  } else {
-    if (!shared_io) v.output = b.output;
-    if (v.output != b.input) std::memcpy(v.output, b.input, in_bytes);
-    v.input = v.output;
-    if (shared_io) copy_out = {b.output, v.output, out_bytes};
-  }
-  if (!shared_io) advise_huge_pages(b.output, out_bytes);
+    advise_huge_pages(b.output, out_bytes);
   }
 
   bool last = false;
   {
     std::lock_guard<std::mutex> lock(c.mu_);
     call->buffers_[li] = b;
-    call->copy_out_[li] = copy_out;
+    call->copy_out_[li] = std::move(copy_out);
     call->completions_[li] = std::move(completion);
     call->arrived_ranks_[li] = true;
     call->handoff_[li].store(SpanCall::kWaiting, std::memory_order_relaxed);

@@ -59,9 +59,10 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
         wire_aval, wire_out = aval.update(dtype=np.dtype(np.uint8)), out_aval.update(dtype=np.dtype(np.uint8))
         value = mlir.convert_hlo(ctx, value, aval, wire_aval)
     nbytes = math.prod(aval.shape) * wire_aval.dtype.itemsize
-    plan = plans.choose(api_name, collective, nranks, nbytes, wire_aval.dtype, algorithm, **params)
-    rank, group = groups.rank_and_group(ctx, axes)
     processes = groups.process_map(ctx, axes)
+    plan = plans.choose(api_name, collective, nranks, nbytes, wire_aval.dtype, algorithm,
+                        processes=groups.process_layout(processes, nranks), **params)
+    rank, group = groups.rank_and_group(ctx, axes)
     if processes is not None:
         # Groups span processes: the job's processes must know each other before the program runs.
         from jaxcoll import distributed

@@ -130,6 +130,19 @@ def process_map(ctx, axes: tuple) -> np.ndarray | None:
     return None if (out == out[0]).all() else out
 
 
+def process_layout(processes: np.ndarray | None, nranks: int) -> tuple[int, ...] | None:
+    """The process layout every group shares, for the plan (one plan serves all groups of a call site): rank r's
+    process, numbered by first appearance within the group; None in one process, or when groups are laid out
+    differently (the plan then assumes nothing about processes)."""
+    if processes is None:
+        return None
+    layouts = set()
+    for g in range(len(processes) // nranks):
+        seen: dict[int, int] = {}
+        layouts.add(tuple(seen.setdefault(int(p), len(seen)) for p in processes[g * nranks:(g + 1) * nranks]))
+    return layouts.pop() if len(layouts) == 1 else None
+
+
 def rank_and_group(ctx, axes: tuple) -> tuple[ir.Value, ir.Value]:
     """(rank, group) s32 scalars of this device for a collective over `axes`."""
     shape = _mesh_shape(ctx)

@@ -10,15 +10,18 @@ import functools
 
 import numpy as np
 
-from jaxcoll.algorithms import direct, ring, two_shot, tuning
+from jaxcoll.algorithms import direct, hierarchical, ring, two_shot, tuning
 from jaxcoll.plan import Collective, Plan, PlanError, validate
 
 # collective -> algorithm name -> builder(nranks, **params)
 BUILTINS = {
-    Collective.ALL_REDUCE: {"direct": direct.all_reduce, "two_shot": two_shot.all_reduce, "ring": ring.all_reduce},
-    Collective.ALL_GATHER: {"direct": direct.all_gather, "ring": ring.all_gather},
-    Collective.REDUCE_SCATTER: {"direct": direct.reduce_scatter, "ring": ring.reduce_scatter},
-    Collective.ALL_TO_ALL: {"direct": direct.all_to_all},
+    Collective.ALL_REDUCE: {"direct": direct.all_reduce, "two_shot": two_shot.all_reduce, "ring": ring.all_reduce,
+                            "hierarchical": hierarchical.all_reduce},
+    Collective.ALL_GATHER: {"direct": direct.all_gather, "ring": ring.all_gather,
+                            "hierarchical": hierarchical.all_gather},
+    Collective.REDUCE_SCATTER: {"direct": direct.reduce_scatter, "ring": ring.reduce_scatter,
+                                "hierarchical": hierarchical.reduce_scatter},
+    Collective.ALL_TO_ALL: {"direct": direct.all_to_all, "hierarchical": hierarchical.all_to_all},
     Collective.BROADCAST: {"direct": direct.broadcast},
     Collective.PPERMUTE: {"direct": direct.ppermute},
 }
@@ -31,9 +34,12 @@ def known(collective) -> list[str]:
 
 @functools.lru_cache(maxsize=512)
 def builtin(collective: Collective, name: str, nranks: int, root: int = 0,
-            perm: tuple[tuple[int, int], ...] = ()) -> Plan:
-    """The built-in plan `name` for `collective` over `nranks` ranks (cached: plans are immutable)."""
+            perm: tuple[tuple[int, int], ...] = (), processes: tuple[int, ...] = ()) -> Plan:
+    """The built-in plan `name` for `collective` over `nranks` ranks (cached: plans are immutable).
+    `processes[r]` is the process of rank r, for the hierarchical plans (default: one process)."""
     build = BUILTINS[collective][name]
+    if name == "hierarchical":
+        return validate(build(processes or (0,) * nranks))
     if collective is Collective.BROADCAST:
         return validate(build(nranks, root))
     if collective is Collective.PPERMUTE:
@@ -42,9 +48,10 @@ def builtin(collective: Collective, name: str, nranks: int, root: int = 0,
 
 
 def select(collective, nranks: int, nbytes: int, dtype=None, algorithm="auto", *, root: int = 0,
-           perm=()) -> Plan:
+           perm=(), processes=None) -> Plan:
     """The plan a call runs. `nbytes` is the rank's input size; `algorithm` is "auto", a built-in name or a
-    Plan. Raises ValueError for an unknown name and for a Plan that does not fit the call."""
+    Plan; `processes[r]`, when given, is the process hosting rank r (a group spanning processes). Raises
+    ValueError for an unknown name and for a Plan that does not fit the call."""
     collective = Collective(collective)
     perm = tuple((int(a), int(b)) for a, b in perm)
     if isinstance(algorithm, Plan):
@@ -52,8 +59,11 @@ def select(collective, nranks: int, nbytes: int, dtype=None, algorithm="auto", *
     if not isinstance(algorithm, str) or (algorithm != "auto" and algorithm not in BUILTINS[collective]):
         raise ValueError(f"algorithm={algorithm!r} is not known for {collective.value}; "
                          f"known: {', '.join(map(repr, known(collective)))}, or a jaxcoll.plan.Plan")
-    name = tuning.auto(collective, nranks, nbytes) if algorithm == "auto" else algorithm
-    return builtin(collective, name, nranks, root, perm)
+    processes = tuple(int(p) for p in processes) if processes is not None else ()
+    if processes and len(processes) != nranks:
+        raise ValueError(f"processes={processes} names {len(processes)} ranks, the group has {nranks}")
+    name = tuning.auto(collective, nranks, nbytes, processes) if algorithm == "auto" else algorithm
+    return builtin(collective, name, nranks, root, perm, processes)
 
 
 def _check_user_plan(plan: Plan, collective: Collective, nranks: int, root: int, perm) -> Plan:

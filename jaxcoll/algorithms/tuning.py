@@ -12,8 +12,18 @@ from jaxcoll.plan import Collective
 ALL_REDUCE_DIRECT_MAX_BYTES = 16 * 1024
 
 
-def auto(collective: Collective, nranks: int, nbytes: int) -> str:
-    """The algorithm name "auto" means for a call of `nbytes` bytes per rank input over `nranks` ranks."""
+def auto(collective: Collective, nranks: int, nbytes: int, processes: tuple[int, ...] = ()) -> str:
+    """The algorithm name "auto" means for a call of `nbytes` bytes per rank input over `nranks` ranks;
+    `processes[r]` is the process of rank r when the group spans processes (empty otherwise)."""
+    if len(set(processes)) > 1:
+        # Across processes a direct plan that writes another process's output, or reads its input, makes the
+        # runtime copy those chunks through shared memory; the hierarchical plans keep the crossing on scratch
+        # (docs/multiprocess.md, where the benchmark's numbers are).
+        from jaxcoll.algorithms import hierarchical
+        if collective in (Collective.ALL_GATHER, Collective.ALL_TO_ALL):
+            return "hierarchical"
+        if collective in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER) and hierarchical.uniform(processes):
+            return "hierarchical"
     if collective is Collective.ALL_REDUCE:
         return "direct" if nranks <= 2 or nbytes <= ALL_REDUCE_DIRECT_MAX_BYTES else "two_shot"
     return "direct"

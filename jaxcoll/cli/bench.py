@@ -30,7 +30,11 @@ def add_parser(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--collectives", default=",".join(COLLECTIVES), help="comma-separated (default: all)")
     p.add_argument("--sizes", default=SIZES, help=f"per-rank input sizes, comma-separated (default {SIZES})")
-    p.add_argument("--devices", type=int, default=8, help="CPU devices to emulate when on CPU (default 8)")
+    p.add_argument("--devices", type=int, default=8,
+                   help="CPU devices to emulate when on CPU, in all processes together (default 8)")
+    p.add_argument("--processes", type=_at_least(1), default=1,
+                   help="run as a jax.distributed job of this many processes on this machine, the devices split "
+                        "evenly among them; XLA's side is then its cross-process collectives (gloo) (default 1)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--reps", type=_at_least(1), default=7, help="timed program calls per side and size (default 7)")
     p.add_argument("--warmup", type=_at_least(0), default=5,
@@ -148,25 +152,58 @@ def _programs(collective, mesh, n, iters, algorithm):
     return program(ours), program(xla)
 
 
+def _launch_job(args) -> int:
+    """Run this benchmark as a job of `args.processes` processes and print process 0's tables. The copy
+    bandwidth is measured here first, on every core, while no process of the job runs."""
+    import sys
+
+    from jaxcoll import launch
+
+    if args.devices % args.processes:
+        raise SystemExit(f"jaxcoll bench: --devices={args.devices} does not split evenly over "
+                         f"--processes={args.processes}")
+    env = {_COPY_BW: repr(copy_bandwidth())}
+    results = launch.launch(args.processes, ["-m", "jaxcoll", *sys.argv[1:]],
+                            local_devices=args.devices // args.processes, env=env, timeout_s=3600)
+    print(results[0].stdout, end="")
+    failed = [r for r in results if r.returncode != 0]
+    for r in failed:
+        print(f"process {r.process} exited with {r.returncode}:\n{r.stderr[-3000:]}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+_COPY_BW = "JAXCOLL_BENCH_COPY_BW"
+
+
 def run(args) -> int:
+    from jaxcoll import launch
+
+    if args.processes > 1 and not launch.in_job():
+        return _launch_job(args)
     import jax
 
-    # Emulated CPU devices; takes effect only if no backend has started yet, and leaves real GPUs alone.
-    jax.config.update("jax_num_cpu_devices", args.devices)
+    process = 0
+    if launch.in_job():
+        process, _ = launch.initialize()
+    else:
+        # Emulated CPU devices; takes effect only if no backend has started yet, and leaves real GPUs alone.
+        jax.config.update("jax_num_cpu_devices", args.devices)
     import numpy as np
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if Console().is_terminal else 140)
+    console = Console(width=None if Console().is_terminal else 140, quiet=process != 0)
     devices = jax.devices()
     n = len(devices)
-    mesh = jax.make_mesh((n,), ("i",))
+    mesh = jax.sharding.Mesh(np.array(devices), ("i",))
     dtype = np.dtype(args.dtype)
     collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    bw = copy_bandwidth()
-    console.print(f"[bold]jaxcoll bench[/]: {n} x {devices[0].platform} devices, {os.cpu_count()} cores, "
+    bw = float(os.environ[_COPY_BW]) if _COPY_BW in os.environ else copy_bandwidth()
+    where = f"{n} x {devices[0].platform} devices" + (
+        f" in {jax.process_count()} processes (XLA: {_xla_cross_process()})" if jax.process_count() > 1 else "")
+    console.print(f"[bold]jaxcoll bench[/]: {where}, {os.cpu_count()} cores, "
                   f"dtype {dtype.name}; memory copy bandwidth {bw / 1e9:.1f} GB/s (read+write, all cores)")
     rows_md, plot = [], {}
     for collective in collectives:
@@ -183,7 +220,8 @@ def run(args) -> int:
                 nbytes = count * dtype.itemsize
                 iters = _iterations(nbytes)
                 ours, xla = _programs(collective, mesh, n, iters, algorithm)
-                x = jax.device_put(np.full(n * count, 1e-3, dtype), jax.NamedSharding(mesh, jax.P("i")))
+                x = jax.make_array_from_callback((n * count,), jax.NamedSharding(mesh, jax.P("i")),
+                                                 lambda index: np.full(n * count, 1e-3, dtype)[index])
                 # Compile both before timing either, then warm up: a new program's first calls fault in fresh
                 # pages (outputs, the executor's per-call-site state, XLA's buffers) and run 2-3x slower.
                 for _ in range(1 + args.warmup):
@@ -207,13 +245,18 @@ def run(args) -> int:
                 plot.setdefault((collective, algorithm), []).append((nbytes, bus[0], bus[1]))
             console.print(table)
             rows_md += md + [""]
-    if args.markdown:
+    if args.markdown and process == 0:
         with open(args.markdown, "w") as f:
-            f.write(f"{n} x {devices[0].platform} devices, {os.cpu_count()} cores, dtype {dtype.name}, "
+            f.write(f"{where}, {os.cpu_count()} cores, dtype {dtype.name}, "
                     f"copy bandwidth {bw / 1e9:.1f} GB/s\n\n" + "\n".join(rows_md))
-    if args.plot:
+    if args.plot and process == 0:
         _plot(plot, args.plot, n)
     return 0
+
+
+def _xla_cross_process() -> str:
+    import jax
+    return f"{jax.config.jax_cpu_collectives_implementation or 'gloo'} collectives"
 
 
 def _plot(series, path, n) -> None:
