@@ -108,6 +108,8 @@ Status lead_call(Communicator& comm, Rendezvous* rv, const Plan& plan, int32_t r
   return st;
 }
 
+}  // namespace
+
 // How long a rank that arrives before the last waits on its own thread for the call to finish before it
 // returns pending (JAXCOLL_SYNC_WAIT_US, default 2000). Finishing on its own thread saves the hop through a pool
 // thread that a completion costs (64 KiB all_reduce in a loop: 0.18 ms per call through the pool); the bound
@@ -120,8 +122,6 @@ Clock::duration sync_wait() {
   }();
   return d;
 }
-
-}  // namespace
 
 Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_t rank, const CallBuffers& b,
                     const CallSite& site, double timeout_s, const Helpers& helpers, Completion completion,

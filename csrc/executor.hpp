@@ -41,4 +41,8 @@ void set_solo_bytes(int64_t bytes);
 // The timeout of a call in seconds: JAXCOLL_TIMEOUT, default 300 (read once).
 double default_timeout_s();
 
+// How long a rank that arrives before its call can run waits on its own thread for the call to finish, before it
+// returns pending: JAXCOLL_SYNC_WAIT_US, default 2000 (read once).
+Clock::duration sync_wait();
+
 }  // namespace jaxcoll

@@ -197,13 +197,20 @@ GroupRun::GroupRun(std::vector<PeerView> views, const std::vector<int32_t>& rank
 
 GroupRun::~GroupRun() = default;
 
+// A sleeping runner wakes at least every 50 ms (wait_for) and asks this: polling there is what notices a peer
+// process that has gone while every lane here waits for its signals.
+bool GroupRun::gone() {
+  failure_.poll();
+  return failure_.failed();
+}
+
 void GroupRun::help(int32_t start) {
   active_.fetch_add(1, std::memory_order_seq_cst);
   while (!closed_.load(std::memory_order_seq_cst) && remaining_.load(std::memory_order_acquire) > 0 &&
          !failure_.failed()) {
     const uint32_t seen = bell_.word.load(std::memory_order_seq_cst);
     if (pass(start)) continue;
-    if (wait_for(bell_, [&] { return changed(seen); }, [&] { return failure_.failed(); }, deadline_) !=
+    if (wait_for(bell_, [&] { return changed(seen); }, [&] { return gone(); }, deadline_) !=
         WaitResult::kReady)
       break;
   }
@@ -256,10 +263,9 @@ Status GroupRun::drive() {
         epoch_.load(std::memory_order_seq_cst) == epoch)
       return blocked("deadlocks: every lane of every rank is blocked, so a semaphore is never signalled: ",
                      "jaxcoll: every lane of every rank is blocked at a barrier (malformed plan)");
-    const WaitResult w = wait_for(bell_, [&] { return changed(seen); }, [&] { return failure_.failed(); },
+    const WaitResult w = wait_for(bell_, [&] { return changed(seen); }, [&] { return gone(); },
                                   deadline_);
     if (w == WaitResult::kAborted) return Status::Error(failure_.failure());
-    failure_.poll();
     if (w == WaitResult::kTimeout)
       return blocked("timed out: the semaphore was never signalled: ",
                      "jaxcoll: timed out with every lane blocked at a barrier");

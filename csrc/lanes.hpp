@@ -92,6 +92,7 @@ class GroupRun {
 
  private:
   bool changed(uint32_t seen) const;
+  bool gone();
   bool pass(int32_t start);
   Status drive();
   Status blocked(const std::string& why, const std::string& at_barrier);

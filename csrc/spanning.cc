@@ -9,7 +9,9 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 
+#include "env.hpp"
 #include "layout.hpp"
 #include "memory.hpp"
 #include "shared_memory.hpp"
@@ -90,13 +92,16 @@ std::string rank_list(const std::vector<int32_t>& ranks) {
   return "[" + s + "]";
 }
 
-Clock::duration sync_wait() {
-  static const Clock::duration d = [] {
-    const char* v = std::getenv("JAXCOLL_SYNC_WAIT_US");
-    const long us = v && *v ? std::strtol(v, nullptr, 10) : 2000;
-    return std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(std::max(0L, us)));
+// Helper threads a call of this process may use: the host's cores split among the job's processes on this host,
+// less the worker's own; JAXCOLL_SPAN_HELPERS overrides (read once).
+int helpers_per_call(const World& w) {
+  static const int n = [&w] {
+    int local = 0;
+    for (int32_t p = 0; p < w.nprocesses(); ++p) local += w.same_host(p, w.process);
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    return env_int("JAXCOLL_SPAN_HELPERS", std::max(0, cores / std::max(1, local) - 1));
   }();
-  return d;
+  return n;
 }
 
 }  // namespace
@@ -524,9 +529,16 @@ Status run_call(SpanCall& call) {
   Status st;
   {
     const CallBuffers& b = call.buffers_[0];
-    GroupRun group(std::move(views), c.local_, c.plan_, b, call.site_, call.deadline_, call.block_, me.bell, call,
-                   /*whole_group=*/false);
-    st = group.lead();
+    auto group = std::make_shared<GroupRun>(std::move(views), c.local_, c.plan_, b, call.site_, call.deadline_,
+                                            call.block_, me.bell, call, /*whole_group=*/false);
+    // Larger calls are shared with helpers, one per core this process may use beyond the worker's own (the
+    // host's cores split among the job's processes on it); small ones cost more to wake helpers for.
+    if (call_traffic_bytes(c.plan_, call.block_, call.dtype_) > solo_bytes()) {
+      const int n = std::min<int>(helpers_per_call(c.world_), static_cast<int>(c.local_.size()) - 1);
+      for (int h = 0; h < n; ++h)
+        run_on_worker([group, start = (h + 1) * group->nruns() / (n + 1)] { group->help(start); });
+    }
+    st = group->lead();
   }
   if (!st.ok()) return st;
 

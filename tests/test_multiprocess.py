@@ -46,6 +46,11 @@ def test_collectives_across_processes_equal_xla_and_numpy(case, nprocesses, loca
     assert_all_ok(job(case, nprocesses, local_devices), case)
 
 
+def test_calls_shared_with_helper_threads_give_the_same_results():
+    # Every call shared with three helpers in each process (on this 2-core machine none would be by default).
+    assert_all_ok(job("collectives", JAXCOLL_SPAN_HELPERS=3, JAXCOLL_SOLO_BYTES=0), "collectives")
+
+
 @pytest.mark.parametrize("case", ["algorithms", "large", "segments_private"])
 def test_across_two_processes(case):
     assert_all_ok(job(case), case)
