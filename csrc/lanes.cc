@@ -10,6 +10,17 @@
 
 namespace jaxcoll {
 
+void* chunk_address(const PeerView& v, const ChunkRef& ref, int64_t k, int64_t block, size_t dsize, size_t asize) {
+  void* base = nullptr;
+  switch (ref.buffer) {
+    case BufferKind::kInput: base = v.input_chunks && v.input_chunks[ref.index] ? v.shared_input : v.input; break;
+    case BufferKind::kOutput: base = v.output_chunks && v.output_chunks[ref.index] ? v.shared_output : v.output; break;
+    case BufferKind::kScratch: base = v.scratch; break;
+  }
+  const size_t esize = ref.buffer == BufferKind::kScratch ? asize : dsize;
+  return static_cast<char*>(base) + chunk_start(k, block, ref.index) * int64_t(esize);
+}
+
 int64_t call_traffic_bytes(const Plan& plan, int64_t block, DType dtype) {
   return plan.traffic_chunks * block / plan.chunk_factor * int64_t(dtype_size(dtype));
 }
@@ -79,8 +90,13 @@ class RankRun {
           ls.at_barrier = false;
         } else if (s.op == Op::kSignal) {
           const PeerView& peer = views_[s.peer];
-          peer.semaphores[s.sem].fetch_add(1, std::memory_order_release);
-          peer.bell->ring();
+          if (peer.remote) {
+            if (Status st = peer.remote->signal(s.peer, s.sem); !st.ok())
+              failure_.fail(site_.describe() + ": rank " + std::to_string(rank_) + ": " + st.message());
+          } else {
+            peer.semaphores[s.sem].fetch_add(1, std::memory_order_release);
+            peer.bell->ring();
+          }
         } else {
           data_step(s);
         }
@@ -139,29 +155,47 @@ class RankRun {
   }
 
  private:
-  void* base(const ChunkRef& ref) {
-    const PeerView& v = views_[ref.rank];
-    switch (ref.buffer) {
-      case BufferKind::kInput: return v.input_chunks && v.input_chunks[ref.index] ? v.shared_input : v.input;
-      case BufferKind::kOutput: return v.output_chunks && v.output_chunks[ref.index] ? v.shared_output : v.output;
-      case BufferKind::kScratch: return v.scratch;
-    }
-    return nullptr;
-  }
-
   void data_step(const Step& s) {
     const ChunkRef* refs = plan_.srcs(s);
     const int32_t nref = s.nsrc + s.ndst;
     const ElementRange range = chunk_range(k_, block_, refs[0].index, refs[0].count);
     if (range.size() == 0) return;
     SmallVec<Operand, 24> ops(nref);
+    bool remote = false;
     for (int32_t j = 0; j < nref; ++j) {
       const ChunkRef& ref = refs[j];
-      const bool accum = ref.buffer == BufferKind::kScratch;
-      const int64_t start = chunk_start(k_, block_, ref.index);
-      ops[j] = {static_cast<char*>(base(ref)) + start * int64_t(accum ? asize_ : dsize_), accum};
+      const PeerView& v = views_[ref.rank];
+      remote |= v.remote != nullptr;
+      ops[j] = {v.remote ? nullptr : chunk_address(v, ref, k_, block_, dsize_, asize_),
+                ref.buffer == BufferKind::kScratch};
     }
+    if (remote) return remote_step(s, refs, ops.data(), range.size());
     reduce_chunks(b_.dtype, b_.op, ops.data(), s.nsrc, ops.data() + s.nsrc, s.ndst, range.size(), stream_);
+  }
+
+  // A step that names chunks of ranks reached over the network: their sources are read into bounce buffers
+  // first, their destinations computed into bounce buffers and written after.
+  void remote_step(const Step& s, const ChunkRef* refs, Operand* ops, int64_t elements) {
+    const int32_t nref = s.nsrc + s.ndst;
+    if (bounce_.size() < size_t(nref)) bounce_.resize(nref);
+    for (int32_t j = 0; j < nref; ++j) {
+      const PeerView& v = views_[refs[j].rank];
+      if (!v.remote) continue;
+      const size_t bytes = size_t(elements) * (ops[j].accum ? asize_ : dsize_);
+      ops[j].ptr = bounce_[j].reserve(bytes);
+      if (!ops[j].ptr) return failure_.fail(site_.describe() + ": out of memory for a network bounce buffer");
+      if (j < s.nsrc)
+        if (Status st = v.remote->read(refs[j], ops[j].ptr, bytes); !st.ok())
+          return failure_.fail(site_.describe() + ": rank " + std::to_string(rank_) + ": " + st.message());
+    }
+    reduce_chunks(b_.dtype, b_.op, ops, s.nsrc, ops + s.nsrc, s.ndst, elements, false);
+    for (int32_t j = s.nsrc; j < nref; ++j) {
+      const PeerView& v = views_[refs[j].rank];
+      if (!v.remote) continue;
+      const size_t bytes = size_t(elements) * (ops[j].accum ? asize_ : dsize_);
+      if (Status st = v.remote->write(refs[j], ops[j].ptr, bytes); !st.ok())
+        return failure_.fail(site_.describe() + ": rank " + std::to_string(rank_) + ": " + st.message());
+    }
   }
 
 
@@ -180,6 +214,7 @@ class RankRun {
   SmallVec<LaneState, 16> lanes_;
   SmallVec<uint32_t, 32> consumed_;
   int32_t live_ = 0;
+  std::vector<GrowableBuffer> bounce_;  // per ref of a step that reaches the network
 };
 
 

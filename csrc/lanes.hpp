@@ -25,6 +25,17 @@ namespace jaxcoll {
 
 struct CallSite;
 
+// The ranks of a peer process reached over the network (net.hpp): their chunks are read and written by messages
+// instead of addressed. Each call names the chunk as the plan does; the owner finds it in its own buffers.
+class RemoteRanks {
+ public:
+  virtual ~RemoteRanks() = default;
+  // Read the chunk into dst (waits for the answer); write it from src (queued, ordered before later signals).
+  virtual Status read(const ChunkRef& ref, void* dst, size_t bytes) = 0;
+  virtual Status write(const ChunkRef& ref, const void* src, size_t bytes) = 0;
+  virtual Status signal(int32_t rank, int32_t sem) = 0;
+};
+
 // One rank of a call as this process addresses it.
 struct PeerView {
   void* input = nullptr;
@@ -38,7 +49,12 @@ struct PeerView {
   void* shared_output = nullptr;
   const uint8_t* input_chunks = nullptr;  // per chunk: 1 if shared
   const uint8_t* output_chunks = nullptr;
+  RemoteRanks* remote = nullptr;  // set when the rank is reached over the network: nothing above is addressable
 };
+
+// Where chunk `ref.index` of the view's buffer starts in this process, for blocks of `block` elements split into
+// k chunks, `dsize` bytes an element (`asize` in scratch, which holds the accumulation type).
+void* chunk_address(const PeerView& v, const ChunkRef& ref, int64_t k, int64_t block, size_t dsize, size_t asize);
 
 // A call's failure state, as the runners of its lanes see it. The first failure wins; every runner that notices
 // failed() stops with failure().

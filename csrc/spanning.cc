@@ -8,12 +8,15 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "env.hpp"
 #include "layout.hpp"
 #include "memory.hpp"
+#include "net.hpp"
 #include "shared_memory.hpp"
 #include "workers.hpp"
 #include "world.hpp"
@@ -104,6 +107,29 @@ int helpers_per_call(const World& w) {
   return n;
 }
 
+// A call key as processes name it: (process, run id, call of the site within the launch).
+using CallKey = std::tuple<int32_t, int64_t, uint64_t>;
+
+// What peers on other hosts told this process about the calls of one call site: their publications (block,
+// dtype, plan fingerprint), which of those they finished, and their failures. Messages may come before this
+// process has reached the call site at all, so the mailbox lives apart from the communicator.
+struct Mailbox {
+  std::mutex mu;
+  std::map<int32_t, uint64_t> fingerprints;  // per process: the plan fingerprint its publications carry
+  std::map<CallKey, NetMessage> published;
+  std::set<CallKey> done;
+  std::map<CallKey, std::string> failed;
+};
+
+std::shared_ptr<Mailbox> mailbox(int64_t callsite, int32_t group) {
+  static std::mutex mu;
+  static auto* boxes = new std::map<std::pair<int64_t, int32_t>, std::shared_ptr<Mailbox>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto& box = (*boxes)[{callsite, group}];
+  if (!box) box = std::make_shared<Mailbox>();
+  return box;
+}
+
 }  // namespace
 
 class SpanCall;
@@ -120,6 +146,8 @@ class SpanningCommunicator : public Gathering {
       else if (std::find(peers_.begin(), peers_.end(), processes_[r]) == peers_.end()) peers_.push_back(processes_[r]);
     }
     std::sort(peers_.begin(), peers_.end());
+    for (int32_t p : peers_) net_.push_back(!world.same_host(p, me_));
+    mailbox_ = mailbox(callsite_, group_);
     local_index_.assign(plan_.nranks, -1);
     for (size_t i = 0; i < local_.size(); ++i) local_index_[local_[i]] = static_cast<int32_t>(i);
     // A chunk of a rank's input or output is shared when a step that another process runs names it; then so is
@@ -146,8 +174,10 @@ class SpanningCommunicator : public Gathering {
     auto flags = [&](const ChunkRef& ref) -> std::vector<uint8_t>& {
       return chunks_[size_t(ref.rank) * 2 + (ref.buffer == BufferKind::kOutput ? 1 : 0)];
     };
+    // (Only shared-memory peers reach into the copies; a network peer's reads and writes are served by this
+    // process, from wherever its own steps use the chunk.)
     for_each_ref([&](int32_t q, const ChunkRef& ref) {
-      if (processes_[ref.rank] != processes_[q])
+      if (processes_[ref.rank] != processes_[q] && world.same_host(processes_[ref.rank], processes_[q]))
         std::fill_n(flags(ref).begin() + ref.index, ref.count, uint8_t{1});
     });
     for (bool changed = true; changed;) {
@@ -288,6 +318,8 @@ class SpanningCommunicator : public Gathering {
   std::vector<int32_t> local_;        // ranks hosted here, ascending
   std::vector<int32_t> local_index_;  // rank -> position in local_, or -1
   std::vector<int32_t> peers_;        // other processes hosting ranks of the group, ascending
+  std::vector<bool> net_;             // per peer: reached over the network (another host), not shared memory
+  std::shared_ptr<Mailbox> mailbox_;  // what network peers said about this call site's calls
   std::vector<std::vector<uint8_t>> chunks_;  // [rank * 2 + (input 0, output 1)]: per chunk, 1 if shared
 
   std::mutex mu_;  // guards what follows
@@ -307,7 +339,57 @@ class SpanningCommunicator : public Gathering {
 
 namespace {
 std::atomic<uint64_t> next_data_id{1};
+constexpr int32_t kNotFound = -1, kOverNetwork = -2;  // a peer's slot: not found yet, or none (network peer)
 }
+
+// The ranks of one network peer in one call: reads, writes and signals become messages naming the call.
+class NetRanks : public RemoteRanks {
+ public:
+  NetRanks(int32_t process, std::string who, int64_t callsite, int32_t group, int64_t run_id, uint64_t iteration,
+           Clock::time_point deadline)
+      : process_(process), who_(std::move(who)), deadline_(deadline) {
+    base_.callsite = callsite;
+    base_.group = group;
+    base_.run_id = run_id;
+    base_.iteration = iteration;
+  }
+  Status read(const ChunkRef& ref, void* dst, size_t bytes) override {
+    Status st = net_read(process_, addressed(NetMessage::kGet, ref, 0), dst, bytes, deadline_);
+    if (!st.ok() && !net_alive(process_)) return gone();
+    return st;
+  }
+  Status write(const ChunkRef& ref, const void* src, size_t bytes) override {
+    if (!net_send(process_, addressed(NetMessage::kPut, ref, bytes), src)) return gone();
+    return {};
+  }
+  Status signal(int32_t rank, int32_t sem) override {
+    NetMessage m = base_;
+    m.type = NetMessage::kSignal;
+    m.rank = rank;
+    m.sem = sem;
+    if (!net_send(process_, m, nullptr)) return gone();
+    return {};
+  }
+
+ private:
+  NetMessage addressed(uint32_t type, const ChunkRef& ref, size_t bytes) const {
+    NetMessage m = base_;
+    m.type = type;
+    m.rank = ref.rank;
+    m.buffer = static_cast<int32_t>(ref.buffer);
+    m.index = ref.index;
+    m.count = ref.count;
+    m.bytes = bytes;
+    return m;
+  }
+  Status gone() const {
+    return Status::Error(who_ + " has gone: its network connection broke; its ranks will never finish their steps");
+  }
+  int32_t process_;
+  std::string who_;
+  Clock::time_point deadline_;
+  NetMessage base_;
+};
 
 // One call of a spanning group in this process: what its local ranks published and what the worker needs.
 class SpanCall : public CallFailure {
@@ -318,7 +400,8 @@ class SpanCall : public CallFailure {
         deadline_(deadline), buffers_(comm.local_.size()), copy_out_(comm.local_.size()),
         completions_(comm.local_.size()), handoff_(std::make_unique<std::atomic<int>[]>(comm.local_.size())),
         arrived_ranks_(comm.local_.size(), false),
-        peer_slot_(comm.peers_.size(), -1), peer_generation_(comm.peers_.size(), 0) {}
+        peer_slot_(comm.peers_.size(), kNotFound), peer_generation_(comm.peers_.size(), 0),
+        net_ranks_(comm.peers_.size()) {}
 
   // -- CallFailure --
   void fail(const std::string& message) override {
@@ -331,6 +414,13 @@ class SpanCall : public CallFailure {
     }
     ring_peers();
     me.bell.ring();
+    if (!told_failure_.exchange(true))
+      for (size_t i = 0; i < comm_.peers_.size(); ++i)
+        if (comm_.net_[i]) {
+          NetMessage m = net_message(NetMessage::kFailed);
+          m.bytes = message.size();
+          net_send(comm_.peers_[i], m, message.data());
+        }
   }
   bool failed() const override { return comm_.failed(); }
   std::string failure() const override { return comm_.failure(); }
@@ -346,6 +436,18 @@ class SpanCall : public CallFailure {
              " of this site in it); its ranks will never arrive or finish their steps");
         return;
       }
+      if (comm_.net_[i]) {
+        std::string why;
+        {
+          std::lock_guard<std::mutex> lock(comm_.mailbox_->mu);
+          auto it = comm_.mailbox_->failed.find({p, run_id_, iteration_});
+          if (it != comm_.mailbox_->failed.end()) why = it->second;
+        }
+        if (!why.empty()) {
+          fail(site_.describe() + ": " + comm_.describe_process(p) + " failed this call: " + why);
+          return;
+        }
+      }
       if (peer_slot_[i] >= 0) {
         SlotHeader& h = peer_header(i, peer_slot_[i]);
         const uint64_t st = h.state.load(std::memory_order_acquire);
@@ -359,6 +461,27 @@ class SpanCall : public CallFailure {
   }
 
   SlotHeader& header() { return comm_.directory().slots[slot_]; }
+  // A message about this call to network peers.
+  NetMessage net_message(uint32_t type) const {
+    NetMessage m;
+    m.type = type;
+    m.callsite = comm_.callsite_;
+    m.group = comm_.group_;
+    m.run_id = run_id_;
+    m.iteration = iteration_;
+    m.block = block_;
+    m.dtype = static_cast<int32_t>(dtype_);
+    m.fingerprint = comm_.fingerprint_;
+    return m;
+  }
+  void tell_network_peers(uint32_t type) {
+    for (size_t i = 0; i < comm_.peers_.size(); ++i)
+      if (comm_.net_[i]) net_send(comm_.peers_[i], net_message(type), nullptr);
+  }
+  bool network_peer_done(size_t i) {
+    std::lock_guard<std::mutex> lock(comm_.mailbox_->mu);
+    return comm_.mailbox_->done.count({comm_.peers_[i], run_id_, iteration_}) != 0;
+  }
   SlotHeader& peer_header(size_t i, int32_t slot) {
     return static_cast<Directory*>(comm_.peer_dirs_[i].data())->slots[slot];
   }
@@ -390,8 +513,10 @@ class SpanCall : public CallFailure {
   }
   Status status_;
   Doorbell finished_;
-  std::vector<int32_t> peer_slot_;  // per peer: the slot holding this call, once found
+  std::vector<int32_t> peer_slot_;  // per peer: the slot holding this call once found (kOverNetwork: no slot)
   std::vector<uint64_t> peer_generation_;
+  std::vector<std::unique_ptr<NetRanks>> net_ranks_;  // per peer reached over the network
+  std::atomic<bool> told_failure_{false};
   Clock::time_point last_poll_{};
 };
 
@@ -465,6 +590,40 @@ Status find_peer(SpanCall& call, size_t i, bool& found) {
   return {};
 }
 
+// Find network peer i's publication of the call in the mailbox; checks its plan and shapes like find_peer.
+Status find_network_peer(SpanCall& call, size_t i, bool& found) {
+  SpanningCommunicator& c = call.comm_;
+  const int32_t p = c.peers_[i];
+  NetMessage m;
+  {
+    std::lock_guard<std::mutex> lock(c.mailbox_->mu);
+    auto it = c.mailbox_->published.find({p, call.run_id_, call.iteration_});
+    found = it != c.mailbox_->published.end();
+    if (found) {
+      m = it->second;
+    } else if (auto f = c.mailbox_->fingerprints.find(p); f != c.mailbox_->fingerprints.end()) {
+      // Another plan at this call site runs in another executable, whose launches never match ours: refuse
+      // it from any publication rather than wait for this one.
+      m.fingerprint = f->second;
+    } else {
+      return {};
+    }
+  }
+  if (m.fingerprint != c.fingerprint_)
+    return Status::Error(call.site_.describe() + ": " + c.describe_process(p) +
+                         " runs a different plan at this call site (plan fingerprint " + std::to_string(m.fingerprint) +
+                         ", this process " + std::to_string(c.fingerprint_) +
+                         "); every process must run the same program with the same jaxcoll version");
+  if (!found) return {};
+  if (m.block != call.block_ || m.dtype != static_cast<int32_t>(call.dtype_))
+    return Status::Error(call.site_.describe() + ": " + c.describe_process(p) + " called with " +
+                         std::to_string(m.block) + "-element blocks of " + dtype_name(static_cast<DType>(m.dtype)) +
+                         ", this process with " + std::to_string(call.block_) + " of " + dtype_name(call.dtype_) +
+                         "; every rank must pass the same shape");
+  call.peer_slot_[i] = kOverNetwork;
+  return {};
+}
+
 // The worker's part of a call: find the peers, run the local ranks' lanes, wait for every process to finish.
 Status run_call(SpanCall& call) {
   SpanningCommunicator& c = call.comm_;
@@ -477,9 +636,10 @@ Status run_call(SpanCall& call) {
     {
       std::lock_guard<std::mutex> lock(c.mu_);
       for (size_t i = 0; i < c.peers_.size(); ++i) {
-        if (call.peer_slot_[i] >= 0) continue;
+        if (call.peer_slot_[i] != kNotFound) continue;
         bool found = false;
-        Status st = find_peer(call, i, found);
+        Status st = c.net_[i] ? find_network_peer(call, i, found) : find_peer(call, i, found);
+        if (found && c.net_[i]) continue;
         if (!st.ok()) return st;
         if (found) call.peer_header(i, call.peer_slot_[i]).bell.ring();  // it may be waiting for us
         all &= found;
@@ -491,7 +651,8 @@ Status run_call(SpanCall& call) {
     if (Clock::now() >= call.deadline_) {
       std::string missing;
       for (size_t i = 0; i < c.peers_.size(); ++i)
-        if (call.peer_slot_[i] < 0) missing += (missing.empty() ? "" : "; ") + c.describe_process(c.peers_[i]);
+        if (call.peer_slot_[i] == kNotFound)
+          missing += (missing.empty() ? "" : "; ") + c.describe_process(c.peers_[i]);
       return Status::Error(call.site_.describe() + ": timed out waiting for every process to arrive (launch " +
                            std::to_string(call.run_id_) + ", call " + std::to_string(call.iteration_) +
                            " of this site in it); never arrived: " + missing +
@@ -507,6 +668,12 @@ Status run_call(SpanCall& call) {
   for (int32_t r : c.local_) views[r] = call.local_views_[c.local_index_[r]];
   for (size_t i = 0; i < c.peers_.size(); ++i) {
     const int32_t p = c.peers_[i];
+    if (c.net_[i]) {
+      call.net_ranks_[i] = std::make_unique<NetRanks>(p, c.describe_process(p), c.callsite_, c.group_, call.run_id_,
+                                                      call.iteration_, call.deadline_);
+      for (int32_t r : c.ranks_of(p)) views[r].remote = call.net_ranks_[i].get();
+      continue;
+    }
     size_t bytes = 0;
     const std::vector<RankArea> areas = c.layout(p, call.block_, call.dtype_, bytes);
     char* base = static_cast<char*>(c.peer_data_[i * kSlots + size_t(call.peer_slot_[i])].data());
@@ -545,10 +712,15 @@ Status run_call(SpanCall& call) {
   // 3. Done here; wait until every peer is done with its steps (they may still read this process's buffers).
   me.state.store((generation_of(me.state.load(std::memory_order_relaxed)) << 3) | kDone, std::memory_order_release);
   call.ring_peers();
+  call.tell_network_peers(NetMessage::kDone);
   for (;;) {
     const uint32_t seen = me.bell.word.load(std::memory_order_seq_cst);
     bool all = true;
     for (size_t i = 0; i < c.peers_.size() && all; ++i) {
+      if (c.net_[i]) {
+        all = call.network_peer_done(i);
+        continue;
+      }
       const uint64_t s = call.peer_header(i, call.peer_slot_[i]).state.load(std::memory_order_acquire);
       all = generation_of(s) == call.peer_generation_[i] && phase_of(s) == kDone;
     }
@@ -572,7 +744,17 @@ void finish_call(const std::shared_ptr<SpanCall>& call, Status st) {
   } else {
     for (const auto& outs : call->copy_out_)
       for (const CopyOut& out : outs) std::memcpy(out.dst, out.src, out.bytes);
-    for (size_t i = 0; i < c.peers_.size(); ++i) call->peer_header(i, call->peer_slot_[i]).acks.fetch_add(1);
+    for (size_t i = 0; i < c.peers_.size(); ++i)
+      if (call->peer_slot_[i] >= 0) call->peer_header(i, call->peer_slot_[i]).acks.fetch_add(1);
+  }
+  {
+    // What network peers said of this call is spent.
+    std::lock_guard<std::mutex> lock(c.mailbox_->mu);
+    for (int32_t p : c.peers_) {
+      const CallKey key{p, call->run_id_, call->iteration_};
+      c.mailbox_->published.erase(key);
+      c.mailbox_->done.erase(key);
+    }
   }
   call->status_ = st;
   std::vector<Completion> owed;
@@ -627,7 +809,7 @@ namespace {
 // A free slot of this process's directory (its last call acknowledged by every peer), claimed for a call.
 int32_t claim_slot(SpanningCommunicator& c) {
   Directory& d = c.directory();
-  const uint32_t npeers = static_cast<uint32_t>(c.peers_.size());
+  const uint32_t npeers = static_cast<uint32_t>(std::count(c.net_.begin(), c.net_.end(), false));
   for (int32_t s = 0; s < kSlots; ++s) {
     SlotHeader& h = d.slots[s];
     const uint64_t st = h.state.load(std::memory_order_acquire);
@@ -645,6 +827,88 @@ int32_t claim_slot(SpanningCommunicator& c) {
 }
 
 }  // namespace
+
+namespace {
+
+// Every spanning communicator of this process, by (callsite, group): the network handler finds calls here.
+struct Registry {
+  std::mutex mu;
+  std::map<std::pair<int64_t, int32_t>, std::unique_ptr<SpanningCommunicator>> comms;
+};
+
+Registry& registry() {
+  static Registry* r = new Registry();  // leaked on purpose: the watchdog and network threads outlive statics
+  return *r;
+}
+
+SpanningCommunicator* find_communicator(int64_t callsite, int32_t group) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto it = reg.comms.find({callsite, group});
+  return it == reg.comms.end() ? nullptr : it->second.get();
+}
+
+std::shared_ptr<SpanCall> find_call(SpanningCommunicator& c, int64_t run_id, uint64_t iteration) {
+  std::lock_guard<std::mutex> lock(c.mu_);
+  for (auto& a : c.active_)
+    if (a->run_id_ == run_id && a->iteration_ == iteration) return a;
+  return nullptr;
+}
+
+// A message from a network peer (net.hpp's receiver thread).
+void on_message(const NetMessage& m, std::vector<char>& payload) {
+  const CallKey key{m.from, m.run_id, m.iteration};
+  if (m.type == NetMessage::kPublish || m.type == NetMessage::kDone || m.type == NetMessage::kFailed) {
+    {
+      auto box = mailbox(m.callsite, m.group);
+      std::lock_guard<std::mutex> lock(box->mu);
+      if (m.type == NetMessage::kPublish) {
+        box->published[key] = m;
+        box->fingerprints.emplace(m.from, m.fingerprint);
+      }
+      else if (m.type == NetMessage::kDone) box->done.insert(key);
+      else box->failed[key] = std::string(payload.begin(), payload.end());
+    }
+    if (SpanningCommunicator* c = find_communicator(m.callsite, m.group))
+      if (auto call = find_call(*c, m.run_id, m.iteration)) call->header().bell.ring();
+    return;
+  }
+  // Signals, puts and gets come only after the sender found this process's publication of the call.
+  SpanningCommunicator* c = find_communicator(m.callsite, m.group);
+  std::shared_ptr<SpanCall> call = c ? find_call(*c, m.run_id, m.iteration) : nullptr;
+  if (!call || m.rank < 0 || m.rank >= c->plan_.nranks || c->local_index_[m.rank] < 0) {
+    if (c) c->fail("jaxcoll callsite " + std::to_string(m.callsite) + ": process " + std::to_string(m.from) +
+                   " addressed rank " + std::to_string(m.rank) + " of a call this process does not hold");
+    return;
+  }
+  const PeerView& v = call->local_views_[c->local_index_[m.rank]];
+  if (m.type == NetMessage::kSignal) {
+    v.semaphores[m.sem].fetch_add(1, std::memory_order_release);
+    call->header().bell.ring();
+    return;
+  }
+  const ChunkRef ref{m.rank, static_cast<BufferKind>(m.buffer), m.index, m.count};
+  const int64_t k = c->plan_.chunk_factor;
+  const ElementRange range = chunk_range(k, call->block_, ref.index, ref.count);
+  const size_t esize = ref.buffer == BufferKind::kScratch ? accum_size(call->dtype_) : dtype_size(call->dtype_);
+  const size_t bytes = size_t(range.size()) * esize;
+  void* at = chunk_address(v, ref, k, call->block_, dtype_size(call->dtype_), accum_size(call->dtype_));
+  if (m.type == NetMessage::kPut) {
+    if (payload.size() == bytes) std::memcpy(at, payload.data(), bytes);
+    else call->fail(call->site_.describe() + ": process " + std::to_string(m.from) + " wrote " +
+                    std::to_string(payload.size()) + " bytes into a chunk of " + std::to_string(bytes));
+  } else if (m.type == NetMessage::kGet) {
+    NetMessage answer;
+    answer.type = NetMessage::kData;
+    answer.request = m.request;
+    answer.bytes = bytes;
+    net_send(m.from, answer, at);
+  }
+}
+
+}  // namespace
+
+void serve_network() { net_set_handler(on_message); }
 
 uint64_t plan_fingerprint(const int32_t* words, size_t nwords, int32_t reduce_op) {
   uint64_t h = 1469598103934665603ull;
@@ -676,23 +940,15 @@ SpanningCommunicator* spanning_communicator_for(int64_t callsite, int32_t group,
                              std::to_string(p) + ", but the job has " + std::to_string(w->nprocesses()));
       return nullptr;
     }
-  for (int32_t p : processes)
-    if (!w->same_host(p, w->process)) {
-      status = Status::Error("jaxcoll callsite " + std::to_string(callsite) + ": process " + std::to_string(p) +
-                             " is on another host; jaxcoll's network transport between hosts is not built yet "
-                             "(docs/multiprocess.md), only shared memory between processes of one host");
-      return nullptr;
-    }
-  static std::mutex mu;
-  static auto* registry = new std::map<std::pair<int64_t, int32_t>, std::unique_ptr<SpanningCommunicator>>();
-  std::lock_guard<std::mutex> lock(mu);
-  auto& c = (*registry)[{callsite, group}];
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto& c = reg.comms[{callsite, group}];
   if (!c) {
     auto made = std::make_unique<SpanningCommunicator>(callsite, group, plan, processes, fingerprint, *w);
     made->iterations_.resize(made->local_.size());
     status = made->open_directory();
     if (!status.ok()) {
-      registry->erase({callsite, group});
+      reg.comms.erase({callsite, group});
       return nullptr;
     }
     c = std::move(made);
@@ -848,7 +1104,10 @@ Status execute_spanning_rank(SpanningCommunicator& c, int64_t run_id, const Plan
                     std::memory_order_release);
     }
   }
-  if (last) run_on_worker([call] { finish_call(call, run_call(*call)); });
+  if (last) {
+    call->tell_network_peers(NetMessage::kPublish);
+    run_on_worker([call] { finish_call(call, run_call(*call)); });
+  }
 
   // Finish on this thread if the call is done soon (saves a worker hop), else return pending.
   std::atomic<int>& h = call->handoff_[li];

@@ -10,6 +10,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "net.hpp"
 #include "shared_memory.hpp"
 
 namespace jaxcoll {
@@ -63,7 +64,8 @@ const World* world() { return current.load(); }
 
 bool process_alive(int32_t p) {
   const World* w = world();
-  if (!w || p < 0 || p >= w->nprocesses() || p == w->process || !w->same_host(p, w->process)) return true;
+  if (!w || p < 0 || p >= w->nprocesses() || p == w->process) return true;
+  if (!w->same_host(p, w->process)) return net_alive(p);
   if (pidfds[p] >= 0) {
     pollfd fd{pidfds[p], POLLIN, 0};
     return poll(&fd, 1, 0) == 0;

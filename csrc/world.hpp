@@ -26,9 +26,8 @@ Status configure_world(int32_t process, std::vector<int64_t> pids, std::vector<i
 // The job, or null before configure_world.
 const World* world();
 
-// Whether process `p` of the job still runs: false once it has exited (or been killed), even before its parent
-// reaps it. Only answerable for processes on this host; others count as alive (a network transport notices
-// them through their connection).
+// Whether process `p` of the job still runs: on this host, false once it has exited (or been killed), even
+// before its parent reaps it; on another host, false once its connection broke (net.hpp).
 bool process_alive(int32_t p);
 
 }  // namespace jaxcoll

@@ -8,3 +8,10 @@ def distributed_client():
     it (jax.distributed has initialize/shutdown only). Checked on jax 0.10.2."""
     from jax._src import distributed
     return distributed.global_state.client
+
+
+def coordinator_address() -> str | None:
+    """The address jax.distributed.initialize was given for the coordinator (None before it). No public API
+    exposes it. Checked on jax 0.10.2."""
+    from jax._src import distributed
+    return distributed.global_state.coordinator_address

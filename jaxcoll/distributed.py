@@ -107,8 +107,38 @@ def connect() -> World | None:
         pids = tuple(int(peer["pid"]) for peer in peers)
         from jaxcoll import runtime
         runtime.configure_world(me, pids, hosts, token)
+        remote = [q for q in range(n) if hosts[q] != hosts[me]]
+        if remote:
+            _connect_network(client, me, n, remote, token, timeout)
         _world = World(me, pids, hosts)
         return _world
+
+
+def _connect_network(client, me: int, n: int, remote: list[int], token: str, timeout_ms: int) -> None:
+    """Open the network transport to the processes on other hosts: listen (JAXCOLL_NET_PORT, default a free
+    port), publish the address and port, read theirs and connect (csrc/net.hpp)."""
+    from jaxcoll import runtime
+    port = int(os.environ.get("JAXCOLL_NET_PORT", "0") or 0)
+    bound = runtime.net_listen(me, port, token)
+    address = os.environ.get("JAXCOLL_NET_ADDRESS") or _address_towards(_jax.coordinator_address())
+    client.key_value_set(_PREFIX + f"net/{me}", json.dumps({"address": address, "port": bound}))
+    addresses, ports = [""] * n, [0] * n
+    for q in remote:
+        peer = json.loads(_get(client, _PREFIX + f"net/{q}", timeout_ms, f"process {q}", "its network address"))
+        addresses[q], ports[q] = peer["address"], int(peer["port"])
+    runtime.net_connect(remote, addresses, ports, timeout_ms / 1000)
+
+
+def _address_towards(coordinator: str | None) -> str:
+    """This host's address on the route to the coordinator (peers reach it the way they reach the
+    coordinator); JAXCOLL_NET_ADDRESS overrides."""
+    host = (coordinator or "127.0.0.1").rsplit(":", 1)[0].strip("[]")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, 9))  # no packet is sent: this only picks the route
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
 
 
 def _get(client, key: str, timeout_ms: int, who: str, what: str) -> str:

@@ -81,6 +81,17 @@ def configure_world(process: int, pids: Sequence[int], hosts: Sequence[int], tok
     _jaxcoll.configure_world(int(process), [int(p) for p in pids], [int(h) for h in hosts], str(token))
 
 
+def net_listen(process: int, port: int, token: str) -> int:
+    """Listen for the job's network peers on `port` (0: a free one); returns the port taken."""
+    return int(_jaxcoll.net_listen(int(process), int(port), str(token)))
+
+
+def net_connect(peers: Sequence[int], addresses: Sequence[str], ports: Sequence[int], timeout_s: float) -> None:
+    """Connect to the job's processes on other hosts (addresses and ports indexed by process)."""
+    _jaxcoll.net_connect([int(p) for p in peers], [str(a) for a in addresses], [int(p) for p in ports],
+                         float(timeout_s))
+
+
 def check_words(words: np.ndarray) -> None:
     """Decode serialized plan words exactly as the executor does; raise ValueError naming the fault."""
     _jaxcoll.check_plan(np.ascontiguousarray(words, dtype=np.int32).ravel())

@@ -18,6 +18,7 @@ import jaxcoll.launch
 PROCESS, NPROCESSES = jaxcoll.launch.initialize()
 
 import jax  # noqa: E402 - after the job is joined
+import jax.experimental.multihost_utils  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
@@ -300,6 +301,32 @@ def case_different_version() -> str:
         jaxcoll.__version__ = "0.0.0-other"
     f, x = _fault_call()
     _report(lambda: f(x).block_until_ready())
+
+
+def case_port_taken() -> str:
+    # Process 1 was told to listen on a port the test holds (JAXCOLL_NET_PORT).
+    f, x = _fault_call()
+    _report(lambda: f(x).block_until_ready())
+
+
+def case_wrong_token() -> str:
+    """A connection to a process's network port that presents another token is closed, and the job goes on."""
+    import json
+    import socket
+    import struct
+
+    from jaxcoll import _jax, runtime
+    f, x = _fault_call()
+    f(x).block_until_ready()
+    if PROCESS == 0:
+        peer = json.loads(_jax.distributed_client().blocking_key_value_get("jaxcoll/v1/net/1", 10_000))
+        with socket.create_connection((peer["address"], peer["port"]), timeout=10) as s:
+            s.sendall(struct.pack("<Qii32s", 0x4F4C4C4548584A43, 0, 0, b"0" * 32))  # a hello with a wrong token
+            closed = s.recv(1) == b""
+        assert closed, "the connection with a wrong token was not closed"
+    jax.experimental.multihost_utils.sync_global_devices("token checked")
+    f(x).block_until_ready()
+    return f"refused {runtime._jaxcoll.net_refused()}"
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -19,9 +20,15 @@ from jaxcoll.launch import launch
 CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_cases.py")
 
 
-def job(case: str, nprocesses: int = 2, local_devices: int = 4, timeout_s: float = 240.0, **env):
+def job(case: str, nprocesses: int = 2, local_devices: int = 4, timeout_s: float = 240.0, process_env=None,
+        **env):
     return launch(nprocesses, [CASES, case], local_devices=local_devices, timeout_s=timeout_s,
-                  env={k: str(v) for k, v in env.items()})
+                  env={k: str(v) for k, v in env.items()}, process_env=process_env)
+
+
+# shm: the processes share this host's memory; tcp: every process counts as a host of its own, so its peers are
+# reached over the network transport, here over loopback.
+TRANSPORTS = {"shm": {}, "tcp": {"JAXCOLL_TRANSPORT": "tcp"}}
 
 
 def assert_all_ok(results, case):
@@ -40,10 +47,11 @@ def error_of(result) -> tuple[float, str]:
                          f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("nprocesses,local_devices", [(2, 4), (4, 2)])
 @pytest.mark.parametrize("case", ["collectives", "loops"])
-def test_collectives_across_processes_equal_xla_and_numpy(case, nprocesses, local_devices):
-    assert_all_ok(job(case, nprocesses, local_devices), case)
+def test_collectives_across_processes_equal_xla_and_numpy(case, nprocesses, local_devices, transport):
+    assert_all_ok(job(case, nprocesses, local_devices, **TRANSPORTS[transport]), case)
 
 
 def test_calls_shared_with_helper_threads_give_the_same_results():
@@ -51,34 +59,46 @@ def test_calls_shared_with_helper_threads_give_the_same_results():
     assert_all_ok(job("collectives", JAXCOLL_SPAN_HELPERS=3, JAXCOLL_SOLO_BYTES=0), "collectives")
 
 
-@pytest.mark.parametrize("case", ["algorithms", "large", "segments_private"])
-def test_across_two_processes(case):
-    assert_all_ok(job(case), case)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("case", ["algorithms", "large"])
+def test_across_two_processes(case, transport):
+    assert_all_ok(job(case, **TRANSPORTS[transport]), case)
 
 
-def test_a_process_that_exits_between_calls_is_named_at_once():
-    seconds, message = error_of(job("exit_between_calls", JAXCOLL_TIMEOUT=60)[0])
-    assert re.search(r"process 1 \(pid \d+, ranks \[4, 5, 6, 7\] of this group\) has exited", message), message
+def test_shared_memory_segments_are_owner_only():
+    assert_all_ok(job("segments_private"), "segments_private")
+
+
+GONE = r"process 1 \(pid \d+, ranks \[4, 5, 6, 7\] of this group\) has (exited|gone)"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_process_that_exits_between_calls_is_named_at_once(transport):
+    seconds, message = error_of(job("exit_between_calls", JAXCOLL_TIMEOUT=60, **TRANSPORTS[transport])[0])
+    assert re.search(GONE, message), message
     assert seconds < 10, f"the error took {seconds} s (timeout 60 s): the exit should be noticed at once"
 
 
-def test_a_process_killed_mid_call_is_named_at_once():
-    results = job("killed_mid_call", JAXCOLL_TIMEOUT=60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_process_killed_mid_call_is_named_at_once(transport):
+    results = job("killed_mid_call", JAXCOLL_TIMEOUT=60, **TRANSPORTS[transport])
     assert results[1].returncode == -9
     seconds, message = error_of(results[0])
-    assert "process 1" in message and "has exited" in message, message
+    assert re.search(GONE, message), message
     assert seconds < 10, f"the error took {seconds} s (timeout 60 s)"
 
 
-def test_a_process_that_never_arrives_is_named_after_the_timeout():
-    seconds, message = error_of(job("never_arrives", JAXCOLL_TIMEOUT=5)[0])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_process_that_never_arrives_is_named_after_the_timeout(transport):
+    seconds, message = error_of(job("never_arrives", JAXCOLL_TIMEOUT=5, **TRANSPORTS[transport])[0])
     assert "timed out waiting for every process to arrive" in message, message
     assert "never arrived: process 1" in message and "ranks [4, 5, 6, 7]" in message, message
     assert 4 < seconds < 30, seconds
 
 
-def test_a_process_running_another_plan_is_refused_by_fingerprint():
-    for r in job("different_plan", JAXCOLL_TIMEOUT=60):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_process_running_another_plan_is_refused_by_fingerprint(transport):
+    for r in job("different_plan", JAXCOLL_TIMEOUT=60, **TRANSPORTS[transport]):
         seconds, message = error_of(r)
         other = 1 - r.process
         assert f"process {other}" in message and "runs a different plan at this call site" in message, message
@@ -110,3 +130,22 @@ def test_a_finished_job_leaves_no_segment():
     assert_all_ok(results, "large")
     after = {f for f in os.listdir("/dev/shm") if f.startswith("jaxcoll-")} - before
     assert not after, f"segments left behind: {sorted(after)}"
+
+
+def test_a_network_port_that_is_taken_is_named():
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        results = job("port_taken", JAXCOLL_TIMEOUT=10, JAXCOLL_TRANSPORT="tcp",
+                      process_env={1: {"JAXCOLL_NET_PORT": str(port)}})
+    _, message = error_of(results[1])
+    assert f"cannot listen on port {port}" in message and "the port is taken" in message, message
+    _, message = error_of(results[0])
+    assert "process 1 did not publish its network address" in message, message
+
+
+def test_a_connection_without_the_jobs_token_is_refused():
+    results = job("wrong_token", JAXCOLL_TRANSPORT="tcp")
+    assert_all_ok(results, "wrong_token")
+    assert "refused 1" in results[1].stdout, results[1].stdout

@@ -16,6 +16,8 @@
 #include "executor.hpp"
 #include "local_group.hpp"
 #include "plan.hpp"
+#include "net.hpp"
+#include "spanning.hpp"
 #include "world.hpp"
 #ifdef JAXCOLL_WITH_CUDA
 #include "cuda_module.hpp"
@@ -89,6 +91,31 @@ NB_MODULE(_jaxcoll, m) {
         },
         nb::arg("process"), nb::arg("pids"), nb::arg("hosts"), nb::arg("token"),
         "Tell the runtime which job this process belongs to (jaxcoll.distributed.connect does it once).");
+
+  m.def("net_listen",
+        [](int32_t process, int port, std::string token) {
+          int bound = 0;
+          jaxcoll::Status st = jaxcoll::net_listen(process, port, token, bound);
+          if (!st.ok()) throw std::runtime_error(st.message());
+          return bound;
+        },
+        nb::arg("process"), nb::arg("port"), nb::arg("token"),
+        "Listen for the job's network peers (0: a free port); returns the port.");
+
+  m.def("net_connect",
+        [](std::vector<int32_t> peers, std::vector<std::string> addresses, std::vector<int> ports, double timeout_s) {
+          jaxcoll::serve_network();
+          jaxcoll::Status st;
+          {
+            nb::gil_scoped_release release;
+            st = jaxcoll::net_connect(peers, addresses, ports, timeout_s);
+          }
+          if (!st.ok()) throw std::runtime_error(st.message());
+        },
+        nb::arg("peers"), nb::arg("addresses"), nb::arg("ports"), nb::arg("timeout_s"),
+        "Connect to the job's processes on other hosts (addresses and ports indexed by process).");
+
+  m.def("net_refused", &jaxcoll::net_refused, "Connections refused for a wrong token (tests).");
 
   m.def("solo_bytes", &jaxcoll::solo_bytes, "Bytes a call reads and writes in all (every rank together) up to which one thread runs it.");
   m.def("set_solo_bytes", &jaxcoll::set_solo_bytes, nb::arg("bytes"),

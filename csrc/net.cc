@@ -1,0 +1,354 @@
+#include "net.hpp"
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace jaxcoll {
+
+namespace {
+
+constexpr uint64_t kHelloMagic = 0x4F4C4C4548584A43ull;  // "CJXHELLO"
+constexpr size_t kTokenBytes = 32;
+
+struct Hello {
+  uint64_t magic = kHelloMagic;
+  int32_t process = 0;
+  int32_t pad = 0;
+  char token[kTokenBytes] = {};
+};
+
+std::string errno_text(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
+
+bool send_all(int fd, const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes) {
+    const ssize_t n = ::send(fd, p, bytes, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    bytes -= size_t(n);
+  }
+  return true;
+}
+
+bool recv_all(int fd, void* data, size_t bytes) {
+  char* p = static_cast<char*>(data);
+  while (bytes) {
+    const ssize_t n = ::recv(fd, p, bytes, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    bytes -= size_t(n);
+  }
+  return true;
+}
+
+// One connection to a peer process: its socket, its send queue and the two threads.
+struct Link {
+  int fd = -1;
+  int32_t peer = -1;
+  std::atomic<bool> alive{true};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<NetMessage, std::vector<char>>> queue;
+};
+
+// An answer awaited by net_read.
+struct Pending {
+  void* dst = nullptr;
+  size_t bytes = 0;
+  std::atomic<bool> done{false};
+  bool ok = false;
+  Doorbell bell;
+};
+
+struct Net {
+  std::mutex mu;
+  std::condition_variable connected_cv;
+  std::map<int32_t, std::shared_ptr<Link>> links;  // by peer process
+  NetHandler handler;
+  std::string token;
+  int32_t process = -1;
+  int listen_fd = -1;
+  std::atomic<int> refused{0};
+  std::mutex pending_mu;
+  std::map<uint64_t, std::shared_ptr<Pending>> pending;
+  std::atomic<uint64_t> next_request{1};
+};
+
+Net& net() {
+  static Net* n = new Net();  // leaked on purpose: its threads outlive static destruction
+  return *n;
+}
+
+void receive_loop(std::shared_ptr<Link> link) {
+  Net& n = net();
+  for (;;) {
+    NetMessage m;
+    if (!recv_all(link->fd, &m, sizeof(m))) break;
+    std::vector<char> payload(m.bytes);
+    if (m.bytes && !recv_all(link->fd, payload.data(), m.bytes)) break;
+    if (m.type == NetMessage::kData) {
+      std::shared_ptr<Pending> p;
+      {
+        std::lock_guard<std::mutex> lock(n.pending_mu);
+        auto it = n.pending.find(m.request);
+        if (it != n.pending.end()) p = it->second;
+      }
+      if (p) {
+        p->ok = m.bytes == p->bytes;
+        if (p->ok) std::memcpy(p->dst, payload.data(), p->bytes);
+        p->done.store(true, std::memory_order_release);
+        p->bell.ring();
+      }
+      continue;
+    }
+    NetHandler handler;
+    {
+      std::lock_guard<std::mutex> lock(n.mu);
+      handler = n.handler;
+    }
+    if (handler) handler(m, payload);
+  }
+  // Every read waiting on this connection gives up at its next wake (net_read asks net_alive).
+  link->alive.store(false, std::memory_order_release);
+  link->cv.notify_all();
+}
+
+void send_loop(std::shared_ptr<Link> link) {
+  std::unique_lock<std::mutex> lock(link->mu);
+  for (;;) {
+    link->cv.wait(lock, [&] { return !link->queue.empty() || !link->alive.load(); });
+    if (!link->alive.load()) return;
+    auto [m, payload] = std::move(link->queue.front());
+    link->queue.pop_front();
+    lock.unlock();
+    const bool ok = send_all(link->fd, &m, sizeof(m)) && (payload.empty() || send_all(link->fd, payload.data(),
+                                                                                       payload.size()));
+    lock.lock();
+    if (!ok) {
+      link->alive.store(false);
+      ::shutdown(link->fd, SHUT_RDWR);
+      return;
+    }
+  }
+}
+
+void start_link(int fd, int32_t peer) {
+  Net& n = net();
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  auto link = std::make_shared<Link>();
+  link->fd = fd;
+  link->peer = peer;
+  {
+    std::lock_guard<std::mutex> lock(n.mu);
+    n.links[peer] = link;
+  }
+  n.connected_cv.notify_all();
+  std::thread([link] { receive_loop(link); }).detach();
+  std::thread([link] { send_loop(link); }).detach();
+}
+
+void accept_loop(int fd) {
+  Net& n = net();
+  for (;;) {
+    const int c = ::accept(fd, nullptr, nullptr);
+    if (c < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return;
+    }
+    // The first bytes must be the job's hello; anything else is closed (and counted) without a word.
+    pollfd p{c, POLLIN, 0};
+    Hello h;
+    const bool ready = ::poll(&p, 1, 10000) == 1 && recv_all(c, &h, sizeof(h));
+    if (!ready || h.magic != kHelloMagic || std::string(h.token, strnlen(h.token, kTokenBytes)) != n.token ||
+        h.process < 0 || h.process == n.process) {
+      n.refused.fetch_add(1);
+      ::close(c);
+      continue;
+    }
+    start_link(c, h.process);
+  }
+}
+
+}  // namespace
+
+void net_set_handler(NetHandler handler) {
+  Net& n = net();
+  std::lock_guard<std::mutex> lock(n.mu);
+  n.handler = std::move(handler);
+}
+
+Status net_listen(int32_t process, int port, const std::string& token, int& bound) {
+  Net& n = net();
+  std::lock_guard<std::mutex> lock(n.mu);
+  if (n.listen_fd >= 0) {
+    sockaddr_in a{};
+    socklen_t len = sizeof(a);
+    getsockname(n.listen_fd, reinterpret_cast<sockaddr*>(&a), &len);
+    bound = ntohs(a.sin_port);
+    return {};
+  }
+  if (token.size() > kTokenBytes) return Status::Error("jaxcoll: the job token is longer than 32 characters");
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Error("jaxcoll: cannot open a socket for the network transport: " + errno_text(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, 128) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Status::Error("jaxcoll: cannot listen on port " + std::to_string(port) + " for the network transport: " +
+                         errno_text(err) + (err == EADDRINUSE ? "; the port is taken: choose another with "
+                                                                "JAXCOLL_NET_PORT, or leave it unset for a free one"
+                                                              : ""));
+  }
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  bound = ntohs(a.sin_port);
+  n.listen_fd = fd;
+  n.token = token;
+  n.process = process;
+  std::thread([fd] { accept_loop(fd); }).detach();
+  return {};
+}
+
+Status net_connect(const std::vector<int32_t>& peers, const std::vector<std::string>& addresses,
+                   const std::vector<int>& ports, double timeout_s) {
+  Net& n = net();
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s));
+  for (int32_t p : peers) {
+    if (p < n.process) continue;  // the lower index connects
+    {
+      std::lock_guard<std::mutex> lock(n.mu);
+      if (n.links.count(p)) continue;
+    }
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(addresses[p].c_str(), std::to_string(ports[p]).c_str(), &hints, &res) != 0 || !res)
+      return Status::Error("jaxcoll: cannot resolve process " + std::to_string(p) + "'s address '" + addresses[p] +
+                           "' for the network transport");
+    int fd = -1;
+    for (;;) {
+      fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) break;
+      const int err = errno;
+      if (fd >= 0) ::close(fd);
+      fd = -1;
+      if (Clock::now() >= deadline) {
+        freeaddrinfo(res);
+        return Status::Error("jaxcoll: cannot connect to process " + std::to_string(p) + " at " + addresses[p] + ":" +
+                             std::to_string(ports[p]) + " within " + std::to_string(timeout_s) + " s: " +
+                             errno_text(err));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    freeaddrinfo(res);
+    Hello h;
+    h.process = n.process;
+    std::memcpy(h.token, n.token.data(), n.token.size());
+    if (!send_all(fd, &h, sizeof(h))) {
+      ::close(fd);
+      return Status::Error("jaxcoll: the connection to process " + std::to_string(p) + " broke during the hello");
+    }
+    start_link(fd, p);
+  }
+  // The higher-indexed peers' connections to us.
+  std::unique_lock<std::mutex> lock(n.mu);
+  const bool all = n.connected_cv.wait_until(lock, deadline, [&] {
+    for (int32_t p : peers)
+      if (!n.links.count(p)) return false;
+    return true;
+  });
+  if (!all) {
+    std::string missing;
+    for (int32_t p : peers)
+      if (!n.links.count(p)) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+    return Status::Error("jaxcoll: processes [" + missing + "] did not connect to process " +
+                         std::to_string(n.process) + " within " + std::to_string(timeout_s) +
+                         " s (network transport; timeout set by JAXCOLL_TIMEOUT)");
+  }
+  return {};
+}
+
+bool net_send(int32_t to, NetMessage m, const void* payload) {
+  Net& n = net();
+  std::shared_ptr<Link> link;
+  {
+    std::lock_guard<std::mutex> lock(n.mu);
+    auto it = n.links.find(to);
+    if (it == n.links.end()) return false;
+    link = it->second;
+  }
+  if (!link->alive.load()) return false;
+  m.from = n.process;
+  std::vector<char> bytes(m.bytes);
+  if (m.bytes) std::memcpy(bytes.data(), payload, m.bytes);
+  {
+    std::lock_guard<std::mutex> lock(link->mu);
+    link->queue.emplace_back(m, std::move(bytes));
+  }
+  link->cv.notify_one();
+  return true;
+}
+
+Status net_read(int32_t to, NetMessage get, void* dst, size_t bytes, Clock::time_point deadline) {
+  Net& n = net();
+  auto p = std::make_shared<Pending>();
+  p->dst = dst;
+  p->bytes = bytes;
+  get.type = NetMessage::kGet;
+  get.request = n.next_request.fetch_add(1);
+  get.bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(n.pending_mu);
+    n.pending[get.request] = p;
+  }
+  Status st;
+  if (!net_send(to, get, nullptr)) {
+    st = Status::Error("the connection to process " + std::to_string(to) + " is gone");
+  } else {
+    const WaitResult w = wait_for(p->bell, [&] { return p->done.load(std::memory_order_acquire); },
+                                  [&] { return !net_alive(to); }, deadline);
+    if (w == WaitResult::kAborted)
+      st = Status::Error("the connection to process " + std::to_string(to) + " broke during a read");
+    else if (w == WaitResult::kTimeout)
+      st = Status::Error("process " + std::to_string(to) + " did not answer a read in time");
+    else if (!p->ok)
+      st = Status::Error("process " + std::to_string(to) + " answered a read of " + std::to_string(bytes) +
+                         " bytes with another size");
+  }
+  std::lock_guard<std::mutex> lock(n.pending_mu);
+  n.pending.erase(get.request);
+  return st;
+}
+
+bool net_alive(int32_t p) {
+  Net& n = net();
+  std::lock_guard<std::mutex> lock(n.mu);
+  auto it = n.links.find(p);
+  return it == n.links.end() || it->second->alive.load();
+}
+
+int net_refused() { return net().refused.load(); }
+
+}  // namespace jaxcoll

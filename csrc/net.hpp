@@ -1,0 +1,70 @@
+// The network transport between processes on different hosts (or forced between processes of one host with
+// JAXCOLL_TRANSPORT=tcp): one TCP connection per pair of processes, opened once when the job is set up. A process
+// listens on a port of its choosing (published through jax.distributed's key-value store), and the lower-indexed
+// process of each pair connects to the higher; the first message on a connection presents the job's token, and a
+// connection without it is closed.
+//
+// Each connection has a receiver thread, which hands every message to the handler (spanning.cc) and never sends,
+// and a sender thread that drains the connection's queue: a handler that answers a read queues its answer, so two
+// processes answering each other's reads can never both block in send (the classic deadlock of a thread that both
+// reads and writes a socket). Messages on one connection arrive in the order they were queued: data put before a
+// signal is in place when the signal is seen, as with shared memory.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "status.hpp"
+#include "wait.hpp"
+
+namespace jaxcoll {
+
+struct NetMessage {
+  enum Type : uint32_t { kPublish = 1, kSignal, kPut, kGet, kData, kDone, kFailed };
+  uint32_t type = 0;
+  int32_t from = 0;  // the sending process
+  int64_t callsite = 0;
+  int32_t group = 0;
+  int32_t rank = 0;  // signal, put, get: the receiver's rank addressed
+  int64_t run_id = 0;
+  uint64_t iteration = 0;
+  int32_t buffer = 0;  // put, get: the chunk ref on the receiver's rank
+  int32_t index = 0;
+  int32_t count = 0;
+  int32_t sem = 0;    // signal
+  int32_t dtype = 0;  // publish
+  int32_t pad = 0;
+  int64_t block = 0;         // publish
+  uint64_t fingerprint = 0;  // publish
+  uint64_t request = 0;      // get, data: matches an answer to its read
+  uint64_t bytes = 0;        // payload bytes that follow the header
+};
+
+// Called on a receiver thread for every message but kData (which net_read consumes); `payload` holds m.bytes bytes.
+using NetHandler = std::function<void(const NetMessage& m, std::vector<char>& payload)>;
+void net_set_handler(NetHandler handler);
+
+// Listen on `port` (0: a free one) for the job's peers presenting `token`; `bound` is the port taken. An error
+// names the port when it is taken.
+Status net_listen(int32_t process, int port, const std::string& token, int& bound);
+
+// Connect this process to every process in `peers` (their addresses and ports), each pair once, and wait until
+// every connection is up and authenticated, or until `timeout_s`, naming the processes that never connected.
+Status net_connect(const std::vector<int32_t>& peers, const std::vector<std::string>& addresses,
+                   const std::vector<int>& ports, double timeout_s);
+
+// Queue a message (and `m.bytes` bytes of payload) to process `to`; false if its connection is gone.
+bool net_send(int32_t to, NetMessage m, const void* payload);
+
+// Send a kGet to process `to` and wait for its answer, `bytes` bytes written to `dst`; an error when the
+// connection breaks or `deadline` passes.
+Status net_read(int32_t to, NetMessage get, void* dst, size_t bytes, Clock::time_point deadline);
+
+// Whether process `p` is connected (false once its connection broke; true for a process never connected to).
+bool net_alive(int32_t p);
+// How many connections were refused for a wrong token (tests).
+int net_refused();
+
+}  // namespace jaxcoll
