@@ -160,6 +160,37 @@ def case_collectives() -> str:
     return f"{nchecks} checks"
 
 
+def case_dtypes() -> str:
+    """Every dtype jaxcoll supports, through each collective over an axis that crosses the processes."""
+    jax.config.update("jax_enable_x64", True)  # for float64 and int64
+    from jaxcoll.lowering.dtypes import SUPPORTED
+    rng = np.random.default_rng(3)
+    mesh = mesh_1d()
+    n = mesh.devices.size
+    perm = [(r, (r + 3) % n) for r in range(n)]
+    names = []
+    for dtype in SUPPORTED:
+        x = small_ints(rng, (n * n * 2, 3), dtype)
+        label = np.dtype(dtype).name
+        ops = (("max", lax.pmax), ("min", lax.pmin)) + ((("sum", lax.psum),) if dtype != np.bool_ else ())
+        for op, ref in ops:
+            check(f"all_reduce {op} {label}", mesh, "i", lambda v, op=op: jaxcoll.all_reduce(v, "i", op=op),
+                  lambda v, ref=ref: ref(v, "i"), x, op)
+        check(f"all_gather {label}", mesh, "i", lambda v: jaxcoll.all_gather(v, "i", tiled=True),
+              lambda v: lax.all_gather(v, "i", tiled=True), x, "all_gather")
+        if dtype != np.bool_:
+            check(f"reduce_scatter {label}", mesh, "i", lambda v: jaxcoll.reduce_scatter(v, "i", tiled=True),
+                  lambda v: lax.psum_scatter(v, "i", tiled=True), x, "reduce_scatter")
+        check(f"all_to_all {label}", mesh, "i", lambda v: jaxcoll.all_to_all(v, "i", 0, 0, tiled=True),
+              lambda v: lax.all_to_all(v, "i", 0, 0, tiled=True), x, "all_to_all")
+        check(f"ppermute {label}", mesh, "i", lambda v: jaxcoll.ppermute(v, "i", perm),
+              lambda v: lax.ppermute(v, "i", perm), x, "ppermute", perm=perm)
+        check(f"broadcast {label}", mesh, "i", lambda v: jaxcoll.broadcast(v, "i", root=5),
+              lambda v: lax.all_gather(v, "i")[5], x, "broadcast", root=5)
+        names.append(label)
+    return f"dtypes {names}"
+
+
 def case_algorithms() -> str:
     """Every built-in all_reduce and all_gather algorithm across processes, and an odd size."""
     from jaxcoll import algorithms
