@@ -211,6 +211,28 @@ def case_algorithms() -> str:
     return f"algorithms {names}"
 
 
+def case_synthesized() -> str:
+    """Plans synthesized for the job's own topology (jaxcoll.topology.job) run across its processes."""
+    from jaxcoll import synth, topology
+    t = topology.job()
+    rng = np.random.default_rng(4)
+    mesh = mesh_1d()
+    n = mesh.devices.size
+    names = []
+    for collective, ours, theirs, kind in (
+            ("all_reduce", jaxcoll.all_reduce, lambda v: lax.psum(v, "i"), "sum"),
+            ("all_gather", lambda v, a, algorithm: jaxcoll.all_gather(v, a, tiled=True, algorithm=algorithm),
+             lambda v: lax.all_gather(v, "i", tiled=True), "all_gather"),
+            ("reduce_scatter", lambda v, a, algorithm: jaxcoll.reduce_scatter(v, a, tiled=True, algorithm=algorithm),
+             lambda v: lax.psum_scatter(v, "i", tiled=True), "reduce_scatter")):
+        plan = synth.synthesize(t, collective, 1 << 16)
+        x = small_ints(rng, (n * n * 4, 2), np.float32)
+        check(f"{collective} {plan.name}", mesh, "i", lambda v, o=ours, p=plan: o(v, "i", algorithm=p), theirs,
+              x, kind)
+        names.append(f"{collective}:{plan.name}")
+    return f"{t.name} {names}"
+
+
 def case_loops() -> str:
     """A 200-step scan of all_reduce, two independent collectives per step and their gradient: same as XLA's."""
     mesh = mesh_2d("x")
