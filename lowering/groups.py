@@ -34,13 +34,44 @@ def axis_names(axis_name, api_name: str) -> tuple:
     return axes
 
 
-def in_mesh_order(axes: tuple) -> tuple:
-    """`axes` reordered as the enclosing mesh orders them (names the mesh does not have, such as vmap axes,
-    keep their place at the end). lax.ppermute numbers the ranks of a tuple of axes this way, whatever the
-    order of the tuple, unlike lax.axis_index and lax.all_gather."""
+def ppermute_axes(axes: tuple) -> tuple:
+    """`axes` in the order lax.ppermute numbers the ranks of a tuple of axes, under the running JAX.
+
+    The contract changed in jax 0.11. Up to 0.10 lax.ppermute numbers ranks in the mesh's order of the axes,
+    whatever the order of the tuple (unlike lax.axis_index and lax.all_gather, which follow the tuple). From
+    0.11 it follows the tuple too, and raises by default when that order differs from the mesh's (config
+    `jax_raise_on_ppermute_sort_diff`, checked at lowering: `check_ppermute_order`). The config option exists
+    exactly on the versions with the new contract, so its presence tells which contract to follow.
+    """
+    if _ppermute_order_check() is not None:
+        return axes
     from jax.sharding import get_abstract_mesh
     order = tuple(get_abstract_mesh().axis_names)
+    # Names the mesh does not have (vmap axes) keep their place at the end.
     return tuple(sorted(axes, key=lambda a: order.index(a) if a in order else len(order)))
+
+
+def _ppermute_order_check() -> bool | None:
+    """jax.config's `jax_raise_on_ppermute_sort_diff` (jax >= 0.11; the value of the enclosing context), or None
+    on versions without it."""
+    import jax
+    return getattr(jax.config, "jax_raise_on_ppermute_sort_diff", None)
+
+
+def check_ppermute_order(ctx, axes: tuple, api_name: str) -> None:
+    """RuntimeError, as lax.ppermute raises it, when the check is on and the ranks of `axes` (numbered in the
+    tuple's order) are not numbered as the mesh orders its devices: two axes of more than one device each
+    appear in the tuple in the opposite order to the mesh's."""
+    if not _ppermute_order_check():
+        return
+    shape = _mesh_shape(ctx)
+    order = list(shape)
+    spread = [order.index(a) for a in axes if a in shape and shape[a] > 1]
+    if spread != sorted(spread):
+        raise RuntimeError(
+            f"{api_name}: axis_name={axes} is not in the order the mesh declares its axes ({tuple(order)}), "
+            f"as jax.lax.ppermute requires since jax 0.11. Pass the axes in mesh order, or allow another order "
+            f"by turning off the check: jax.config.update('jax_raise_on_ppermute_sort_diff', False)")
 
 
 def group_size(axes: tuple) -> int:

@@ -49,6 +49,7 @@ def _abstract_eval(aval, *, axes, perm, algorithm):
 
 def _lowering(ctx, x, *, axes, perm, algorithm):
     aval, = ctx.avals_in
+    groups.check_ppermute_order(ctx, axes, API)
     y = emit(Blocks(ctx, x, aval), aval.shape, Collective.PPERMUTE, axes=axes, algorithm=algorithm,
              api_name=API, perm=perm)
     return [y.value]
