@@ -20,6 +20,22 @@ except ImportError as e:  # pragma: no cover - depends on how jaxcoll was instal
         "jaxcoll's native module jaxcoll._jaxcoll is not built. Install the package (`pip install .`) or, in a "
         "checkout, build it in place with `tools/build_inplace.sh`.") from e
 
+
+def _check_jaxlib() -> None:
+    # The FFI C API is versioned: a module built against another jaxlib's headers may be refused by XLA, or
+    # misread its call frames. Say so at import, naming both versions, instead.
+    import jaxlib.version
+    running = jaxlib.version.__version__
+    built = getattr(_jaxcoll, "jaxlib_version", "an unrecorded version (a module older than the check)")
+    if running != built:
+        raise ImportError(
+            f"jaxcoll's native module was built against jaxlib {built}, but jaxlib {running} is running. Rebuild "
+            f"jaxcoll with the jaxlib it runs with: `python -m pip install -e .` again in its checkout, or "
+            f"`tools/build_inplace.sh` for a PYTHONPATH checkout.")
+
+
+_check_jaxlib()
+
 from jaxcoll.plan import Plan, encode
 from jaxcoll.plan.ir import Collective
 
