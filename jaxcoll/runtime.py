@@ -74,17 +74,10 @@ def register() -> None:
 
 
 def _register_state_type() -> None:
-    # jaxlib replays deferred registrations in the wrong order when the CPU backend starts (FFI targets before
-    # FFI types, which XLA rejects), so before the backend exists the type goes straight into XLA's
-    # process-wide FFI registry; afterwards the public API registers it at once.
-    import jax.ffi
-    from jaxlib import xla_client
-    deferred = "cpu" not in getattr(xla_client, "_custom_type_id_handler", {"cpu": None})
-    direct = getattr(getattr(xla_client, "_xla", None), "register_custom_type", None)
-    if deferred and direct is not None:
-        direct(STATE_TYPE, _jaxcoll.state_type())
-    else:
-        jax.ffi.register_ffi_type(STATE_TYPE, _jaxcoll.state_type(), platform="cpu")
+    # Before the CPU backend exists jax.ffi.register_ffi_type would defer it into a replay that XLA rejects;
+    # jaxcoll._jax.register_ffi_type works around it.
+    from jaxcoll import _jax
+    _jax.register_ffi_type(STATE_TYPE, _jaxcoll.state_type(), platform="cpu")
 
 
 def default_timeout_s() -> float:
