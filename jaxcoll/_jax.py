@@ -44,14 +44,14 @@ def check_version(version: str | None = None) -> None:
 
 def distributed_client():
     """jax.distributed's key-value client, or None before jax.distributed.initialize(). No public API exposes
-    it (jax.distributed has initialize/shutdown only). Checked on jax 0.10.2."""
+    it (jax.distributed has initialize/shutdown only). Checked on jax 0.10.2, 0.11.2 and 0.12.0.1."""
     from jax._src import distributed
     return distributed.global_state.client
 
 
 def coordinator_address() -> str | None:
     """The address jax.distributed.initialize was given for the coordinator (None before it). No public API
-    exposes it. Checked on jax 0.10.2."""
+    exposes it. Checked on jax 0.10.2, 0.11.2 and 0.12.0.1."""
     from jax._src import distributed
     return distributed.global_state.coordinator_address
 
