@@ -1,17 +1,173 @@
-"""Every use of private JAX in jaxcoll, each with the public API it stands in for and the versions checked."""
+"""jaxcoll's contact with JAX's versions: the supported range, and every use of private JAX in jaxcoll, each
+with the public API it stands in for (or the lack of one) and the versions it was checked on.
+
+No other module imports `jax._src` (tests/test_private_jax.py holds them to it): when a JAX release moves
+something private, this file is the one to change.
+"""
 
 from __future__ import annotations
+
+import re
+
+# The supported JAX releases: from JAX_OLDEST up to, not including, JAX_BELOW. pyproject.toml states the same
+# range in its dependencies (tests/test_jax_versions.py holds them equal). 0.10.2 is the newest JAX for Python
+# 3.11; 0.11.x and 0.12.x need Python >= 3.12.
+JAX_OLDEST = (0, 10, 2)
+JAX_BELOW = (0, 13)
+SUPPORTED_JAX = f">={'.'.join(map(str, JAX_OLDEST))},<{'.'.join(map(str, JAX_BELOW))}"
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The release numbers of a version string: "0.12.0.1" -> (0, 12, 0, 1), "0.13.0.dev20260101" -> (0, 13, 0)."""
+    numbers = []
+    for part in version.split("."):
+        match = re.match(r"\d+", part)
+        if match is None:
+            break
+        numbers.append(int(match.group()))
+        if match.end() != len(part):
+            break
+    return tuple(numbers)
+
+
+def check_version(version: str | None = None) -> None:
+    """ImportError naming the installed JAX and the supported range unless `version` (default: the installed
+    jax.__version__) is in the range."""
+    if version is None:
+        import jax
+        version = jax.__version__
+    if not JAX_OLDEST <= release(version) < JAX_BELOW:
+        raise ImportError(
+            f"jaxcoll supports jax{SUPPORTED_JAX}, but jax {version} is installed. Install a supported JAX "
+            f"(python -m pip install 'jax{SUPPORTED_JAX}'), then rebuild jaxcoll against its jaxlib.")
 
 
 def distributed_client():
     """jax.distributed's key-value client, or None before jax.distributed.initialize(). No public API exposes
-    it (jax.distributed has initialize/shutdown only). Checked on jax 0.10.2."""
+    it (jax.distributed has initialize/shutdown only). Checked on jax 0.10.2, 0.11.2 and 0.12.0.1."""
     from jax._src import distributed
     return distributed.global_state.client
 
 
 def coordinator_address() -> str | None:
     """The address jax.distributed.initialize was given for the coordinator (None before it). No public API
-    exposes it. Checked on jax 0.10.2."""
+    exposes it. Checked on jax 0.10.2, 0.11.2 and 0.12.0.1."""
     from jax._src import distributed
     return distributed.global_state.coordinator_address
+
+
+# -- Typing under shard_map -------------------------------------------------------------------------------------
+# Each function below was checked on jax 0.10.2, 0.11.2 and 0.12.0.1.
+
+def check_vma() -> bool:
+    """Whether values carry varying/invariant types here: inside shard_map(check_vma=True). Public:
+    `jax.config.check_vma` reads the same (thread-local) setting that shard_map sets while it traces."""
+    import jax
+    return bool(jax.config.check_vma)
+
+
+def varying_axes(aval) -> frozenset:
+    """The mesh axes an abstract value varies over (empty for a value without manual-axis typing). No public
+    API: jax.typeof(x) gives the aval, whose `mat` (ManualAxisType; `vma` before jax 0.10) holds them."""
+    mat = getattr(aval, "mat", None)
+    return frozenset(mat.varying) if mat is not None else frozenset()
+
+
+def invariant_over(aval, axes):
+    """`aval` typed invariant over `axes`: the result type of a reduction over them (lax.psum's abstract eval
+    does the same). No public API."""
+    return aval.update(manual_axis_type=aval.mat.update(
+        varying=frozenset(a for a in aval.mat.varying if a not in axes)))
+
+
+# -- Primitives and their rules ---------------------------------------------------------------------------------
+# jaxcoll's primitives are built from jax.extend.core.Primitive and registered through the public modules
+# jax.interpreters.{ad, batching, mlir}; these are the pieces of the rules that JAX does not export.
+
+def axis_env():
+    """The named axes bound by enclosing shard_map/vmap at trace time (`axis_exists`, `axis_size`). No public API
+    asks whether a name is bound without tracing something that raises when it is not."""
+    from jax._src import core
+    return core.get_axis_env()
+
+
+def named_axis_effect(axis_name):
+    """The effect a collective over `axis_name` declares, as jax.lax's do, so that jax keeps it out of
+    transformations that would need the axis unbound. No public API."""
+    from jax._src import core
+    return core.NamedAxisEffect(axis_name)
+
+
+def linear_jvp(primitive, primals, tangents, **params):
+    """The JVP of a linear primitive (the primitive applied to the tangents). No public API;
+    `jax.interpreters.ad.deflinear2` registers it together with a transpose, which op-dependent rules cannot
+    use."""
+    from jax._src.interpreters import ad
+    return ad.linear_jvp(primitive, primals, tangents, **params)
+
+
+def linear_transpose2(transpose_rule, cotangent, *primals, **params):
+    """Adapts a transpose rule of the deflinear2 form to `ad.primitive_transposes` (with the ad.Zero
+    cotangent handled). No public API."""
+    from jax._src.interpreters import ad
+    return ad.linear_transpose2(transpose_rule, cotangent, *primals, **params)
+
+
+def pbroadcast_p():
+    """jax.lax's pbroadcast primitive, whose batching rule computes a broadcast over a vmapped axis. Public:
+    none (jax.extend.core.primitives has ppermute_p and all_to_all_p, not pbroadcast_p)."""
+    from jax._src.lax import parallel
+    return parallel.pbroadcast_p
+
+
+# -- Lowering ---------------------------------------------------------------------------------------------------
+
+def axis_index_hlo(ctx, axis_name):
+    """This device's index along mesh axis `axis_name`, as an s32 value of the lowered program. What
+    jax.lax.axis_index lowers to; no public API emits it inside another primitive's lowering rule (a rule could
+    call mlir.lower_fun(lax.axis_index), at the cost of a nested function per call)."""
+    from jax._src.lax import parallel
+    return parallel._build_axis_index_lowering_hlo(ctx, axis_name, ctx.module_context.axis_context)
+
+
+def custom_call(*args, **kwargs):
+    """An stablehlo.custom_call with a backend_config dictionary of attributes, api_version 4 (typed FFI).
+    Public: jax.ffi.ffi_lowering builds the same op, but only as a whole lowering rule and without operand
+    layouts chosen per call; jaxcoll emits the call among other ops of its rule."""
+    from jax._src.interpreters import mlir
+    return mlir.custom_call(*args, **kwargs)
+
+
+def convert_hlo(ctx, value, aval_in, aval_out):
+    """Element type conversion in a lowering rule. No public API (jax.interpreters.mlir does not export it)."""
+    from jax._src.interpreters import mlir
+    return mlir.convert_hlo(ctx, value, aval_in, aval_out)
+
+
+def reshape_hlo(ctx, value, aval_out):
+    """A reshape in a lowering rule (static or dynamic shapes). No public API."""
+    from jax._src.interpreters import mlir
+    return mlir.reshape(ctx, value, aval_out)
+
+
+def full_like_aval(ctx, value, aval):
+    """A constant of `aval`'s shape filled with `value`, in a lowering rule. No public API."""
+    from jax._src.interpreters import mlir
+    return mlir.full_like_aval(ctx, value, aval)
+
+
+# -- FFI registration -------------------------------------------------------------------------------------------
+
+def register_ffi_type(name: str, type_capsules, platform: str = "cpu") -> None:
+    """Register an FFI state type. Public: jax.ffi.register_ffi_type. But before the CPU backend exists jaxlib
+    defers it and replays deferred registrations in the wrong order when the backend starts (FFI targets before
+    FFI types, which XLA rejects); then the type goes straight into XLA's process-wide registry
+    (jaxlib.xla_client._xla.register_custom_type). Checked on jaxlib 0.10.2, 0.11.2 and 0.12.0.1."""
+    import jax.ffi
+    from jaxlib import xla_client
+    deferred = platform not in getattr(xla_client, "_custom_type_id_handler", {platform: None})
+    direct = getattr(getattr(xla_client, "_xla", None), "register_custom_type", None)
+    if deferred and direct is not None:
+        direct(name, type_capsules)
+    else:
+        jax.ffi.register_ffi_type(name, type_capsules, platform=platform)

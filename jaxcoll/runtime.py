@@ -20,6 +20,22 @@ except ImportError as e:  # pragma: no cover - depends on how jaxcoll was instal
         "jaxcoll's native module jaxcoll._jaxcoll is not built. Install the package (`pip install .`) or, in a "
         "checkout, build it in place with `tools/build_inplace.sh`.") from e
 
+
+def _check_jaxlib() -> None:
+    # The FFI C API is versioned: a module built against another jaxlib's headers may be refused by XLA, or
+    # misread its call frames. Say so at import, naming both versions, instead.
+    import jaxlib.version
+    running = jaxlib.version.__version__
+    built = getattr(_jaxcoll, "jaxlib_version", "an unrecorded version (a module older than the check)")
+    if running != built:
+        raise ImportError(
+            f"jaxcoll's native module was built against jaxlib {built}, but jaxlib {running} is running. Rebuild "
+            f"jaxcoll with the jaxlib it runs with: `python -m pip install -e .` again in its checkout, or "
+            f"`tools/build_inplace.sh` for a PYTHONPATH checkout.")
+
+
+_check_jaxlib()
+
 from jaxcoll.plan import Plan, encode
 from jaxcoll.plan.ir import Collective
 
@@ -58,17 +74,10 @@ def register() -> None:
 
 
 def _register_state_type() -> None:
-    # jaxlib replays deferred registrations in the wrong order when the CPU backend starts (FFI targets before
-    # FFI types, which XLA rejects), so before the backend exists the type goes straight into XLA's
-    # process-wide FFI registry; afterwards the public API registers it at once.
-    import jax.ffi
-    from jaxlib import xla_client
-    deferred = "cpu" not in getattr(xla_client, "_custom_type_id_handler", {"cpu": None})
-    direct = getattr(getattr(xla_client, "_xla", None), "register_custom_type", None)
-    if deferred and direct is not None:
-        direct(STATE_TYPE, _jaxcoll.state_type())
-    else:
-        jax.ffi.register_ffi_type(STATE_TYPE, _jaxcoll.state_type(), platform="cpu")
+    # Before the CPU backend exists jax.ffi.register_ffi_type would defer it into a replay that XLA rejects;
+    # jaxcoll._jax.register_ffi_type works around it.
+    from jaxcoll import _jax
+    _jax.register_ffi_type(STATE_TYPE, _jaxcoll.state_type(), platform="cpu")
 
 
 def default_timeout_s() -> float:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from functools import partial
 
-from jax._src import config, core
-from jax._src.interpreters import ad, batching, mlir
-from jax._src.lax import lax, slicing
-from jax._src.lax import parallel as lax_parallel
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
+from jaxcoll import _jax
 from jaxcoll.lowering import groups, plans
 from jaxcoll.lowering.blocks import Blocks
 from jaxcoll.lowering.custom_call import emit
@@ -24,8 +24,8 @@ from jaxcoll.plan import Collective
 
 API = "jaxcoll.all_gather"
 
-all_gather_p = core.Primitive("jaxcoll_all_gather")
-all_gather_invariant_p = core.Primitive("jaxcoll_all_gather_invariant")
+all_gather_p = Primitive("jaxcoll_all_gather")
+all_gather_invariant_p = Primitive("jaxcoll_all_gather_invariant")
 
 
 def bind(x, *, axes: tuple, all_gather_dimension: int, tiled: bool, algorithm, invariant: bool = False):
@@ -55,9 +55,8 @@ def _abstract_eval(aval, *, axes, all_gather_dimension, tiled, algorithm):
 
 def _invariant_abstract_eval(aval, **params):
     out, effects = _abstract_eval(aval, **params)
-    if config._check_vma.value:
-        out = out.update(manual_axis_type=out.mat.update(
-            varying=frozenset(a for a in out.mat.varying if a not in params["axes"])))
+    if _jax.check_vma():
+        out = _jax.invariant_over(out, params["axes"])
     return out, effects
 
 
@@ -80,13 +79,13 @@ def _transpose(ct, x, *, axes, all_gather_dimension, tiled, algorithm):
 
 
 def _invariant_transpose(ct, x, *, axes, all_gather_dimension, tiled, algorithm):
-    if not config._check_vma.value:
+    if not _jax.check_vma():
         return _transpose(ct, x, axes=axes, all_gather_dimension=all_gather_dimension, tiled=tiled,
                           algorithm=algorithm)
     # The cotangent is one value on every rank: this rank's input contributed only its own slice of it.
     n = ct.shape[all_gather_dimension] // groups.group_size(axes)
-    rank = lax_parallel.axis_index(axes if len(axes) > 1 else axes[0])
-    out = slicing.dynamic_slice_in_dim(ct, rank * n, n, axis=all_gather_dimension)
+    rank = lax.axis_index(axes if len(axes) > 1 else axes[0])
+    out = lax.dynamic_slice_in_dim(ct, rank * n, n, axis=all_gather_dimension)
     return (out if tiled else lax.squeeze(out, [all_gather_dimension]),)
 
 

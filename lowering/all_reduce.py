@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from functools import partial
 
-from jax._src import config, core
-from jax._src.interpreters import ad, batching, mlir
-from jax._src.lax import lax
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
+from jaxcoll import _jax
 from jaxcoll.lowering import groups
 from jaxcoll.lowering.blocks import Blocks
 from jaxcoll.lowering.custom_call import emit
@@ -20,7 +22,7 @@ from jaxcoll.plan import Collective
 
 API = "jaxcoll.all_reduce"
 
-all_reduce_p = core.Primitive("jaxcoll_all_reduce")
+all_reduce_p = Primitive("jaxcoll_all_reduce")
 
 
 def bind(x, *, axes: tuple, op: str, algorithm):
@@ -30,10 +32,9 @@ def bind(x, *, axes: tuple, op: str, algorithm):
 def _abstract_eval(aval, *, axes, op, algorithm):
     del op, algorithm
     groups.axis_names(axes, API)
-    if config._check_vma.value:
+    if _jax.check_vma():
         groups.check_varying(API, axes, aval)
-        aval = aval.update(manual_axis_type=aval.mat.update(
-            varying=frozenset(a for a in aval.mat.varying if a not in axes)))
+        aval = _jax.invariant_over(aval, axes)
     return aval, groups.named_axis_effects(axes)
 
 
@@ -48,12 +49,12 @@ def _jvp(primals, tangents, *, axes, op, algorithm):
     if op != "sum":
         raise NotImplementedError(f"{API}(op={op!r}) is not differentiable (nor is lax.p{op}); "
                                   f"only op='sum' is")
-    return ad.linear_jvp(all_reduce_p, primals, tangents, axes=axes, op=op, algorithm=algorithm)
+    return _jax.linear_jvp(all_reduce_p, primals, tangents, axes=axes, op=op, algorithm=algorithm)
 
 
 def _transpose(ct, x, *, axes, op, algorithm):
-    if config._check_vma.value:
-        return (core.pvary(ct, axes),)
+    if _jax.check_vma():
+        return (lax.pcast(ct, axes, to="varying"),)
     return (all_reduce_p.bind(ct, axes=axes, op=op, algorithm=algorithm),)
 
 
@@ -65,7 +66,7 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, op, algorithm):
         raise NotImplementedError(f"{API} over axes={axes} that mix a vmap axis with other axes")
     # Over the vmapped axis alone there is nothing to communicate: reduce along the batch dimension.
     if d is None:
-        return (lax._const(x, axis_data.size) * x if op == "sum" else x), None
+        return (x * np.asarray(axis_data.size, x.dtype) if op == "sum" else x), None
     reduce = {"sum": lax.reduce_sum, "max": lax.reduce_max, "min": lax.reduce_min}[op]
     return reduce(x, (d,)), None
 
@@ -73,5 +74,5 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, op, algorithm):
 all_reduce_p.def_effectful_abstract_eval(_abstract_eval)
 mlir.register_lowering(all_reduce_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
 ad.primitive_jvps[all_reduce_p] = _jvp
-ad.primitive_transposes[all_reduce_p] = partial(ad.linear_transpose2, _transpose)
+ad.primitive_transposes[all_reduce_p] = partial(_jax.linear_transpose2, _transpose)
 batching.fancy_primitive_batchers[all_reduce_p] = _batcher

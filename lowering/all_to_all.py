@@ -5,9 +5,9 @@ stays varying; the transpose swaps the two axes."""
 
 from __future__ import annotations
 
-from jax._src import core
-from jax._src.interpreters import ad, batching, mlir
-from jax._src.lax import parallel as lax_parallel
+from jax.extend.core import Primitive
+from jax.extend.core.primitives import all_to_all_p as lax_all_to_all_p
+from jax.interpreters import ad, batching, mlir
 
 from jaxcoll.lowering import groups
 from jaxcoll.lowering.blocks import Blocks
@@ -16,7 +16,7 @@ from jaxcoll.plan import Collective
 
 API = "jaxcoll.all_to_all"
 
-all_to_all_p = core.Primitive("jaxcoll_all_to_all")
+all_to_all_p = Primitive("jaxcoll_all_to_all")
 
 
 def bind(x, *, axes: tuple, split_axis: int, concat_axis: int, algorithm):
@@ -64,7 +64,7 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, split_axis, concat_axis, algo
     if axes != (axis_data.name,):
         raise NotImplementedError(f"{API} over axes={axes} that mix a vmap axis with other axes")
     # Over the vmapped axis alone nothing is communicated; jax.lax's batching rule computes it locally.
-    return batching.fancy_primitive_batchers[lax_parallel.all_to_all_p](
+    return batching.fancy_primitive_batchers[lax_all_to_all_p](
         axis_data, vals_in, dims_in, axis_name=axes, split_axis=split_axis, concat_axis=concat_axis,
         axis_index_groups=None, tiled=True)
 

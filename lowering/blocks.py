@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 
-from jax._src import core
-from jax._src.interpreters import mlir
-from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import hlo
+from jax.core import ShapedArray
+from jax.extend.mlir import ir
+from jax.extend.mlir.dialects import stablehlo as hlo
+from jax.interpreters import mlir
+
+from jaxcoll import _jax
 
 
 @dataclasses.dataclass(frozen=True)
 class Blocks:
     ctx: mlir.LoweringRuleContext
     value: ir.Value
-    aval: core.ShapedArray
+    aval: ShapedArray
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -32,7 +34,7 @@ class Blocks:
         if shape == self.shape:
             return self
         aval = self.aval.update(shape=shape)
-        return Blocks(self.ctx, mlir.reshape(self.ctx, self.value, aval), aval)
+        return Blocks(self.ctx, _jax.reshape_hlo(self.ctx, self.value, aval), aval)
 
     def moveaxis(self, src: int, dst: int) -> "Blocks":
         if src == dst:

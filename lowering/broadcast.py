@@ -5,10 +5,11 @@ root gets their sum, every other rank zeros."""
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax._src import config, core
-from jax._src.interpreters import ad, batching, mlir
-from jax._src.lax import parallel as lax_parallel
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
+from jaxcoll import _jax
 from jaxcoll.lowering import groups
 from jaxcoll.lowering.blocks import Blocks
 from jaxcoll.lowering.custom_call import emit
@@ -16,7 +17,7 @@ from jaxcoll.plan import Collective
 
 API = "jaxcoll.broadcast"
 
-broadcast_p = core.Primitive("jaxcoll_broadcast")
+broadcast_p = Primitive("jaxcoll_broadcast")
 
 
 def bind(x, *, axes: tuple, root: int, algorithm):
@@ -46,9 +47,9 @@ def _lowering(ctx, x, *, axes, root, algorithm):
 def _transpose(ct, x, *, axes, root, algorithm):
     from jaxcoll.lowering.all_reduce import all_reduce_p
     total = all_reduce_p.bind(ct, axes=axes, op="sum", algorithm="auto")
-    if config._check_vma.value:
-        total = core.pvary(total, axes)
-    is_root = lax_parallel.axis_index(axes) == root
+    if _jax.check_vma():
+        total = lax.pcast(total, axes, to="varying")
+    is_root = lax.axis_index(axes) == root
     return (jnp.where(is_root, total, jnp.zeros_like(total)),)
 
 
@@ -59,7 +60,7 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, root, algorithm):
     if axes != (axis_data.name,):
         raise NotImplementedError(f"{API} over axes={axes} that mix a vmap axis with other axes")
     # Over the vmapped axis alone nothing is communicated; jax.lax's batching rule computes it locally.
-    return batching.fancy_primitive_batchers[lax_parallel.pbroadcast_p](
+    return batching.fancy_primitive_batchers[_jax.pbroadcast_p()](
         axis_data, vals_in, dims_in, axis_name=axes, source=root)
 
 

@@ -15,9 +15,9 @@ import itertools
 import math
 
 import numpy as np
-from jax._src.interpreters import mlir
-from jax._src.lib.mlir.dialects import hlo
+from jax.interpreters import mlir
 
+from jaxcoll import _jax
 from jaxcoll.lowering import groups, plans
 from jaxcoll.lowering.blocks import Blocks
 from jaxcoll.lowering.dtypes import REDUCE_OPS
@@ -57,7 +57,7 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
     wire_aval, wire_out = aval, out_aval
     if aval.dtype == np.bool_:  # bool travels as one byte holding 0 or 1
         wire_aval, wire_out = aval.update(dtype=np.dtype(np.uint8)), out_aval.update(dtype=np.dtype(np.uint8))
-        value = mlir.convert_hlo(ctx, value, aval, wire_aval)
+        value = _jax.convert_hlo(ctx, value, aval, wire_aval)
     nbytes = math.prod(aval.shape) * wire_aval.dtype.itemsize
     processes = groups.process_map(ctx, axes)
     plan = plans.choose(api_name, collective, nranks, nbytes, wire_aval.dtype, algorithm,
@@ -67,7 +67,7 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
         # Groups span processes: the job's processes must know each other before the program runs.
         from jaxcoll import distributed
         distributed.connect()
-    call = mlir.custom_call(
+    call = _jax.custom_call(
         f"jaxcoll_{collective.value}",
         result_types=[mlir.aval_to_ir_type(ctx.module_context, wire_out)],
         operands=[value, rank, group],
@@ -83,7 +83,7 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
     )
     result = call.result
     if wire_out is not out_aval:
-        result = mlir.convert_hlo(ctx, result, wire_out, out_aval)
+        result = _jax.convert_hlo(ctx, result, wire_out, out_aval)
     return Blocks(ctx, result, out_aval)
 
 
@@ -91,6 +91,6 @@ def _single_rank(x: Blocks, out_aval, collective: Collective, perm=(), **_) -> B
     """A group of one rank: every collective is the identity on its one block, except a ppermute that does not
     send rank 0 to itself, which gives zeros."""
     if collective is Collective.PPERMUTE and (0, 0) not in tuple(map(tuple, perm)):
-        zeros = mlir.full_like_aval(x.ctx, 0, out_aval)
+        zeros = _jax.full_like_aval(x.ctx, 0, out_aval)
         return Blocks(x.ctx, zeros, out_aval)
     return x.reshape(out_aval.shape)

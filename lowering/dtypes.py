@@ -7,11 +7,11 @@ like jax (psum turns bools into int32), so it is refused.
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
-from jax._src import dtypes as jax_dtypes
 
 SUPPORTED = tuple(np.dtype(d) for d in (
-    np.float16, jax_dtypes.bfloat16, np.float32, np.float64,
+    np.float16, jnp.bfloat16, np.float32, np.float64,
     np.int8, np.int32, np.int64, np.uint8, np.uint32, np.bool_))
 
 # reduce_op attribute of the custom call: docs/plan-ir.md, "The custom call".

@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from jax._src import config, core
-from jax._src.interpreters import mlir
-from jax._src.lax import parallel as lax_parallel
-from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import hlo
+from jax import lax
+from jax.extend.mlir import ir
+from jax.extend.mlir.dialects import stablehlo as hlo
+from jax.interpreters import mlir
+
+from jaxcoll import _jax
 
 
 def axis_names(axis_name, api_name: str) -> tuple:
@@ -26,7 +27,7 @@ def axis_names(axis_name, api_name: str) -> tuple:
         raise ValueError(f"{api_name}: axis_name must name at least one mesh axis, got axis_name={axis_name!r}")
     if len(set(axes)) != len(axes):
         raise ValueError(f"{api_name}: axis_name={axis_name!r} repeats an axis")
-    env = core.get_axis_env()
+    env = _jax.axis_env()
     for name in axes:
         if isinstance(name, int) or not env.axis_exists(name):
             raise NameError(f"{api_name}: unbound axis name axis_name={name!r}. Call {api_name} inside "
@@ -34,39 +35,71 @@ def axis_names(axis_name, api_name: str) -> tuple:
     return axes
 
 
-def in_mesh_order(axes: tuple) -> tuple:
-    """`axes` reordered as the enclosing mesh orders them (names the mesh does not have, such as vmap axes,
-    keep their place at the end). lax.ppermute numbers the ranks of a tuple of axes this way, whatever the
-    order of the tuple, unlike lax.axis_index and lax.all_gather."""
+def ppermute_axes(axes: tuple) -> tuple:
+    """`axes` in the order lax.ppermute numbers the ranks of a tuple of axes, under the running JAX.
+
+    The contract changed in jax 0.11. Up to 0.10 lax.ppermute numbers ranks in the mesh's order of the axes,
+    whatever the order of the tuple (unlike lax.axis_index and lax.all_gather, which follow the tuple). From
+    0.11 it follows the tuple too, and raises by default when that order differs from the mesh's (config
+    `jax_raise_on_ppermute_sort_diff`, checked at lowering: `check_ppermute_order`). The config option exists
+    exactly on the versions with the new contract, so its presence tells which contract to follow.
+    """
+    if _ppermute_order_check() is not None:
+        return axes
     from jax.sharding import get_abstract_mesh
     order = tuple(get_abstract_mesh().axis_names)
+    # Names the mesh does not have (vmap axes) keep their place at the end.
     return tuple(sorted(axes, key=lambda a: order.index(a) if a in order else len(order)))
+
+
+def _ppermute_order_check() -> bool | None:
+    """jax.config's `jax_raise_on_ppermute_sort_diff` (jax >= 0.11; the value of the enclosing context), or None
+    on versions without it."""
+    import jax
+    return getattr(jax.config, "jax_raise_on_ppermute_sort_diff", None)
+
+
+def check_ppermute_order(ctx, axes: tuple, api_name: str) -> None:
+    """RuntimeError, as lax.ppermute raises it, when the check is on and the ranks of `axes` (numbered in the
+    tuple's order) are not numbered as the mesh orders its devices: two axes of more than one device each
+    appear in the tuple in the opposite order to the mesh's."""
+    if not _ppermute_order_check():
+        return
+    shape = _mesh_shape(ctx)
+    order = list(shape)
+    spread = [order.index(a) for a in axes if a in shape and shape[a] > 1]
+    if spread != sorted(spread):
+        raise RuntimeError(
+            f"{api_name}: axis_name={axes} is not in the order the mesh declares its axes ({tuple(order)}), "
+            f"as jax.lax.ppermute requires since jax 0.11. Pass the axes in mesh order, or allow another order "
+            f"by turning off the check: jax.config.update('jax_raise_on_ppermute_sort_diff', False)")
 
 
 def group_size(axes: tuple) -> int:
     """Number of ranks in each group of a collective over `axes` (trace time)."""
-    env = core.get_axis_env()
+    env = _jax.axis_env()
     return math.prod(env.axis_size(name) for name in axes)
 
 
 def check_varying(api_name: str, axes: tuple, aval) -> None:
     """Collectives act on values that vary over their axes (the public functions pvary invariant inputs)."""
-    if config._check_vma.value and any(a not in aval.mat.varying for a in axes):
+    if _jax.check_vma() and any(a not in _jax.varying_axes(aval) for a in axes):
         raise ValueError(f"{api_name} must be applied to a value varying over axis_name={axes}, but the "
-                         f"value varies over {sorted(aval.mat.varying)}")
+                         f"value varies over {sorted(_jax.varying_axes(aval))}")
 
 
 def pvary_missing(x, axes: tuple):
     """Make `x` varying over `axes`, as jax.lax does before a collective: an invariant value is the same on
     every rank, and the collective then combines N equal copies of it."""
-    if not config._check_vma.value:
+    if not _jax.check_vma():
         return x
-    missing = tuple(a for a in axes if a not in core.typeof(x).mat.varying)
-    return core.pvary(x, missing) if missing else x
+    import jax
+    missing = tuple(a for a in axes if a not in _jax.varying_axes(jax.typeof(x)))
+    return lax.pcast(x, missing, to="varying") if missing else x
 
 
 def named_axis_effects(axes: tuple) -> set:
-    return {core.NamedAxisEffect(a) for a in axes}
+    return {_jax.named_axis_effect(a) for a in axes}
 
 
 # -- lowering ------------------------------------------------------------------------------------------------
@@ -91,11 +124,10 @@ def _s32(value: int) -> ir.Value:
 def _linear_index(ctx, names: tuple, sizes: tuple) -> ir.Value:
     """Row-major index over `names`, computed on the device from its partition id."""
     index = _s32(0)
-    axis_ctx = ctx.module_context.axis_context
     for name, size in zip(names, sizes):
         if size == 1:
             continue
-        i = lax_parallel._build_axis_index_lowering_hlo(ctx, name, axis_ctx)
+        i = _jax.axis_index_hlo(ctx, name)
         index = hlo.add(hlo.multiply(index, _s32(size)), i)
     return index
 

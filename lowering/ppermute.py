@@ -3,9 +3,9 @@ lax.ppermute. The result stays varying; the transpose is the inverse permutation
 
 from __future__ import annotations
 
-from jax._src import core
-from jax._src.interpreters import ad, batching, mlir
-from jax._src.lax import parallel as lax_parallel
+from jax.extend.core import Primitive
+from jax.extend.core.primitives import ppermute_p as lax_ppermute_p
+from jax.interpreters import ad, batching, mlir
 
 from jaxcoll.lowering import groups
 from jaxcoll.lowering.blocks import Blocks
@@ -14,7 +14,7 @@ from jaxcoll.plan import Collective
 
 API = "jaxcoll.ppermute"
 
-ppermute_p = core.Primitive("jaxcoll_ppermute")
+ppermute_p = Primitive("jaxcoll_ppermute")
 
 
 def bind(x, *, axes: tuple, perm: tuple, algorithm):
@@ -49,6 +49,7 @@ def _abstract_eval(aval, *, axes, perm, algorithm):
 
 def _lowering(ctx, x, *, axes, perm, algorithm):
     aval, = ctx.avals_in
+    groups.check_ppermute_order(ctx, axes, API)
     y = emit(Blocks(ctx, x, aval), aval.shape, Collective.PPERMUTE, axes=axes, algorithm=algorithm,
              api_name=API, perm=perm)
     return [y.value]
@@ -67,7 +68,7 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, perm, algorithm):
     if axes != (axis_data.name,):
         raise NotImplementedError(f"{API} over axes={axes} that mix a vmap axis with other axes")
     # Over the vmapped axis alone nothing is communicated; jax.lax's batching rule computes it locally.
-    return batching.fancy_primitive_batchers[lax_parallel.ppermute_p](
+    return batching.fancy_primitive_batchers[lax_ppermute_p](
         axis_data, vals_in, dims_in, axis_name=axes, perm=perm)
 
 

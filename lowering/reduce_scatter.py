@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from functools import partial
 
-from jax._src import core
-from jax._src.interpreters import ad, batching, mlir
-from jax._src.lax import lax
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
+from jaxcoll import _jax
 from jaxcoll.lowering import groups, plans
 from jaxcoll.lowering.blocks import Blocks
 from jaxcoll.lowering.custom_call import emit
@@ -17,7 +19,7 @@ from jaxcoll.plan import Collective
 
 API = "jaxcoll.reduce_scatter"
 
-reduce_scatter_p = core.Primitive("jaxcoll_reduce_scatter")
+reduce_scatter_p = Primitive("jaxcoll_reduce_scatter")
 
 
 def bind(x, *, axes: tuple, scatter_dimension: int, tiled: bool, op: str, algorithm):
@@ -70,7 +72,7 @@ def _lowering(ctx, x, *, axes, scatter_dimension, tiled, op, algorithm):
 def _jvp(primals, tangents, *, op, **params):
     if op != "sum":
         raise NotImplementedError(f"{API}(op={op!r}) is not differentiable; only op='sum' is")
-    return ad.linear_jvp(reduce_scatter_p, primals, tangents, op=op, **params)
+    return _jax.linear_jvp(reduce_scatter_p, primals, tangents, op=op, **params)
 
 
 def _transpose(ct, x, *, axes, scatter_dimension, tiled, op, algorithm):
@@ -96,7 +98,7 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, scatter_dimension, tiled, op,
     # scattered dimension.
     n = axis_data.size
     if d is None:
-        y = lax._const(x, n) * x if op == "sum" else x
+        y = x * np.asarray(n, x.dtype) if op == "sum" else x
     else:
         y = {"sum": lax.reduce_sum, "max": lax.reduce_max, "min": lax.reduce_min}[op](x, (d,))
     if tiled:
@@ -109,5 +111,5 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, scatter_dimension, tiled, op,
 reduce_scatter_p.def_effectful_abstract_eval(_abstract_eval)
 mlir.register_lowering(reduce_scatter_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
 ad.primitive_jvps[reduce_scatter_p] = _jvp
-ad.primitive_transposes[reduce_scatter_p] = partial(ad.linear_transpose2, _transpose)
+ad.primitive_transposes[reduce_scatter_p] = partial(_jax.linear_transpose2, _transpose)
 batching.fancy_primitive_batchers[reduce_scatter_p] = _batcher

@@ -2,6 +2,8 @@
 either axis or both axes of a 2x4 mesh. Inputs are small integers in every dtype, so results (sums included)
 compare bitwise."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -92,8 +94,25 @@ def test_all_to_all_equals_lax_all_to_all(mesh_name, axis_name):
             run(lambda v, s, c, t: lax.all_to_all(v, axis_name, s, c, tiled=t)), x)
 
 
+@contextlib.contextmanager
+def ppermute_order_check(on: bool):
+    """jax >= 0.11 refuses by default a ppermute over axes out of the mesh's order
+    (`jax_raise_on_ppermute_sort_diff`); jax 0.10 has no such check and always numbers in mesh order."""
+    if not hasattr(jax.config, "jax_raise_on_ppermute_sort_diff"):
+        yield
+        return
+    before = jax.config.jax_raise_on_ppermute_sort_diff
+    jax.config.update("jax_raise_on_ppermute_sort_diff", on)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_raise_on_ppermute_sort_diff", before)
+
+
 @pytest.mark.parametrize("mesh_name,axis_name", MESH_AXES, ids=ids)
 def test_ppermute_equals_lax_ppermute(mesh_name, axis_name):
+    """Ranks of a tuple of axes are numbered as the running jax's lax.ppermute numbers them (mesh order up to
+    0.10, the tuple's order from 0.11, where the order check is turned off here to compare values)."""
     n = group_size(mesh_name, axis_name)
     perms = [[(i, (i + 1) % n) for i in range(n)],  # a cycle
              [(0, n - 1)],  # one pair: every other rank gets zeros
@@ -103,8 +122,31 @@ def test_ppermute_equals_lax_ppermute(mesh_name, axis_name):
 
     def run(pp):
         return lambda v: {f"{k}-{j}": pp(leaf, p) for j, p in enumerate(perms) for k, leaf in v.items()}
-    compare(mesh_name, run(lambda v, p: jaxcoll.ppermute(v, axis_name, p)),
-            run(lambda v, p: lax.ppermute(v, axis_name, p)), x)
+    with ppermute_order_check(False):
+        compare(mesh_name, run(lambda v, p: jaxcoll.ppermute(v, axis_name, p)),
+                run(lambda v, p: lax.ppermute(v, axis_name, p)), x)
+
+
+@pytest.mark.parametrize("axis_name", [("x", "y"), ("y", "x")], ids=["x+y", "y+x"])
+def test_ppermute_over_axes_out_of_mesh_order_fails_exactly_when_lax_ppermute_does(axis_name):
+    """Under the default config jaxcoll.ppermute raises the RuntimeError lax.ppermute raises (jax >= 0.11, axes
+    out of the mesh's order) and runs where lax.ppermute runs; the cycle's values then agree with lax's."""
+    x = put(np.arange(8, dtype=np.int32).reshape(8, 1), "2x4")
+    cycle = [(i, (i + 1) % 8) for i in range(8)]
+    outcomes = []
+    for pp in (jaxcoll.ppermute, lax.ppermute):
+        with ppermute_order_check(True):
+            try:
+                outcomes.append(np.asarray(sharded(per_rank(lambda v: pp(v, axis_name, cycle)), "2x4")(x)))
+            except RuntimeError as e:
+                outcomes.append(e)
+    ours, theirs = outcomes
+    if isinstance(theirs, RuntimeError):
+        assert isinstance(ours, RuntimeError), f"lax.ppermute raised {theirs!r}, jaxcoll.ppermute returned {ours}"
+        assert "jax_raise_on_ppermute_sort_diff" in str(ours) and "('y', 'x')" in str(ours)
+    else:
+        assert not isinstance(ours, RuntimeError), f"lax.ppermute ran, jaxcoll.ppermute raised {ours!r}"
+        np.testing.assert_array_equal(ours, theirs)
 
 
 @pytest.mark.parametrize("mesh_name,axis_name", MESH_AXES, ids=ids)

@@ -53,6 +53,9 @@ NB_MODULE(_jaxcoll, m) {
 #else
   m.attr("with_cuda") = false;
 #endif
+  // The jaxlib whose FFI headers this module was compiled against (CMakeLists.txt); jaxcoll.runtime compares it
+  // with the running jaxlib.
+  m.attr("jaxlib_version") = JAXCOLL_JAXLIB_VERSION;
 
   m.def("registrations", [] {
     nb::dict out;

@@ -15,9 +15,10 @@ def ppermute(x, axis_name, perm, *, algorithm="auto"):
 
     Args:
       x: an array or a pytree of arrays; any supported dtype (see `all_reduce`).
-      axis_name: a mesh axis name of the enclosing `jax.shard_map`, or a tuple of them. As in lax.ppermute,
-        the ranks of a tuple are numbered row-major in the mesh's order of those axes, whatever the tuple's
-        order (lax.axis_index and all_gather use the tuple's order).
+      axis_name: a mesh axis name of the enclosing `jax.shard_map`, or a tuple of them. The ranks of a tuple
+        are numbered row-major as lax.ppermute of the running JAX numbers them: in the mesh's order of those
+        axes up to jax 0.10; in the tuple's order from jax 0.11, where a tuple out of the mesh's order raises
+        RuntimeError unless `jax_raise_on_ppermute_sort_diff` is turned off, as lax.ppermute does.
       perm: (source, destination) pairs of ranks in [0, N); no source and no destination may repeat. Rank
         `destination` gets rank `source`'s x; a rank that is no destination gets zeros.
       algorithm: "auto", "direct" or a `jaxcoll.plan.Plan` for this ppermute over N ranks.
@@ -25,8 +26,7 @@ def ppermute(x, axis_name, perm, *, algorithm="auto"):
     Returns:
       Array(s) of x's shapes and dtypes, varying over `axis_name`. The transpose is the inverse permutation.
     """
-    # Ranks of a tuple of axes are numbered in mesh order, as lax.ppermute numbers them.
-    axes = groups.in_mesh_order(groups.axis_names(axis_name, prim.API))
+    axes = groups.ppermute_axes(groups.axis_names(axis_name, prim.API))
     n = groups.group_size(axes)
     pairs = prim.check_perm(perm, n)
 

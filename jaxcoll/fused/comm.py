@@ -12,9 +12,9 @@ import functools
 
 import jax
 from jax import lax
-from jax._src import config as jax_config
 
 import jaxcoll
+from jaxcoll import _jax
 from jaxcoll.lowering import all_gather as all_gather_lowering
 from jaxcoll.lowering import groups
 
@@ -53,14 +53,13 @@ def ring(p: int, shift: int = 1):
 
 
 def vma(x) -> frozenset:
-    mat = getattr(jax.typeof(x), "mat", None)  # jax 0.10: ShapedArray.mat is the ManualAxisType
-    return frozenset(mat.varying) if mat is not None else frozenset()
+    return _jax.varying_axes(jax.typeof(x))
 
 
 def make_varying(x, axes: tuple):
     """`x` typed as varying over `axes` (a no-op where it already is, or outside check_vma)."""
     missing = tuple(a for a in axes if a not in vma(x))
-    if not missing or not jax_config._check_vma.value:  # no typing to satisfy (custom_partitioning, check_vma=False)
+    if not missing or not _jax.check_vma():  # no typing to satisfy (custom_partitioning, check_vma=False)
         return x
     return lax.pcast(x, missing, to="varying")
 
@@ -79,7 +78,7 @@ def vary(x, axes: tuple):
     (a replicated scale, bias) meets a rank's rows, but with the transpose, the sum of every rank's cotangent,
     on jaxcoll's all-reduce instead of lax.psum."""
     missing = tuple(a for a in axes if a not in vma(x))
-    if not missing or not jax_config._check_vma.value:
+    if not missing or not _jax.check_vma():
         return x
     return _vary(x, missing, vma(x))
 
@@ -98,7 +97,7 @@ def rank_rows(v, axis_name, start: int, block: int):
     `axis_name` (the same on every rank) the transpose is the invariant all-gather of the rows' cotangents
     (what lax would do with a psum of zero-padded slices, at half the bytes); where it varies, a plain slice."""
     axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-    if not jax_config._check_vma.value or set(axes) & vma(v):
+    if not _jax.check_vma() or set(axes) & vma(v):
         return lax.dynamic_slice_in_dim(v, start + lax.axis_index(axis_name) * block, block, axis=0)
     return _rank_rows(v, axis_name, start, block, v.shape[0])
 

@@ -1,0 +1,64 @@
+"""Private JAX lives in one module, jaxcoll/_jax.py: no other module of the package (jaxcoll/, lowering/) or of
+the programs beside it (examples/, benchmarks/, tools/) imports `jax._src` or jaxlib's private modules, or
+reaches for JAX's private attributes. In _jax.py each use says which public API it stands in for."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ALLOWED = REPO / "jaxcoll" / "_jax.py"
+PRIVATE_MODULES = ("jax._src", "jaxlib.xla_client", "jaxlib._jax", "jaxlib.xla_extension", "jaxlib.mlir._mlir_libs")
+# Private names that reach JAX internals through an attribute rather than an import.
+PRIVATE_ATTRIBUTES = {"_src", "_check_vma", "_build_axis_index_lowering_hlo", "_xla", "_custom_type_id_handler",
+                      "_const"}
+
+
+def sources() -> list[Path]:
+    files = [p for folder in ("jaxcoll", "lowering", "examples", "benchmarks", "tools")
+             for p in (REPO / folder).rglob("*.py")
+             # jaxcoll/lowering is the symlink to lowering/: each file once, under its real path.
+             if (REPO / "jaxcoll" / "lowering") not in p.parents]
+    return sorted(files)
+
+
+def private_uses(path: Path) -> list[str]:
+    uses = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        for name in names:
+            if name.startswith(PRIVATE_MODULES):
+                uses.append(f"line {node.lineno}: import {name}")
+        if isinstance(node, ast.Attribute) and node.attr in PRIVATE_ATTRIBUTES:
+            uses.append(f"line {node.lineno}: .{node.attr}")
+    return uses
+
+
+def test_the_scan_sees_the_package_and_the_private_module():
+    files = sources()
+    assert ALLOWED in files and REPO / "lowering" / "groups.py" in files and len(files) > 50
+    assert private_uses(ALLOWED), "the scan finds nothing even in jaxcoll/_jax.py: it is not looking"
+
+
+@pytest.mark.parametrize("path", [p for p in sources() if p != ALLOWED], ids=lambda p: str(p.relative_to(REPO)))
+def test_no_module_but_jaxcoll_jax_uses_private_jax(path):
+    assert not private_uses(path), f"{path.relative_to(REPO)} uses private JAX: {private_uses(path)}; " \
+                                   f"put it in jaxcoll/_jax.py with the public API it stands in for"
+
+
+def test_each_private_use_in_jaxcoll_jax_names_the_public_api_it_stands_in_for():
+    tree = ast.parse(ALLOWED.read_text())
+    for fn in tree.body:
+        if isinstance(fn, ast.FunctionDef) and private_uses_in(fn):
+            doc = ast.get_docstring(fn) or ""
+            assert "public" in doc.lower(), f"_jax.{fn.name} uses private JAX without naming the public API"
+
+
+def private_uses_in(fn: ast.FunctionDef) -> bool:
+    return any(isinstance(n, ast.ImportFrom) and n.module and n.module.startswith(PRIVATE_MODULES)
+               or isinstance(n, ast.Attribute) and n.attr in PRIVATE_ATTRIBUTES for n in ast.walk(fn))
