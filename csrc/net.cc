@@ -218,6 +218,8 @@ void net_set_handler(NetHandler handler, NetPlacer placer) {
 Status net_listen(int32_t process, int port, const std::string& token, int& bound) {
   Net& n = net();
   std::lock_guard<std::mutex> lock(n.mu);
+  // A peer may connect and send the moment the port is open; a message before the handler would be lost.
+  if (!n.handler) return Status::Error("jaxcoll: internal: the network handler must be set before listening");
   if (n.listen_fd >= 0) {
     sockaddr_in a{};
     socklen_t len = sizeof(a);

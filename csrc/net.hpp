@@ -52,7 +52,7 @@ using NetHandler = std::function<void(const NetMessage& m, std::vector<char>& pa
 void net_set_handler(NetHandler handler, NetPlacer placer);
 
 // Listen on `port` (0: a free one) for the job's peers presenting `token`; `bound` is the port taken. An error
-// names the port when it is taken.
+// names the port when it is taken. The handler must be set first (net_set_handler).
 Status net_listen(int32_t process, int port, const std::string& token, int& bound);
 
 // Connect this process to every process in `peers` (their addresses and ports), each pair once, and wait until
