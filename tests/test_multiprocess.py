@@ -22,6 +22,8 @@ CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_c
 
 def job(case: str, nprocesses: int = 2, local_devices: int = 4, timeout_s: float = 240.0, process_env=None,
         **env):
+    # A call that fails must say so well before the job is killed, so the test shows its message.
+    env.setdefault("JAXCOLL_TIMEOUT", 100)
     return launch(nprocesses, [CASES, case], local_devices=local_devices, timeout_s=timeout_s,
                   env={k: str(v) for k, v in env.items()}, process_env=process_env)
 
