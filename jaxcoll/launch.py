@@ -30,6 +30,7 @@ class ProcessResult:
     returncode: int | None  # None: killed at the job's timeout
     stdout: str
     stderr: str
+    pid: int = 0
 
 
 def free_port() -> int:
@@ -78,7 +79,7 @@ def launch(nprocesses: int, argv: Sequence[str], *, local_devices: int = 4, time
     for p, (out, err) in enumerate(files):
         out.seek(0)
         err.seek(0)
-        results.append(ProcessResult(p, codes[p], out.read(), err.read()))
+        results.append(ProcessResult(p, codes[p], out.read(), err.read(), procs[p].pid))
         out.close()
         err.close()
     return results
