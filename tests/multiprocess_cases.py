@@ -299,14 +299,22 @@ def _fault_call(algorithm="auto"):
     return f, x
 
 
-def _report(fn) -> str:
+def _report(fn, everyone_reports: bool = False) -> str:
     """Run fn; print the error it raised as `error <seconds> <message>` (the test reads it); then leave at once,
-    without jax.distributed's shutdown barrier, which would wait for the peer that is gone."""
+    without jax.distributed's shutdown barrier, which would wait for the peer that is gone. With
+    `everyone_reports` (every process is expected to fail), wait first until every process has printed: process
+    0 hosts the coordination service, and a peer still in a call to it when it exits is aborted before it prints."""
     start = time.monotonic()
     try:
         fn()
     except Exception as e:  # the error under test
         print("error", f"{time.monotonic() - start:.2f}", " ".join(str(e).split()), flush=True)
+        if everyone_reports:
+            from jaxcoll import _jax
+            client = _jax.distributed_client()
+            client.key_value_set(f"case/reported/{PROCESS}", "1")
+            for q in range(NPROCESSES):
+                client.blocking_key_value_get(f"case/reported/{q}", 30_000)
         os._exit(0)
     print("noerror", flush=True)
     os._exit(0)
@@ -346,20 +354,20 @@ def case_never_arrives() -> str:
 
 def case_different_plan() -> str:
     f, x = _fault_call(algorithm="ring" if PROCESS == 1 else "two_shot")
-    _report(lambda: f(x).block_until_ready())
+    _report(lambda: f(x).block_until_ready(), everyone_reports=True)
 
 
 def case_different_version() -> str:
     if PROCESS == 1:
         jaxcoll.__version__ = "0.0.0-other"
     f, x = _fault_call()
-    _report(lambda: f(x).block_until_ready())
+    _report(lambda: f(x).block_until_ready(), everyone_reports=True)
 
 
 def case_port_taken() -> str:
     # Process 1 was told to listen on a port the test holds (JAXCOLL_NET_PORT).
     f, x = _fault_call()
-    _report(lambda: f(x).block_until_ready())
+    _report(lambda: f(x).block_until_ready(), everyone_reports=True)
 
 
 def case_wrong_token() -> str:
