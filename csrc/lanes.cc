@@ -177,12 +177,23 @@ class RankRun {
   // first, their destinations computed into bounce buffers and written after.
   void remote_step(const Step& s, const ChunkRef* refs, Operand* ops, int64_t elements) {
     const int32_t nref = s.nsrc + s.ndst;
-    if (bounce_.size() < size_t(nref)) bounce_.resize(nref);
+    // A plain copy from a remote chunk into a local one of the same type reads straight into its destination.
+    if (s.nsrc == 1 && s.ndst == 1 && views_[refs[0].rank].remote && !views_[refs[1].rank].remote &&
+        ops[0].accum == ops[1].accum) {
+      const size_t bytes = size_t(elements) * (ops[0].accum ? asize_ : dsize_);
+      if (Status st = views_[refs[0].rank].remote->read(refs[0], ops[1].ptr, bytes); !st.ok())
+        failure_.fail(site_.describe() + ": rank " + std::to_string(rank_) + ": " + st.message());
+      return;
+    }
+    // Bounce buffers belong to the thread: a step's reads and writes finish before it returns, and buffers kept
+    // from call to call do not fault their pages in again on every call.
+    thread_local std::vector<GrowableBuffer> bounce;
+    if (bounce.size() < size_t(nref)) bounce.resize(nref);
     for (int32_t j = 0; j < nref; ++j) {
       const PeerView& v = views_[refs[j].rank];
       if (!v.remote) continue;
       const size_t bytes = size_t(elements) * (ops[j].accum ? asize_ : dsize_);
-      ops[j].ptr = bounce_[j].reserve(bytes);
+      ops[j].ptr = bounce[j].reserve(bytes);
       if (!ops[j].ptr) return failure_.fail(site_.describe() + ": out of memory for a network bounce buffer");
       if (j < s.nsrc)
         if (Status st = v.remote->read(refs[j], ops[j].ptr, bytes); !st.ok())
@@ -214,7 +225,6 @@ class RankRun {
   SmallVec<LaneState, 16> lanes_;
   SmallVec<uint32_t, 32> consumed_;
   int32_t live_ = 0;
-  std::vector<GrowableBuffer> bounce_;  // per ref of a step that reaches the network
 };
 
 

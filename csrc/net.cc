@@ -66,7 +66,12 @@ struct Link {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::pair<NetMessage, std::vector<char>>> queue;
+  // Payload buffers the sender has finished with, reused by the next sends: a fresh buffer per message would
+  // fault in its pages again on every large answer.
+  std::vector<std::vector<char>> spare;
 };
+
+constexpr size_t kSpareBuffers = 4;
 
 // An answer awaited by net_read.
 struct Pending {
@@ -82,6 +87,7 @@ struct Net {
   std::condition_variable connected_cv;
   std::map<int32_t, std::shared_ptr<Link>> links;  // by peer process
   NetHandler handler;
+  NetPlacer placer;
   std::string token;
   int32_t process = -1;
   int listen_fd = -1;
@@ -96,13 +102,19 @@ Net& net() {
   return *n;
 }
 
+// Reads `bytes` of payload into `dst`, or discards them when dst is nullptr.
+bool recv_payload(int fd, void* dst, size_t bytes, std::vector<char>& scratch) {
+  if (dst) return recv_all(fd, dst, bytes);
+  scratch.resize(bytes);
+  return recv_all(fd, scratch.data(), bytes);
+}
+
 void receive_loop(std::shared_ptr<Link> link) {
   Net& n = net();
+  std::vector<char> payload;  // reused: its capacity grows to the largest message once
   for (;;) {
     NetMessage m;
     if (!recv_all(link->fd, &m, sizeof(m))) break;
-    std::vector<char> payload(m.bytes);
-    if (m.bytes && !recv_all(link->fd, payload.data(), m.bytes)) break;
     if (m.type == NetMessage::kData) {
       std::shared_ptr<Pending> p;
       {
@@ -110,20 +122,26 @@ void receive_loop(std::shared_ptr<Link> link) {
         auto it = n.pending.find(m.request);
         if (it != n.pending.end()) p = it->second;
       }
+      const bool fits = p && m.bytes == p->bytes;
+      if (!recv_payload(link->fd, fits ? p->dst : nullptr, m.bytes, payload)) break;
       if (p) {
-        p->ok = m.bytes == p->bytes;
-        if (p->ok) std::memcpy(p->dst, payload.data(), p->bytes);
+        p->ok = fits;
         p->done.store(true, std::memory_order_release);
         p->bell.ring();
       }
       continue;
     }
     NetHandler handler;
+    NetPlacer placer;
     {
       std::lock_guard<std::mutex> lock(n.mu);
       handler = n.handler;
+      placer = n.placer;
     }
-    if (handler) handler(m, payload);
+    void* at = m.bytes && placer ? placer(m) : nullptr;
+    if (!recv_payload(link->fd, at, m.bytes, payload)) break;
+    if (at) payload.clear();
+    if (handler) handler(m, payload, at != nullptr);
   }
   // Every read waiting on this connection gives up at its next wake (net_read asks net_alive).
   link->alive.store(false, std::memory_order_release);
@@ -141,6 +159,7 @@ void send_loop(std::shared_ptr<Link> link) {
     const bool ok = send_all(link->fd, &m, sizeof(m)) && (payload.empty() || send_all(link->fd, payload.data(),
                                                                                        payload.size()));
     lock.lock();
+    if (!payload.empty() && link->spare.size() < kSpareBuffers) link->spare.push_back(std::move(payload));
     if (!ok) {
       link->alive.store(false);
       ::shutdown(link->fd, SHUT_RDWR);
@@ -189,15 +208,18 @@ void accept_loop(int fd) {
 
 }  // namespace
 
-void net_set_handler(NetHandler handler) {
+void net_set_handler(NetHandler handler, NetPlacer placer) {
   Net& n = net();
   std::lock_guard<std::mutex> lock(n.mu);
   n.handler = std::move(handler);
+  n.placer = std::move(placer);
 }
 
 Status net_listen(int32_t process, int port, const std::string& token, int& bound) {
   Net& n = net();
   std::lock_guard<std::mutex> lock(n.mu);
+  // A peer may connect and send the moment the port is open; a message before the handler would be lost.
+  if (!n.handler) return Status::Error("jaxcoll: internal: the network handler must be set before listening");
   if (n.listen_fd >= 0) {
     sockaddr_in a{};
     socklen_t len = sizeof(a);
@@ -301,8 +323,20 @@ bool net_send(int32_t to, NetMessage m, const void* payload) {
   }
   if (!link->alive.load()) return false;
   m.from = n.process;
-  std::vector<char> bytes(m.bytes);
-  if (m.bytes) std::memcpy(bytes.data(), payload, m.bytes);
+  std::vector<char> bytes;
+  if (m.bytes) {
+    {
+      std::lock_guard<std::mutex> lock(link->mu);
+      for (auto it = link->spare.begin(); it != link->spare.end(); ++it)
+        if (it->capacity() >= m.bytes) {
+          bytes = std::move(*it);
+          link->spare.erase(it);
+          break;
+        }
+    }
+    bytes.resize(m.bytes);
+    std::memcpy(bytes.data(), payload, m.bytes);
+  }
   {
     std::lock_guard<std::mutex> lock(link->mu);
     link->queue.emplace_back(m, std::move(bytes));

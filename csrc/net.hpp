@@ -42,12 +42,17 @@ struct NetMessage {
   uint64_t bytes = 0;        // payload bytes that follow the header
 };
 
-// Called on a receiver thread for every message but kData (which net_read consumes); `payload` holds m.bytes bytes.
-using NetHandler = std::function<void(const NetMessage& m, std::vector<char>& payload)>;
-void net_set_handler(NetHandler handler);
+// Where the payload of a message goes, asked on the receiver thread before it is read: the receiver reads it
+// straight there (a put lands in its chunk without a copy), or into a buffer handed to the handler when this
+// returns nullptr. Answers to reads (kData) always land in the reader's destination.
+using NetPlacer = std::function<void*(const NetMessage& m)>;
+// Called on a receiver thread for every message but kData (which net_read consumes); `payload` holds m.bytes bytes,
+// or nothing when `placed` (the placer took them).
+using NetHandler = std::function<void(const NetMessage& m, std::vector<char>& payload, bool placed)>;
+void net_set_handler(NetHandler handler, NetPlacer placer);
 
 // Listen on `port` (0: a free one) for the job's peers presenting `token`; `bound` is the port taken. An error
-// names the port when it is taken.
+// names the port when it is taken. The handler must be set first (net_set_handler).
 Status net_listen(int32_t process, int port, const std::string& token, int& bound);
 
 // Connect this process to every process in `peers` (their addresses and ports), each pair once, and wait until

@@ -855,8 +855,42 @@ std::shared_ptr<SpanCall> find_call(SpanningCommunicator& c, int64_t run_id, uin
   return nullptr;
 }
 
+// The local chunk a signal, put or get from a network peer addresses, or an error naming what is wrong.
+struct Addressed {
+  SpanningCommunicator* comm = nullptr;
+  std::shared_ptr<SpanCall> call;
+  const PeerView* view = nullptr;
+  void* at = nullptr;  // put, get: the chunk's first byte
+  size_t bytes = 0;    // put, get: the chunk's bytes
+};
+
+bool address(const NetMessage& m, Addressed& a) {
+  // Signals, puts and gets come only after the sender found this process's publication of the call.
+  a.comm = find_communicator(m.callsite, m.group);
+  SpanningCommunicator* c = a.comm;
+  a.call = c ? find_call(*c, m.run_id, m.iteration) : nullptr;
+  if (!a.call || m.rank < 0 || m.rank >= c->plan_.nranks || c->local_index_[m.rank] < 0) return false;
+  a.view = &a.call->local_views_[c->local_index_[m.rank]];
+  if (m.type == NetMessage::kSignal) return true;
+  const ChunkRef ref{m.rank, static_cast<BufferKind>(m.buffer), m.index, m.count};
+  const int64_t k = c->plan_.chunk_factor;
+  const ElementRange range = chunk_range(k, a.call->block_, ref.index, ref.count);
+  const size_t esize = ref.buffer == BufferKind::kScratch ? accum_size(a.call->dtype_) : dtype_size(a.call->dtype_);
+  a.bytes = size_t(range.size()) * esize;
+  a.at = chunk_address(*a.view, ref, k, a.call->block_, dtype_size(a.call->dtype_), accum_size(a.call->dtype_));
+  return true;
+}
+
+// Where a put's payload goes: straight into its chunk when the call is here and the sizes agree (otherwise the
+// handler reports it from the payload).
+void* place(const NetMessage& m) {
+  if (m.type != NetMessage::kPut) return nullptr;
+  Addressed a;
+  return address(m, a) && a.bytes == m.bytes ? a.at : nullptr;
+}
+
 // A message from a network peer (net.hpp's receiver thread).
-void on_message(const NetMessage& m, std::vector<char>& payload) {
+void on_message(const NetMessage& m, std::vector<char>& payload, bool placed) {
   const CallKey key{m.from, m.run_id, m.iteration};
   if (m.type == NetMessage::kPublish || m.type == NetMessage::kDone || m.type == NetMessage::kFailed) {
     {
@@ -873,42 +907,32 @@ void on_message(const NetMessage& m, std::vector<char>& payload) {
       if (auto call = find_call(*c, m.run_id, m.iteration)) call->header().bell.ring();
     return;
   }
-  // Signals, puts and gets come only after the sender found this process's publication of the call.
-  SpanningCommunicator* c = find_communicator(m.callsite, m.group);
-  std::shared_ptr<SpanCall> call = c ? find_call(*c, m.run_id, m.iteration) : nullptr;
-  if (!call || m.rank < 0 || m.rank >= c->plan_.nranks || c->local_index_[m.rank] < 0) {
-    if (c) c->fail("jaxcoll callsite " + std::to_string(m.callsite) + ": process " + std::to_string(m.from) +
-                   " addressed rank " + std::to_string(m.rank) + " of a call this process does not hold");
+  Addressed a;
+  if (!address(m, a)) {
+    if (a.comm) a.comm->fail("jaxcoll callsite " + std::to_string(m.callsite) + ": process " +
+                             std::to_string(m.from) + " addressed rank " + std::to_string(m.rank) +
+                             " of a call this process does not hold");
     return;
   }
-  const PeerView& v = call->local_views_[c->local_index_[m.rank]];
   if (m.type == NetMessage::kSignal) {
-    v.semaphores[m.sem].fetch_add(1, std::memory_order_release);
-    call->header().bell.ring();
-    return;
-  }
-  const ChunkRef ref{m.rank, static_cast<BufferKind>(m.buffer), m.index, m.count};
-  const int64_t k = c->plan_.chunk_factor;
-  const ElementRange range = chunk_range(k, call->block_, ref.index, ref.count);
-  const size_t esize = ref.buffer == BufferKind::kScratch ? accum_size(call->dtype_) : dtype_size(call->dtype_);
-  const size_t bytes = size_t(range.size()) * esize;
-  void* at = chunk_address(v, ref, k, call->block_, dtype_size(call->dtype_), accum_size(call->dtype_));
-  if (m.type == NetMessage::kPut) {
-    if (payload.size() == bytes) std::memcpy(at, payload.data(), bytes);
-    else call->fail(call->site_.describe() + ": process " + std::to_string(m.from) + " wrote " +
-                    std::to_string(payload.size()) + " bytes into a chunk of " + std::to_string(bytes));
+    a.view->semaphores[m.sem].fetch_add(1, std::memory_order_release);
+    a.call->header().bell.ring();
+  } else if (m.type == NetMessage::kPut) {
+    if (!placed)
+      a.call->fail(a.call->site_.describe() + ": process " + std::to_string(m.from) + " wrote " +
+                   std::to_string(payload.size()) + " bytes into a chunk of " + std::to_string(a.bytes));
   } else if (m.type == NetMessage::kGet) {
     NetMessage answer;
     answer.type = NetMessage::kData;
     answer.request = m.request;
-    answer.bytes = bytes;
-    net_send(m.from, answer, at);
+    answer.bytes = a.bytes;
+    net_send(m.from, answer, a.at);
   }
 }
 
 }  // namespace
 
-void serve_network() { net_set_handler(on_message); }
+void serve_network() { net_set_handler(on_message, place); }
 
 uint64_t plan_fingerprint(const int32_t* words, size_t nwords, int32_t reduce_op) {
   uint64_t h = 1469598103934665603ull;

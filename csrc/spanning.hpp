@@ -49,7 +49,7 @@ Status execute_spanning_rank(SpanningCommunicator& comm, int64_t run_id, const P
                              const CallBuffers& buffers, const CallSite& site, double timeout_s,
                              Completion completion, bool& pending);
 
-// Route the network transport's messages (net.hpp) to the spanning calls they name; before connecting.
+// Route the network transport's messages (net.hpp) to the spanning calls they name; before listening.
 void serve_network();
 
 // A fingerprint of a plan's words and the call's reduction (FNV-1a), for spanning_communicator_for.

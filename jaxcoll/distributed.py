@@ -119,12 +119,19 @@ def _connect_network(client, me: int, n: int, remote: list[int], token: str, tim
     port), publish the address and port, read theirs and connect (csrc/net.hpp)."""
     from jaxcoll import runtime
     port = int(os.environ.get("JAXCOLL_NET_PORT", "0") or 0)
-    bound = runtime.net_listen(me, port, token)
+    try:
+        bound = runtime.net_listen(me, port, token)
+    except RuntimeError as e:
+        # Tell the peers now, or they would wait out the timeout for an address that never comes.
+        client.key_value_set(_PREFIX + f"net/{me}", json.dumps({"error": str(e).removeprefix("jaxcoll: ")}))
+        raise
     address = os.environ.get("JAXCOLL_NET_ADDRESS") or _address_towards(_jax.coordinator_address())
     client.key_value_set(_PREFIX + f"net/{me}", json.dumps({"address": address, "port": bound}))
     addresses, ports = [""] * n, [0] * n
     for q in remote:
         peer = json.loads(_get(client, _PREFIX + f"net/{q}", timeout_ms, f"process {q}", "its network address"))
+        if "error" in peer:
+            raise RuntimeError(f"jaxcoll: process {q} could not open the network transport: {peer['error']}")
         addresses[q], ports[q] = peer["address"], int(peer["port"])
     runtime.net_connect(remote, addresses, ports, timeout_ms / 1000)
 

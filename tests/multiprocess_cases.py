@@ -160,6 +160,37 @@ def case_collectives() -> str:
     return f"{nchecks} checks"
 
 
+def case_dtypes() -> str:
+    """Every dtype jaxcoll supports, through each collective over an axis that crosses the processes."""
+    jax.config.update("jax_enable_x64", True)  # for float64 and int64
+    from jaxcoll.lowering.dtypes import SUPPORTED
+    rng = np.random.default_rng(3)
+    mesh = mesh_1d()
+    n = mesh.devices.size
+    perm = [(r, (r + 3) % n) for r in range(n)]
+    names = []
+    for dtype in SUPPORTED:
+        x = small_ints(rng, (n * n * 2, 3), dtype)
+        label = np.dtype(dtype).name
+        ops = (("max", lax.pmax), ("min", lax.pmin)) + ((("sum", lax.psum),) if dtype != np.bool_ else ())
+        for op, ref in ops:
+            check(f"all_reduce {op} {label}", mesh, "i", lambda v, op=op: jaxcoll.all_reduce(v, "i", op=op),
+                  lambda v, ref=ref: ref(v, "i"), x, op)
+        check(f"all_gather {label}", mesh, "i", lambda v: jaxcoll.all_gather(v, "i", tiled=True),
+              lambda v: lax.all_gather(v, "i", tiled=True), x, "all_gather")
+        if dtype != np.bool_:
+            check(f"reduce_scatter {label}", mesh, "i", lambda v: jaxcoll.reduce_scatter(v, "i", tiled=True),
+                  lambda v: lax.psum_scatter(v, "i", tiled=True), x, "reduce_scatter")
+        check(f"all_to_all {label}", mesh, "i", lambda v: jaxcoll.all_to_all(v, "i", 0, 0, tiled=True),
+              lambda v: lax.all_to_all(v, "i", 0, 0, tiled=True), x, "all_to_all")
+        check(f"ppermute {label}", mesh, "i", lambda v: jaxcoll.ppermute(v, "i", perm),
+              lambda v: lax.ppermute(v, "i", perm), x, "ppermute", perm=perm)
+        check(f"broadcast {label}", mesh, "i", lambda v: jaxcoll.broadcast(v, "i", root=5),
+              lambda v: lax.all_gather(v, "i")[5], x, "broadcast", root=5)
+        names.append(label)
+    return f"dtypes {names}"
+
+
 def case_algorithms() -> str:
     """Every built-in all_reduce and all_gather algorithm across processes, and an odd size."""
     from jaxcoll import algorithms
@@ -178,6 +209,28 @@ def case_algorithms() -> str:
               lambda v: lax.all_gather(v, "i", tiled=True), x, "all_gather")
         names.append(name)
     return f"algorithms {names}"
+
+
+def case_synthesized() -> str:
+    """Plans synthesized for the job's own topology (jaxcoll.topology.job) run across its processes."""
+    from jaxcoll import synth, topology
+    t = topology.job()
+    rng = np.random.default_rng(4)
+    mesh = mesh_1d()
+    n = mesh.devices.size
+    names = []
+    for collective, ours, theirs, kind in (
+            ("all_reduce", jaxcoll.all_reduce, lambda v: lax.psum(v, "i"), "sum"),
+            ("all_gather", lambda v, a, algorithm: jaxcoll.all_gather(v, a, tiled=True, algorithm=algorithm),
+             lambda v: lax.all_gather(v, "i", tiled=True), "all_gather"),
+            ("reduce_scatter", lambda v, a, algorithm: jaxcoll.reduce_scatter(v, a, tiled=True, algorithm=algorithm),
+             lambda v: lax.psum_scatter(v, "i", tiled=True), "reduce_scatter")):
+        plan = synth.synthesize(t, collective, 1 << 16)
+        x = small_ints(rng, (n * n * 4, 2), np.float32)
+        check(f"{collective} {plan.name}", mesh, "i", lambda v, o=ours, p=plan: o(v, "i", algorithm=p), theirs,
+              x, kind)
+        names.append(f"{collective}:{plan.name}")
+    return f"{t.name} {names}"
 
 
 def case_loops() -> str:

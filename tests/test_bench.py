@@ -36,3 +36,17 @@ def test_bench_rejects_a_negative_warmup_naming_the_value(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--warmup", "-1"])
     assert "--warmup: must be at least 0, got -1" in capsys.readouterr().err
+
+
+def test_bench_times_each_algorithm_only_for_the_collectives_that_have_it(capsys):
+    assert main(["bench", "--collectives", "all_reduce,all_gather", "--algorithms", "two_shot,ring",
+                 "--sizes", "4K", "--reps", "1", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "all_reduce (jaxcoll algorithm=two_shot) vs XLA" in out and "all_gather (jaxcoll algorithm=ring)" in out
+    assert "all_gather: no algorithm two_shot (skipped)" in out
+    assert "all_gather (jaxcoll algorithm=two_shot)" not in out
+
+
+def test_bench_rejects_an_algorithm_no_collective_has_naming_it():
+    with pytest.raises(SystemExit, match="--algorithms bogus is not an algorithm of all_gather"):
+        main(["bench", "--collectives", "all_gather", "--algorithms", "bogus,ring", "--sizes", "4K"])

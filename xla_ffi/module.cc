@@ -97,6 +97,8 @@ NB_MODULE(_jaxcoll, m) {
 
   m.def("net_listen",
         [](int32_t process, int port, std::string token) {
+          // The handler before the port: a peer may connect and send as soon as the port is open.
+          jaxcoll::serve_network();
           int bound = 0;
           jaxcoll::Status st = jaxcoll::net_listen(process, port, token, bound);
           if (!st.ok()) throw std::runtime_error(st.message());
@@ -107,7 +109,6 @@ NB_MODULE(_jaxcoll, m) {
 
   m.def("net_connect",
         [](std::vector<int32_t> peers, std::vector<std::string> addresses, std::vector<int> ports, double timeout_s) {
-          jaxcoll::serve_network();
           jaxcoll::Status st;
           {
             nb::gil_scoped_release release;

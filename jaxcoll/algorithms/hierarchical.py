@@ -14,8 +14,11 @@ inputs only, so the copies the runtime adds are the fewest:
 - reduce_scatter: rank (p, l) reduces, for each other process q, block (q, l) of its process's inputs into
   scratch and signals its owner; then reduces its own block over its process's inputs and every other process's
   partial. No input or output is reached from another process.
-- all_gather and all_to_all pull: each rank gets its peers' input chunks into its own output, so only inputs
-  are reached from other processes (copied in once), never outputs (which direct plans would write remotely).
+- all_gather: each chunk of another process crosses into this process once: the process's ranks share the
+  pulls, then copy each other's pulled chunks within the process. Only inputs are reached from other processes
+  (copied in once, or sent once over the network), never outputs (which direct plans would write remotely).
+- all_to_all pulls: each rank gets its peers' input chunks for it into its own output (every chunk is distinct,
+  so nothing would be saved by relaying).
 
 `processes[r]` names the process of rank r (any labels); all_reduce and reduce_scatter need the same number of
 ranks in every process.
@@ -111,10 +114,26 @@ def reduce_scatter(processes: Sequence[int]) -> Plan:
 
 
 def all_gather(processes: Sequence[int]) -> Plan:
+    members, where, local = _layout(processes)
     n = len(processes)
-    programs = [RankProgram(1, n, lanes=(Lane(tuple(
-        Step(Op.GET if q != r else Op.COPY, (ChunkRef(q, IN, 0),), (ChunkRef(r, OUT, q),)) for q in range(n))),))
-        for r in range(n)]
+    programs = []
+    for r in range(n):
+        p, l = where[r], local[r]
+        mine = members[p]
+        # Every chunk of another process crosses once into this process: rank (p, l) pulls the remote chunks
+        # dealt to local index l, then its process's other ranks copy them from its output. Pulling every chunk
+        # into every rank would carry each one L times (over a network, L times the bytes on the wire).
+        remote = [q for q in range(n) if where[q] != p]
+        dealt = {q: mine[i % len(mine)] for i, q in enumerate(remote)}
+        pulls = [Step(Op.GET, (ChunkRef(q, IN, 0),), (ChunkRef(r, OUT, q),)) for q in remote if dealt[q] == r]
+        relays = [q for q in mine if q != r and any(dealt[o] == q for o in remote)]
+        receivers = [q for q in mine if q != r] if pulls else []
+        steps = [*pulls, *(Step(Op.SIGNAL, peer=q, sem=0) for q in receivers)]
+        steps += [Step(Op.COPY, (ChunkRef(q, IN, 0),), (ChunkRef(r, OUT, q),)) for q in mine]
+        steps += [Step(Op.WAIT, sem=0) for _ in relays]
+        steps += [Step(Op.COPY, (ChunkRef(dealt[q], OUT, q),), (ChunkRef(r, OUT, q),)) for q in remote
+                  if dealt[q] != r]
+        programs.append(RankProgram(1, n, semaphores=1 if relays or receivers else 0, lanes=(Lane(tuple(steps)),)))
     return Plan(Collective.ALL_GATHER, n, tuple(programs), name="hierarchical")
 
 

@@ -205,9 +205,18 @@ def run(args) -> int:
         f" in {jax.process_count()} processes (XLA: {_xla_cross_process()})" if jax.process_count() > 1 else "")
     console.print(f"[bold]jaxcoll bench[/]: {where}, {os.cpu_count()} cores, "
                   f"dtype {dtype.name}; memory copy bandwidth {bw / 1e9:.1f} GB/s (read+write, all cores)")
+    from jaxcoll import algorithms as builtins
+    unknown = [a for a in algorithms if not any(a in builtins.known(c) for c in collectives)]
+    if unknown:
+        raise SystemExit(f"jaxcoll bench: --algorithms {','.join(unknown)} is not an algorithm of "
+                         f"{', '.join(collectives)}; known: " +
+                         "; ".join(f"{c}: {', '.join(builtins.known(c))}" for c in collectives))
     rows_md, plot = [], {}
     for collective in collectives:
-        for algorithm in algorithms:
+        skipped = [a for a in algorithms if a not in builtins.known(collective)]
+        if skipped:  # a list covering several collectives names algorithms only some of them have
+            console.print(f"{collective}: no algorithm {', '.join(skipped)} (skipped)")
+        for algorithm in (a for a in algorithms if a not in skipped):
             title = f"{collective} (jaxcoll algorithm={algorithm}) vs XLA"
             table = Table(title=title)
             for col in ("size/rank", "iters", "jaxcoll us", "algbw GB/s", "busbw GB/s", "% mem",
