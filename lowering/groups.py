@@ -42,7 +42,8 @@ def ppermute_axes(axes: tuple) -> tuple:
     whatever the order of the tuple (unlike lax.axis_index and lax.all_gather, which follow the tuple). From
     0.11 it follows the tuple too, and raises by default when that order differs from the mesh's (config
     `jax_raise_on_ppermute_sort_diff`, checked at lowering: `check_ppermute_order`). The config option exists
-    exactly on the versions with the new contract, so its presence tells which contract to follow.
+    exactly on the versions with the new contract, so its presence tells which contract to follow (checked on
+    jax 0.10.2: absent, mesh order; 0.11.2 and 0.12.0.1: present, tuple order).
     """
     if _ppermute_order_check() is not None:
         return axes
