@@ -50,6 +50,10 @@ _lock = threading.Lock()
 
 
 def _host_identity() -> str:
+    # JAXCOLL_HOST names the host instead: processes of one machine given different names reach each other over
+    # the network transport (how a job of several hosts, each with several processes, is tested on one machine).
+    if os.environ.get("JAXCOLL_HOST"):
+        return "JAXCOLL_HOST=" + os.environ["JAXCOLL_HOST"]
     # The hostname alone can repeat across containers; the boot id tells two kernels (two /dev/shm) apart.
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 
+import jaxcoll.distributed
 import jaxcoll.launch
 
 PROCESS, NPROCESSES = jaxcoll.launch.initialize()
@@ -157,7 +158,7 @@ def case_collectives() -> str:
             check(f"broadcast {label}", mesh, axes, lambda v: jaxcoll.broadcast(v, axes, root=root),
                   lambda v: lax.all_gather(v, axes)[root], x, "broadcast", root=root)
             nchecks += 8
-    return f"{nchecks} checks"
+    return f"{nchecks} checks, hosts {jaxcoll.distributed.world().hosts}"
 
 
 def case_dtypes() -> str:
@@ -263,7 +264,7 @@ def case_loops() -> str:
     got, want = local_values(run(gours, mesh, x)), local_values(run(gtheirs, mesh, x))
     for index, value in got.items():
         np.testing.assert_allclose(value, want[index], rtol=1e-6, err_msg=f"grad at {index}")
-    return "scan of 200 steps, two collectives per step, grad"
+    return f"scan of 200 steps, two collectives per step, grad, hosts {jaxcoll.distributed.world().hosts}"
 
 
 def case_large() -> str:

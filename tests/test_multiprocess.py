@@ -53,7 +53,20 @@ def error_of(result) -> tuple[float, str]:
 @pytest.mark.parametrize("nprocesses,local_devices", [(2, 4), (4, 2)])
 @pytest.mark.parametrize("case", ["collectives", "loops"])
 def test_collectives_across_processes_equal_xla_and_numpy(case, nprocesses, local_devices, transport):
-    assert_all_ok(job(case, nprocesses, local_devices, **TRANSPORTS[transport]), case)
+    results = job(case, nprocesses, local_devices, **TRANSPORTS[transport])
+    assert_all_ok(results, case)
+    hosts = tuple(range(nprocesses)) if transport == "tcp" else (0,) * nprocesses
+    assert all(f"hosts {hosts}" in r.stdout for r in results), [r.stdout[-300:] for r in results]
+
+
+@pytest.mark.parametrize("case", ["collectives", "loops"])
+def test_hosts_of_several_processes_mix_shared_memory_and_the_network(case):
+    # 4 processes as 2 hosts of 2: each group reaches its host's other process through shared memory and the
+    # other host's over TCP, in the same call.
+    hosts = {p: {"JAXCOLL_HOST": "ab"[p // 2]} for p in range(4)}
+    results = job(case, 4, 2, process_env=hosts)
+    assert_all_ok(results, case)
+    assert all("hosts (0, 0, 1, 1)" in r.stdout for r in results), [r.stdout[-300:] for r in results]
 
 
 def test_calls_shared_with_helper_threads_give_the_same_results():
