@@ -97,6 +97,9 @@ class RankRun {
             peer.semaphores[s.sem].fetch_add(1, std::memory_order_release);
             peer.bell->ring();
           }
+        } else if (const int32_t run = read_run(lane, ls.pc); run > 1) {
+          read_together(lane, ls.pc, run);
+          ls.pc += run - 1;  // the run's last step is counted below
         } else {
           data_step(s);
         }
@@ -173,6 +176,54 @@ class RankRun {
     reduce_chunks(b_.dtype, b_.op, ops.data(), s.nsrc, ops.data() + s.nsrc, s.ndst, range.size(), stream_);
   }
 
+  // A step that reads one chunk of a rank reached over the network into a local chunk of the same type.
+  bool plain_remote_read(const Step& s) const {
+    if (s.op == Op::kWait || s.op == Op::kBarrier || s.op == Op::kSignal || s.nsrc != 1 || s.ndst != 1) return false;
+    const ChunkRef* refs = plan_.srcs(s);
+    return views_[refs[0].rank].remote && !views_[refs[1].rank].remote &&
+           (refs[0].buffer == BufferKind::kScratch) == (refs[1].buffer == BufferKind::kScratch);
+  }
+
+  static bool overlap(const ChunkRef& a, const ChunkRef& b) {
+    return a.rank == b.rank && a.buffer == b.buffer && a.index < b.index + b.count && b.index < a.index + a.count;
+  }
+
+  // How many steps of the lane from `pc` on are plain remote reads that may be in flight together (an
+  // all_to_all's or all_gather's pulls from network peers): sending them all before awaiting any answer costs the
+  // lane one round trip instead of one per step. A run ends at any other step, or at a destination that overlaps
+  // an earlier one of the run (where the order the answers arrive in would matter).
+  static constexpr int32_t kMaxReadRun = 64;
+  int32_t read_run(const Lane& lane, int32_t pc) const {
+    ChunkRef dsts[kMaxReadRun];
+    int32_t run = 0;
+    for (; run < kMaxReadRun && pc + run < lane.nsteps; ++run) {
+      const Step& s = plan_.steps[lane.first_step + pc + run];
+      if (!plain_remote_read(s)) break;
+      const ChunkRef& dst = plan_.srcs(s)[1];
+      for (int32_t i = 0; i < run; ++i)
+        if (overlap(dst, dsts[i])) return run;
+      dsts[run] = dst;
+    }
+    return run;
+  }
+
+  void read_together(const Lane& lane, int32_t pc, int32_t run) {
+    std::unique_ptr<RemoteRanks::Read> reads[kMaxReadRun];
+    for (int32_t i = 0; i < run; ++i) {
+      const ChunkRef* refs = plan_.srcs(plan_.steps[lane.first_step + pc + i]);
+      const ElementRange range = chunk_range(k_, block_, refs[0].index, refs[0].count);
+      if (range.size() == 0) continue;
+      const size_t bytes = size_t(range.size()) * (refs[0].buffer == BufferKind::kScratch ? asize_ : dsize_);
+      void* dst = chunk_address(views_[refs[1].rank], refs[1], k_, block_, dsize_, asize_);
+      reads[i] = views_[refs[0].rank].remote->begin_read(refs[0], dst, bytes);
+    }
+    // Every read is finished, failed or not: an answer must not land in a destination after the call moved on.
+    for (int32_t i = 0; i < run; ++i)
+      if (reads[i])
+        if (Status st = reads[i]->finish(); !st.ok())
+          failure_.fail(site_.describe() + ": rank " + std::to_string(rank_) + ": " + st.message());
+  }
+
   // A step that names chunks of ranks reached over the network: their sources are read into bounce buffers
   // first, their destinations computed into bounce buffers and written after.
   void remote_step(const Step& s, const ChunkRef* refs, Operand* ops, int64_t elements) {
@@ -195,10 +246,20 @@ class RankRun {
       const size_t bytes = size_t(elements) * (ops[j].accum ? asize_ : dsize_);
       ops[j].ptr = bounce[j].reserve(bytes);
       if (!ops[j].ptr) return failure_.fail(site_.describe() + ": out of memory for a network bounce buffer");
-      if (j < s.nsrc)
-        if (Status st = v.remote->read(refs[j], ops[j].ptr, bytes); !st.ok())
-          return failure_.fail(site_.describe() + ": rank " + std::to_string(rank_) + ": " + st.message());
     }
+    // The remote sources are read together (one round trip), each finished before the step computes.
+    SmallVec<std::unique_ptr<RemoteRanks::Read>, 8> reads(s.nsrc);
+    for (int32_t j = 0; j < s.nsrc; ++j)
+      if (const PeerView& v = views_[refs[j].rank]; v.remote)
+        reads[j] = v.remote->begin_read(refs[j], ops[j].ptr, size_t(elements) * (ops[j].accum ? asize_ : dsize_));
+    bool ok = true;
+    for (int32_t j = 0; j < s.nsrc; ++j)
+      if (reads[j])
+        if (Status st = reads[j]->finish(); !st.ok() && ok) {
+          ok = false;
+          failure_.fail(site_.describe() + ": rank " + std::to_string(rank_) + ": " + st.message());
+        }
+    if (!ok) return;
     reduce_chunks(b_.dtype, b_.op, ops, s.nsrc, ops + s.nsrc, s.ndst, elements, false);
     for (int32_t j = s.nsrc; j < nref; ++j) {
       const PeerView& v = views_[refs[j].rank];

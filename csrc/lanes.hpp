@@ -30,8 +30,16 @@ struct CallSite;
 class RemoteRanks {
  public:
   virtual ~RemoteRanks() = default;
-  // Read the chunk into dst (waits for the answer); write it from src (queued, ordered before later signals).
-  virtual Status read(const ChunkRef& ref, void* dst, size_t bytes) = 0;
+  // A read begun by begin_read: the chunk lands in its destination while the caller goes on; finish() waits for
+  // it (and must be called before the destination is used or freed).
+  class Read {
+   public:
+    virtual ~Read() = default;
+    virtual Status finish() = 0;
+  };
+  virtual std::unique_ptr<Read> begin_read(const ChunkRef& ref, void* dst, size_t bytes) = 0;
+  Status read(const ChunkRef& ref, void* dst, size_t bytes) { return begin_read(ref, dst, bytes)->finish(); }
+  // Write the chunk from src (queued, ordered before later signals).
   virtual Status write(const ChunkRef& ref, const void* src, size_t bytes) = 0;
   virtual Status signal(int32_t rank, int32_t sem) = 0;
 };

@@ -73,14 +73,21 @@ struct Link {
 
 constexpr size_t kSpareBuffers = 4;
 
-// An answer awaited by net_read.
-struct Pending {
+}  // namespace
+
+// A read whose answer is awaited (net_request, net_await).
+struct NetRead {
+  int32_t to = -1;
+  uint64_t request = 0;
   void* dst = nullptr;
   size_t bytes = 0;
+  bool sent = false;
   std::atomic<bool> done{false};
   bool ok = false;
   Doorbell bell;
 };
+
+namespace {
 
 struct Net {
   std::mutex mu;
@@ -93,7 +100,7 @@ struct Net {
   int listen_fd = -1;
   std::atomic<int> refused{0};
   std::mutex pending_mu;
-  std::map<uint64_t, std::shared_ptr<Pending>> pending;
+  std::map<uint64_t, std::shared_ptr<NetRead>> pending;
   std::atomic<uint64_t> next_request{1};
 };
 
@@ -116,7 +123,7 @@ void receive_loop(std::shared_ptr<Link> link) {
     NetMessage m;
     if (!recv_all(link->fd, &m, sizeof(m))) break;
     if (m.type == NetMessage::kData) {
-      std::shared_ptr<Pending> p;
+      std::shared_ptr<NetRead> p;
       {
         std::lock_guard<std::mutex> lock(n.pending_mu);
         auto it = n.pending.find(m.request);
@@ -345,34 +352,42 @@ bool net_send(int32_t to, NetMessage m, const void* payload) {
   return true;
 }
 
-Status net_read(int32_t to, NetMessage get, void* dst, size_t bytes, Clock::time_point deadline) {
+std::shared_ptr<NetRead> net_request(int32_t to, NetMessage get, void* dst, size_t bytes) {
   Net& n = net();
-  auto p = std::make_shared<Pending>();
+  auto p = std::make_shared<NetRead>();
+  p->to = to;
   p->dst = dst;
   p->bytes = bytes;
   get.type = NetMessage::kGet;
-  get.request = n.next_request.fetch_add(1);
+  get.request = p->request = n.next_request.fetch_add(1);
   get.bytes = 0;
   {
     std::lock_guard<std::mutex> lock(n.pending_mu);
     n.pending[get.request] = p;
   }
+  p->sent = net_send(to, get, nullptr);
+  return p;
+}
+
+Status net_await(NetRead& p, Clock::time_point deadline) {
+  Net& n = net();
+  const int32_t to = p.to;
   Status st;
-  if (!net_send(to, get, nullptr)) {
+  if (!p.sent) {
     st = Status::Error("the connection to process " + std::to_string(to) + " is gone");
   } else {
-    const WaitResult w = wait_for(p->bell, [&] { return p->done.load(std::memory_order_acquire); },
+    const WaitResult w = wait_for(p.bell, [&] { return p.done.load(std::memory_order_acquire); },
                                   [&] { return !net_alive(to); }, deadline);
     if (w == WaitResult::kAborted)
       st = Status::Error("the connection to process " + std::to_string(to) + " broke during a read");
     else if (w == WaitResult::kTimeout)
       st = Status::Error("process " + std::to_string(to) + " did not answer a read in time");
-    else if (!p->ok)
-      st = Status::Error("process " + std::to_string(to) + " answered a read of " + std::to_string(bytes) +
+    else if (!p.ok)
+      st = Status::Error("process " + std::to_string(to) + " answered a read of " + std::to_string(p.bytes) +
                          " bytes with another size");
   }
   std::lock_guard<std::mutex> lock(n.pending_mu);
-  n.pending.erase(get.request);
+  n.pending.erase(p.request);
   return st;
 }
 

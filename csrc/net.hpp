@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,9 +64,16 @@ Status net_connect(const std::vector<int32_t>& peers, const std::vector<std::str
 // Queue a message (and `m.bytes` bytes of payload) to process `to`; false if its connection is gone.
 bool net_send(int32_t to, NetMessage m, const void* payload);
 
-// Send a kGet to process `to` and wait for its answer, `bytes` bytes written to `dst`; an error when the
-// connection breaks or `deadline` passes.
-Status net_read(int32_t to, NetMessage get, void* dst, size_t bytes, Clock::time_point deadline);
+// A read in flight: net_request sends a kGet to process `to` and returns at once; its answer, `bytes` bytes,
+// lands in `dst` on the receiver thread. net_await waits for it: an error when the connection breaks or
+// `deadline` passes. Several reads may be in flight at once (to one process or many), so a lane that reads from
+// several peers pays one round trip, not one per read.
+struct NetRead;
+std::shared_ptr<NetRead> net_request(int32_t to, NetMessage get, void* dst, size_t bytes);
+Status net_await(NetRead& read, Clock::time_point deadline);
+inline Status net_read(int32_t to, NetMessage get, void* dst, size_t bytes, Clock::time_point deadline) {
+  return net_await(*net_request(to, get, dst, bytes), deadline);
+}
 
 // Whether process `p` is connected (false once its connection broke; true for a process never connected to).
 bool net_alive(int32_t p);

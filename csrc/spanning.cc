@@ -353,10 +353,9 @@ class NetRanks : public RemoteRanks {
     base_.run_id = run_id;
     base_.iteration = iteration;
   }
-  Status read(const ChunkRef& ref, void* dst, size_t bytes) override {
-    Status st = net_read(process_, addressed(NetMessage::kGet, ref, 0), dst, bytes, deadline_);
-    if (!st.ok() && !net_alive(process_)) return gone();
-    return st;
+  std::unique_ptr<Read> begin_read(const ChunkRef& ref, void* dst, size_t bytes) override {
+    return std::make_unique<NetRanksRead>(*this, net_request(process_, addressed(NetMessage::kGet, ref, 0), dst,
+                                                             bytes));
   }
   Status write(const ChunkRef& ref, const void* src, size_t bytes) override {
     if (!net_send(process_, addressed(NetMessage::kPut, ref, bytes), src)) return gone();
@@ -385,6 +384,19 @@ class NetRanks : public RemoteRanks {
   Status gone() const {
     return Status::Error(who_ + " has gone: its network connection broke; its ranks will never finish their steps");
   }
+  class NetRanksRead : public Read {
+   public:
+    NetRanksRead(const NetRanks& ranks, std::shared_ptr<NetRead> read) : ranks_(ranks), read_(std::move(read)) {}
+    Status finish() override {
+      Status st = net_await(*read_, ranks_.deadline_);
+      if (!st.ok() && !net_alive(ranks_.process_)) return ranks_.gone();
+      return st;
+    }
+
+   private:
+    const NetRanks& ranks_;
+    std::shared_ptr<NetRead> read_;
+  };
   int32_t process_;
   std::string who_;
   Clock::time_point deadline_;
