@@ -38,7 +38,8 @@ def roundtrip(x, fmt, block=256):
     b = blocks(x, block)
     s = scales(x, fmt, block)[:, None]
     with np.errstate(invalid="ignore", divide="ignore"):
-        y = np.where(s > 0, b / np.where(s > 0, s, 1), 0).astype(np.float32)
+        inverse = (np.float32(1) / np.where(s > 0, s, np.float32(1))).astype(np.float32)
+        y = np.where(s > 0, b * inverse, 0).astype(np.float32)
         y = np.clip(y, -CODE_MAX[fmt], CODE_MAX[fmt])
         codes = np.round(y) if fmt == "int8" else y.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
         return (codes.astype(np.float32) * s).astype(np.float32).reshape(np.shape(x))

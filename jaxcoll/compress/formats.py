@@ -18,7 +18,7 @@ Subnormal float32 inputs: XLA:CPU flushes them to zero before any arithmetic, so
 zeros, error at most a < 2^-117.
 Non-finite inputs: a block holding an inf or a NaN decodes to NaN in every element (its scale is NaN), so a sum
 that includes it is NaN where the block was and overflow is never hidden; Bf16 keeps inf and NaN as they are.
-The (1 + 2^-15) covers the float32 rounding of x/s and of codes * s.
+The (1 + 2^-15) covers the float32 rounding of 1/s, x * (1/s) and codes * s.
 """
 
 from __future__ import annotations
@@ -119,7 +119,9 @@ class _Blocked(Format):
     def encode(self, x):
         blocks, s = self.scale(x)
         usable = s > 0  # false for zero and NaN scales: their codes are 0
-        y = jnp.where(usable, blocks / jnp.where(usable, s, np.float32(1)), np.float32(0))
+        # One division per block, a multiply per element (a division per element costs several multiplies).
+        inverse = np.float32(1) / jnp.where(usable, s, np.float32(1))
+        y = jnp.where(usable, blocks * inverse, np.float32(0))
         codes = self.round(jnp.clip(y, -self.code_max, self.code_max))
         return codes.reshape(x.shape), s[..., 0]
 
