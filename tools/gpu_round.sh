@@ -154,6 +154,7 @@ round_facts() {  # round_facts PY: "key: value" lines first (the summary reads t
 
 round_prereqs() {  # round_prereqs PY WHEELS SITE: install carried wheels for what is missing; check the headers
   local py=$1 wheels=$2 site=$3
+  rm -rf "$site"   # only what this round installs
   "$py" - "$wheels" "$site" "${GPU_ROUND_REQUIRES:-$REQUIRES_DEFAULT}" <<'EOF'
 import glob, importlib.metadata as md, os, re, subprocess, sys, sysconfig
 wheels, site, requires = sys.argv[1], sys.argv[2], sys.argv[3].split()
@@ -181,22 +182,27 @@ for spec in requires:
     wheel = carried.get(norm(name))
     if wheel:
         print(f"{name}: {why}; installing the carried {os.path.basename(wheel)}")
-        install.append(wheel)
+        install.append((name, req, wheel))
     else:
         missing.append(f"{name} ({why}; no wheel for it in {wheels}: run tools/gpu_round_wheels.sh and carry it)")
 if install:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--no-cache-dir", "--upgrade", "--target", site, *install], check=True)
+                    "--no-cache-dir", "--upgrade", "--target", site, *(w for _, _, w in install)], check=True)
+    got = {norm(d.metadata["Name"]): d.version for d in md.distributions(path=[site])}
+    for name, req, wheel in install:
+        if req is not None and not req.specifier.contains(got.get(norm(name), "0"), prereleases=True):
+            missing.append(f"{name} (the carried {os.path.basename(wheel)} does not satisfy {req})")
 if missing:
     sys.exit("missing: " + "; ".join(missing))
 include = sysconfig.get_paths()["include"]
-if os.path.exists(os.path.join(include, "Python.h")):
-    print(f"Python headers: {include}")
-else:
+headers = "its own Python headers"
+if not os.path.exists(os.path.join(include, "Python.h")):
     fallback = os.path.join(wheels, "include", f"python{sys.version_info[0]}.{sys.version_info[1]}")
     if not os.path.exists(os.path.join(fallback, "Python.h")):
         sys.exit(f"no Python.h in {include}, and none carried in {fallback}")
-    print(f"Python headers: none in {include}; the build uses the carried {fallback}")
+    headers = f"the carried Python headers (none in {include})"
+installed = ", ".join(name for name, _, _ in install)
+print(f"{len(requires)} requirements met{'; installed from carried wheels: ' + installed if install else ''}; {headers}")
 EOF
 }
 
@@ -246,6 +252,7 @@ step_detail() {  # step_detail STEP STATUS LOG
     harness | jax | never_arrives)
       line="$(grep -E '[0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran' "$3" | tail -1)" ;;
     memcheck | racecheck | synccheck) line="$(grep -E 'ERROR SUMMARY' "$3" | tail -1)" ;;
+    prereqs) line="$(tail -n 1 "$3")" ;;
     build) [[ $2 == passed ]] && line="CMAKE_CUDA_ARCHITECTURES=$ARCH" ;;
     bench) [[ $2 == passed ]] && line="tables in bench.md" ;;
   esac
@@ -263,23 +270,27 @@ write_summary() {  # write_summary DIR: DIR/results.tsv + DIR/env.txt -> DIR/sum
   local dir=$1 env="$1/env.txt" results="$1/results.tsv"
   [[ -f $results ]] || { echo "$ME --report: no $results" >&2; return 2; }
   fact() { [[ -f $env ]] && sed -n "s/^$1: //p" "$env" | head -1; }
-  local gpu driver jax jaxlib date python nvcc step status seconds limit command detail stopped=""
+  local gpu driver jax jaxlib date python nvcc step status seconds limit command detail stopped="" unselected=""
   gpu="$(fact gpu)"; driver="$(fact driver)"; jax="$(fact jax)"; jaxlib="$(fact jaxlib)"; date="$(fact date)"
   python="$(fact python)"; nvcc="$(fact nvcc)"
   {
     echo "### GPU round of ${date:-(date not recorded)}: ${gpu:-(GPU not recorded)}"
     echo
-    echo "Driver ${driver:--}, compute capability $(fact compute_cap), Python ${python%% *}, jax ${jax:--}," \
+    local cap python_version="${python%% *}"
+    cap="$(fact compute_cap)"
+    echo "Driver ${driver:--}, compute capability ${cap:--}, Python ${python_version:--}, jax ${jax:--}," \
          "jaxlib ${jaxlib:--}, nvcc ${nvcc:--}; \`$ME\` (logs: round.log)."
     echo
     echo "| step | command | status | seconds | result |"
     echo "|---|---|---|---|---|"
     while IFS=$'\t' read -r step status seconds limit command detail; do
       [[ $step == step ]] && continue   # the header
+      if [[ $status == "not selected" ]]; then unselected+="${unselected:+, }$step"; continue; fi
       [[ $status == "not run (stopped at "* ]] && stopped=${status#not run (stopped at } && stopped=${stopped%)}
       echo "| $step | \`$(md_cell "$command")\` | $(md_cell "$status") | $seconds | $(md_cell "$detail") |"
     done <"$results"
     [[ -z $stopped ]] || printf '\nThe round stopped at %s: the steps after it need it.\n' "$stopped"
+    [[ -z $unselected ]] || printf '\nNot selected in this round: %s.\n' "$unselected"
   } >"$dir/summary.md"
   cat "$dir/summary.md"
 }
@@ -381,7 +392,8 @@ fi
 mkdir -p "$DIR" || exit 2
 rm -f "$DIR/round.log" "$DIR/results.tsv" "$DIR/summary.md" "$DIR/bench.md"
 cd "$ROOT" || exit 2
-export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
+export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1 \
+       PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 # A wait that never completes fails the call after a minute, not the default five (the tests set their own).
 export JAXCOLL_TIMEOUT="${JAXCOLL_TIMEOUT:-60}"
 export REQUIRES_DEFAULT
