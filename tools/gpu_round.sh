@@ -184,7 +184,7 @@ for spec in requires:
         print(f"{name}: {why}; installing the carried {os.path.basename(wheel)}")
         install.append((name, req, wheel))
     else:
-        missing.append(f"{name} ({why}; no wheel for it in {wheels}: run tools/gpu_round_wheels.sh and carry it)")
+        missing.append(f"{name} ({why}, none carried)")
 if install:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                     "--no-cache-dir", "--upgrade", "--target", site, *(w for _, _, w in install)], check=True)
@@ -193,7 +193,8 @@ if install:
         if req is not None and not req.specifier.contains(got.get(norm(name), "0"), prereleases=True):
             missing.append(f"{name} (the carried {os.path.basename(wheel)} does not satisfy {req})")
 if missing:
-    sys.exit("missing: " + "; ".join(missing))
+    sys.exit(f"missing: {'; '.join(missing)}. Bring wheels with tools/gpu_round_wheels.sh NAME==VERSION and "
+             f"carry the folder ({wheels})")
 include = sysconfig.get_paths()["include"]
 headers = "its own Python headers"
 if not os.path.exists(os.path.join(include, "Python.h")):
@@ -258,7 +259,7 @@ step_detail() {  # step_detail STEP STATUS LOG
   esac
   [[ -z $line && $2 != passed ]] && line="$(grep -v '^[[:space:]]*$' "$3" | tail -1)"
   line="$(echo "$line" | sed -e 's/=\{3,\}//g' -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//' | tr '\t' ' ')"
-  echo "${line:0:200}"
+  echo "${line:0:400}"
 }
 
 # ---------------------------------------------------------------------------------------------------------------
