@@ -48,7 +48,7 @@ def import_check() -> None:
     print("a jaxcoll_all_reduce custom call compiled for the CUDA platform")
 
 
-def sanitize(ranks: int, chunk_elements: int) -> None:
+def sanitize(ranks: int, chunk_elements: int, timeout_s: float) -> None:
     from jaxcoll import algorithms, runtime
     from jaxcoll.plan import Collective, encode
 
@@ -66,7 +66,7 @@ def sanitize(ranks: int, chunk_elements: int) -> None:
         xs = [rng.integers(-8, 9, elements).astype(dtype) for _ in range(ranks)]
         want = np.add.reduce(np.stack(xs).astype(np.float64), axis=0).astype(dtype)
         outs, info = runtime.run_words_cuda(encode(plan), xs, xs[0].shape, runtime.REDUCE_OPS["sum"],
-                                            timeout_s=60.0, protocol=protocol, calls=2)
+                                            timeout_s=timeout_s, protocol=protocol, calls=2)
         for r, got in enumerate(outs):
             np.testing.assert_array_equal(got, want, err_msg=f"rank {r}, all_reduce {name} {protocol}")
         print(f"ok: all_reduce {name}, N={ranks}, {np.dtype(dtype).name} x {elements}, 2 calls: {info}")
@@ -79,6 +79,8 @@ def main() -> None:
     s = sub.add_parser("sanitize", help="a bulk and a packet plan, small, against numpy")
     s.add_argument("--ranks", type=int, default=4)
     s.add_argument("--chunk-elements", type=int, default=1001, help="elements per input chunk (odd: scalar tails)")
+    # Under the round's step limit, so a wait that never completes under a sanitizer is reported, not killed.
+    s.add_argument("--timeout", type=float, default=15.0, help="seconds a wait may spin before the call fails")
     args = ap.parse_args()
     if args.check == "import":
         import_check()
@@ -87,7 +89,7 @@ def main() -> None:
             ap.error(f"--ranks must be at least 2, got {args.ranks}")
         if args.chunk_elements < 1:
             ap.error(f"--chunk-elements must be at least 1, got {args.chunk_elements}")
-        sanitize(args.ranks, args.chunk_elements)
+        sanitize(args.ranks, args.chunk_elements, args.timeout)
 
 
 if __name__ == "__main__":
