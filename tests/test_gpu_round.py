@@ -7,6 +7,7 @@ CUDA; what the round runs on the GPU is test_cuda*.py and benchmarks/cuda.py, wh
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -394,3 +396,48 @@ def test_the_checks_program_says_why_it_cannot_run_without_a_gpu(tmp_path):
     done = subprocess.run([sys.executable, str(CHECKS), "sanitize", "--ranks", "1"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--ranks must be at least 2, got 1" in done.stderr
+
+
+def load_checks():
+    spec = importlib.util.spec_from_file_location("gpu_round_checks", CHECKS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_import_checks_custom_call_compiles_and_runs_on_the_cpu(monkeypatch):
+    """The import step's program, on the CPU device where no GPU is: the same lowering and compile it asks of
+    XLA's CUDA platform, and the identity a one-rank all_reduce must be."""
+    import jax
+    from jaxcoll.lowering import custom_call
+    monkeypatch.setattr(custom_call, "lower_single_rank_groups", False)  # the check sets it; restored after
+    lowered, compiled, x = load_checks().one_rank_all_reduce(jax.devices("cpu")[0])
+    assert "jaxcoll_all_reduce" in lowered.as_text()
+    np.testing.assert_array_equal(np.asarray(compiled(x)), np.arange(64, dtype=np.float32))
+
+
+def test_the_sanitizer_cases_match_numpy_on_the_cpu_executor():
+    """The sanitizer step's plans and references, run by the CPU executor (the GPU runs the same words)."""
+    from jaxcoll import runtime
+    checks = load_checks()
+    seen = []
+
+    def run_cpu(words, xs, shape, reduce_op, protocol):
+        seen.append(protocol)
+        return runtime.run_words(words, xs, shape, reduce_op, 30.0), {"executor": "cpu"}
+
+    lines = checks.check_all_reduce(run_cpu, ranks=4, chunk_elements=7)
+    assert len(lines) == len(seen) == 3 and set(seen) == {"bulk", "ll"}
+
+
+def test_the_sanitizer_check_names_the_rank_that_differs():
+    from jaxcoll import runtime
+    checks = load_checks()
+
+    def run_wrong(words, xs, shape, reduce_op, protocol):
+        outs = runtime.run_words(words, xs, shape, reduce_op, 30.0)
+        outs[2] = outs[2] + 1
+        return outs, {}
+
+    with pytest.raises(AssertionError, match="rank 2, all_reduce ring on bulk"):
+        checks.check_all_reduce(run_wrong, ranks=4, chunk_elements=7)
