@@ -238,7 +238,7 @@ step_command() {  # step_command STEP -> the shell command, run from the checkou
     build)
       if [[ -z $ARCH ]]; then echo "echo $(q "$ARCH_ERROR") >&2; exit 1"; return; fi
       include="$(python_include_option)"
-      echo "PYTHON=$py tools/build_inplace.sh -DJAXCOLL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(q "$ARCH")${include:+ $(q "$include")}" ;;
+      echo "PYTHON=$py bash tools/build_inplace.sh -DJAXCOLL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(q "$ARCH")${include:+ $(q "$include")}" ;;
     import) echo "$py tools/gpu_round_checks.py import" ;;
     # --maxfail: a plan that hangs costs test_cuda.py's 30 s timeout per test; three leave the round time to go on.
     harness) echo "$pytest --maxfail=3 tests/test_cuda.py -k 'not never_signalled'" ;;
@@ -250,7 +250,8 @@ step_command() {  # step_command STEP -> the shell command, run from the checkou
   esac
 }
 
-# One line that says how a step went: the pytest tally, the sanitizer's error summary, else the output's last line.
+# One line that says how a step went: the pytest tally, the sanitizer's error summary, a build's first error, else
+# the output's last line.
 step_detail() {  # step_detail STEP STATUS LOG
   local line=""
   case $1 in
@@ -259,7 +260,8 @@ step_detail() {  # step_detail STEP STATUS LOG
     memcheck | racecheck | synccheck) line="$(grep -E 'ERROR SUMMARY' "$3" | tail -1)" ;;
     env) line="$(sed -n 's/^gpu: //p' "$DIR/env.txt" 2>/dev/null | head -1)" ;;
     prereqs) line="$(tail -n 1 "$3")" ;;
-    build) [[ $2 == passed ]] && line="CMAKE_CUDA_ARCHITECTURES=$ARCH" ;;
+    build)  # a compiler's first error says more than ninja's last line
+      if [[ $2 == passed ]]; then line="CMAKE_CUDA_ARCHITECTURES=$ARCH"; else line="$(grep -m1 -iE 'error' "$3")"; fi ;;
     bench) [[ $2 == passed ]] && line="tables in bench.md" ;;
   esac
   [[ -z $line && $2 != passed ]] && line="$(grep -v '^[[:space:]]*$' "$3" | tail -1)"
