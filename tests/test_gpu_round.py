@@ -453,3 +453,24 @@ def test_a_failed_build_reports_its_first_error(tmp_path):
                      env=fake_commands(build=f"cat {build_log}; exit 1"))
     assert done.returncode == 1
     assert results(out)["build"]["detail"] == 'csrc/cuda/kernel.cuh(12): error: identifier "x" is undefined'
+
+
+def test_a_test_step_whose_tests_skip_for_want_of_a_gpu_has_not_passed(tmp_path):
+    """pytest exits 0 when every test skips; on the GPU round a test skipped for want of a GPU did not run."""
+    log = tmp_path / "pytest.log"
+    log.write_text("sss.s\n"
+                   "SKIPPED [8] tests/test_cuda.py:152: no usable CUDA device: cudaErrorNoDevice: no CUDA-capable device\n"
+                   "SKIPPED [3] tests/test_cuda.py:98: jaxcoll was built without the CUDA executor\n"
+                   "SKIPPED [1] tests/test_cuda.py:201: custom is a custom collective with no numpy reference here\n"
+                   "1 passed, 12 skipped in 0.5s\n")
+    other = tmp_path / "other.log"
+    other.write_text("SKIPPED [1] tests/test_cuda.py:201: custom is a custom collective with no numpy reference here\n"
+                     "40 passed, 1 skipped in 9.0s\n")
+    out = tmp_path / "round"
+    done = run_round("--out", out, "--only", "harness,jax", tmp_path=tmp_path,
+                     env=fake_commands(harness=f"cat {log}", jax=f"cat {other}"))
+    assert done.returncode == 1
+    rows = results(out)
+    assert rows["harness"]["status"] == "FAILED (11 skipped for want of a GPU)"
+    assert rows["harness"]["detail"] == "1 passed, 12 skipped in 0.5s"
+    assert rows["jax"]["status"] == "passed"

@@ -269,6 +269,12 @@ step_detail() {  # step_detail STEP STATUS LOG
   echo "${line:0:400}"
 }
 
+# Tests that pytest skipped with test_cuda*.py's no-GPU reasons (its -rs lines: "SKIPPED [n] file:line: reason").
+no_gpu_skips() {  # no_gpu_skips LOG -> a count
+  grep -E '^SKIPPED \[[0-9]+\].*(without the CUDA executor|no usable CUDA device|no CUDA backend)' "$1" |
+    sed -E 's/^SKIPPED \[([0-9]+)\].*/\1/' | awk '{ n += $1 } END { print n + 0 }'
+}
+
 # ---------------------------------------------------------------------------------------------------------------
 # The summary
 # ---------------------------------------------------------------------------------------------------------------
@@ -451,6 +457,9 @@ for step in "${STEPS[@]}"; do
     124 | 137) status="TIMED OUT after $limit s" ;;
     *) status="FAILED (exit $rc)" ;;
   esac
+  # On the GPU machine a test that skips for want of a GPU did not run: the step has not passed.
+  no_gpu=$(no_gpu_skips "$step_log")
+  [[ $status == passed && $no_gpu -gt 0 ]] && status="FAILED ($no_gpu skipped for want of a GPU)"
   # A huge log (an error repeated per element) keeps its head and tail.
   if (($(wc -l <"$step_log") > 3000)); then
     { head -n 1000 "$step_log"; echo "[... $(($(wc -l <"$step_log") - 3000)) lines left out ...]"; tail -n 2000 "$step_log"; } >>"$DIR/round.log"
