@@ -387,8 +387,8 @@ fi
 
 # Wheels installed by prereqs go to SITE, ahead of the machine's packages only where prereqs put them there.
 SITE="${TMPDIR:-/tmp}/gpu-round-site"
-WHEELS="$(cd "$ROOT" && realpath -m "$WHEELS")"
-DIR="$(cd "$ROOT" && realpath -m "$DIR")"
+WHEELS="$(realpath -m -- "$WHEELS")"   # relative to where the script was called from
+DIR="$(realpath -m -- "$DIR")"
 
 if [[ $DRY == 1 ]]; then
   echo "GPU round (dry run): results in $DIR; python $PY; wheels $WHEELS; total $TOTAL s"
