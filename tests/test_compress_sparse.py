@@ -157,3 +157,20 @@ def test_adasum_needs_a_power_of_two_group():
     with pytest.raises(ValueError, match="has 6 ranks; .* power of two"):
         jax.jit(jax.shard_map(lambda v: jaxcoll.adasum(v, "i"), mesh=m, in_specs=P("i"), out_specs=P("i"))).trace(
             jax.device_put(jnp.ones((6, 4)), jax.sharding.NamedSharding(m, P("i"))))
+
+
+def test_topk_and_adasum_under_vmap_and_scan_match_a_loop():
+    x = np.random.default_rng(5).standard_normal((8, 3, 200)).astype(np.float32)
+
+    def body(v):
+        rows = v[0]
+        topk = lambda r: topk_all_reduce(r, "i", k=10)[0]  # noqa: E731
+        ada = lambda r: jaxcoll.adasum(r, "i")  # noqa: E731
+        out = []
+        for fn in (topk, ada):
+            looped = jnp.stack([fn(rows[j]) for j in range(3)])
+            out += [jax.vmap(fn)(rows) - looped, lax.scan(lambda c, r: (c, fn(r)), 0, rows)[1] - looped]
+        return jnp.stack(out)[None]
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh("1d8"), in_specs=P("i"), out_specs=P("i")))
+    assert np.all(np.asarray(f(put(x, "1d8"))) == 0)
