@@ -1,16 +1,16 @@
 """Sparse all-reduce of the largest gradient entries, after Ok-Topk (Li and Hoefler, PPoPP 2022): select by
 threshold, a balanced sparse reduce-scatter, a sparse all-gather of the result, error feedback; O(k) traffic.
 
-Each rank's flat vector of L elements is cut into k' groups of g = ceil(L/k) consecutive elements (k' = k
-rounded up to a multiple of the group size N). In every group a rank selects its entry of largest magnitude (on a
-tie the larger value, then the first), if that magnitude reaches `threshold` (Ok-Topk selects by threshold rather than by sorting; here each group's
-largest magnitude is its local threshold, so every rank selects at most one entry per group and the count is
-fixed). The slots, an (index in group, value) pair per group, have a fixed place, which makes the exchange
-balanced by construction: rank p owns the groups of region p (k'/N consecutive groups) and receives exactly
-k'/N slots from every rank (jaxcoll all_to_all), sums them per element in float32 in rank order, selects again
-the entry of largest magnitude per group, and every rank gathers the owners' selections (jaxcoll all_gather).
-Traffic per rank: 8 bytes a slot, 2 (N-1)/N 8k' bytes in all, against 2 (N-1)/N 4L for the dense float32
-all-reduce: L/(4k) times less (25x at k = L/100).
+Each rank's flat vector of L elements is cut into k' groups of g = ceil(L/k) consecutive elements (k' =
+ceil(L/g), at most k, rounded up to a multiple of the group size N). In every group a rank selects its entry of
+largest magnitude (on a tie the larger value, then the first) if that magnitude reaches `threshold`: Ok-Topk
+selects by threshold rather than by sorting, and here each group's largest magnitude is its local threshold, so
+every rank selects at most one entry per group and the count is fixed. The slots, an (index in group, value)
+pair per group, have fixed places, which makes the exchange balanced by construction: rank p owns the groups of
+region p (k'/N consecutive groups) and receives exactly k'/N slots from every rank (jaxcoll all_to_all), sums
+them per element in float32 in rank order, selects again the entry of largest magnitude per group, and every
+rank gathers the owners' selections (jaxcoll all_gather). Traffic per rank: 8 bytes a slot, 2 (N-1)/N 8k'
+bytes in all, against 2 (N-1)/N 4L for the dense float32 all-reduce: L/(2k) times less (50x at k = L/100).
 
 The result is exactly the dense all-reduce of the entries each rank *sent and kept*: rank r's entry of a group
 counts when the owner's second selection kept its index. Those entries leave rank r's `residual`
