@@ -3,8 +3,9 @@ and how far the decoded value may be from the original.
 
 A format encodes the last axis of an array. The block formats (`Int8`, `Fp8`) cut it into blocks of
 `block_size` consecutive elements and keep one float32 scale per block; `Bf16` rounds each element on its own.
-On the wire an encoded vector is one row of bytes, the codes followed by the scales (`pack`/`unpack`), so one
-collective moves both.
+On the wire the codes travel in a dtype the runtime moves (`to_wire`: fp8 codes as their bytes) and the scales
+as float32, side by side in one pytree (a concatenation into one row of bytes cost a copy pass as long as the
+encoding itself).
 
 Per-element error bounds (x an element, x' its decoded value, a the largest |x| of its block, s the block's
 scale, every input finite):
@@ -55,14 +56,19 @@ class Format:
         """float32 values of (codes, scales)."""
         raise NotImplementedError
 
-    def pack(self, x):
-        """`x` (float32, last axis a multiple of block_size) as one row of uint8 per vector of the last axis."""
+    def to_wire(self, x):
+        """`x` (float32, last axis a multiple of block_size) encoded as arrays of dtypes the runtime moves."""
         codes, scales = self.encode(x)
-        return _bytes(codes)
+        if np.dtype(codes.dtype).itemsize == 1 and codes.dtype != jnp.int8:
+            codes = lax.bitcast_convert_type(codes, jnp.uint8)
+        return codes, scales
 
-    def unpack(self, wire, n: int):
-        """The float32 vector(s) of `n` elements that `wire` (rows made by `pack`) holds."""
-        return self.decode(_from_bytes(wire, self.code_dtype()), None)
+    def from_wire(self, wire):
+        """float32 values of what `to_wire` made (moved by a collective in between)."""
+        codes, scales = wire
+        if codes.dtype != self.code_dtype():
+            codes = lax.bitcast_convert_type(codes, self.code_dtype())
+        return self.decode(codes, scales)
 
     def code_dtype(self):
         raise NotImplementedError
@@ -129,15 +135,6 @@ class _Blocked(Format):
         blocks = codes.reshape(*codes.shape[:-1], -1, self.block_size).astype(jnp.float32)
         return (blocks * scales[..., None]).reshape(codes.shape[:-1] + (-1,))
 
-    def pack(self, x):
-        codes, scales = self.encode(x)
-        return jnp.concatenate([_bytes(codes), _bytes(scales)], axis=-1)
-
-    def unpack(self, wire, n: int):
-        codes = _from_bytes(wire[..., :n], self.code_dtype())
-        scales = _from_bytes(wire[..., n:], jnp.float32)
-        return self.decode(codes, scales)
-
 
 @dataclasses.dataclass(frozen=True)
 class Int8(_Blocked):
@@ -169,19 +166,6 @@ class Fp8(_Blocked):
 
 
 FORMATS = {"bf16": Bf16, "fp8": Fp8, "int8": Int8}
-
-
-def _bytes(x):
-    """x's elements as bytes: (..., n) -> (..., n * itemsize) uint8."""
-    b = lax.bitcast_convert_type(x, jnp.uint8)
-    return b if b.ndim == x.ndim else b.reshape(*x.shape[:-1], -1)
-
-
-def _from_bytes(b, dtype):
-    size = np.dtype(dtype).itemsize
-    if size == 1:
-        return lax.bitcast_convert_type(b, dtype)
-    return lax.bitcast_convert_type(b.reshape(*b.shape[:-1], -1, size), dtype)
 
 
 def parse(api_name: str, compression) -> Format:
