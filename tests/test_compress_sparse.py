@@ -13,24 +13,36 @@ from jaxcoll.compress.sparse import Layout
 from sharded import mesh, per_rank, put, sharded
 
 
+def numpy_select(rows, threshold=None):
+    """Per row: the first entry of largest magnitude, magnitudes compared as their float32 bits floored at
+    2^-126 with the low b mantissa bits dropped (b = bits for the positions of a row); its index and value."""
+    g = rows.shape[-1]
+    bits = max(1, (g - 1).bit_length())
+    magnitude = np.maximum(np.abs(rows).view(np.int32), 0x00800000) & ~((1 << bits) - 1)
+    index = np.argmax(magnitude, axis=-1)  # the first of the largest
+    value = np.take_along_axis(rows, index[..., None], -1)[..., 0]
+    if threshold is not None:
+        index = np.where(np.abs(value) >= threshold, index, g)
+        value = np.where(index < g, value, 0).astype(np.float32)
+    return index, value
+
+
 def numpy_topk(x, k, threshold=None):
     """Reference of the sparse all-reduce on x (N, L): (result, residuals), from the module's description:
-    per group of ceil(L/k) elements each rank selects its first largest magnitude (if >= threshold), the owner
-    sums the selections and keeps the first largest magnitude of the sum; kept entries leave the residuals."""
+    per group of ceil(L/k) elements each rank selects an entry (numpy_select), the owner sums the selections in
+    rank order in float32 and selects again; kept entries leave the residuals."""
     n, length = x.shape
     lay = Layout.of(length, k, n)
     g = lay.size
     blocks = np.zeros((n, lay.groups * g), np.float32)
     blocks[:, :length] = x
     blocks = blocks.reshape(n, lay.groups, g)
-    index = np.argmax(np.abs(blocks), axis=2)  # numpy's argmax: the first largest
-    if threshold is not None:
-        index = np.where(np.abs(np.take_along_axis(blocks, index[..., None], 2)[..., 0]) >= threshold, index, g)
+    index = np.stack([numpy_select(blocks[r], threshold)[0] for r in range(n)])
     dense = np.zeros((lay.groups, g), np.float32)
-    for r in range(n):  # in rank order, in float32
+    for r in range(n):
         rows = np.nonzero(index[r] < g)[0]
         dense[rows, index[r, rows]] += blocks[r, rows, index[r, rows]]
-    kept = np.argmax(np.abs(dense), axis=1)
+    kept, _ = numpy_select(dense)
     result = np.zeros_like(dense)
     result[np.arange(lay.groups), kept] = dense[np.arange(lay.groups), kept]
     residual = blocks.copy()
@@ -76,6 +88,24 @@ def test_threshold_keeps_small_entries_home():
     assert np.count_nonzero(result[0]) == 1 and result[0, 17] == 5.0
     np.testing.assert_array_equal(np.delete(residual.reshape(-1), 3 * 800 + 17), np.delete(x.reshape(-1),
                                                                                             3 * 800 + 17))
+
+
+def test_equal_magnitudes_go_to_the_first_and_non_finite_entries_are_sent():
+    x = np.zeros((8, 64), np.float32)
+    x[:, 5] = 3.0
+    x[:, 9] = -3.0  # the same magnitude: the first wins
+    x[4, 10] = -np.inf  # group 0 (k=2: groups of 32)
+    x[2, 40] = np.nan  # group 1
+    x[6, :] = 0  # all zero: position 0, value 0
+    result, residual = run_topk(x, "1d8", "i", k=2)
+    assert result[0, 10] == -np.inf and np.isnan(result[0, 40])
+    assert residual[4, 10] == 0 and residual[2, 40] == 0
+    assert np.all(residual[:, 5][[0, 1, 2, 3, 5, 7]] == 3.0)  # group 0 kept the inf, not the 3s
+    clean = x.copy()
+    clean[4, 10] = clean[2, 40] = 0
+    result, residual = run_topk(clean, "1d8", "i", k=2)
+    np.testing.assert_array_equal(result[0], numpy_topk(clean, 2)[0])
+    assert result[0, 5] == 21.0 and result[0, 9] == 0  # every rank but 6 sent its first 3.0
 
 
 def test_traffic_is_order_k():

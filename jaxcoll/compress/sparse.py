@@ -3,7 +3,8 @@ threshold, a balanced sparse reduce-scatter, a sparse all-gather of the result, 
 
 Each rank's flat vector of L elements is cut into k' groups of g = ceil(L/k) consecutive elements (k' =
 ceil(L/g), at most k, rounded up to a multiple of the group size N). In every group a rank selects its entry of
-largest magnitude (on a tie the larger value, then the first) if that magnitude reaches `threshold`: Ok-Topk
+largest magnitude (compared to 23 - log2(g) mantissa bits, the first of equals: `_select`) if that magnitude
+reaches `threshold`: Ok-Topk
 selects by threshold rather than by sorting, and here each group's largest magnitude is its local threshold, so
 every rank selects at most one entry per group and the count is fixed. The slots, an (index in group, value)
 pair per group, have fixed places, which makes the exchange balanced by construction: rank p owns the groups of
@@ -83,19 +84,35 @@ class Layout:
         return 2 * 8 * self.groups * (self.nranks - 1) // self.nranks
 
 
+def position_bits(g: int) -> int:
+    """Bits a selection key gives the position in a group of g elements."""
+    return max(1, (g - 1).bit_length())
+
+
 def _select(blocks, threshold):
-    """Per row of `blocks` (G, g): the index of its largest magnitude (the first, on a tie of magnitude the
-    larger value; g where it does not reach threshold) and the value there (0 where none)."""
+    """Per row of `blocks` (G, g): the index of its selected entry (g where its magnitude is below threshold)
+    and the value there (0 where none).
+
+    The selected entry has the largest *key*: the float32 bits of |x|, raised to at least 2^-126, with the low
+    b = position_bits(g) mantissa bits replaced by (2^b - 1 - position). So magnitudes compare to 23 - b mantissa
+    bits (16 at 1%, where g is about 100), the first of equals wins, and one float max per row finds both the
+    entry and its position: 4.5x faster here than a max, a min and a where-max (5.5 against 25 ms of CPU for 4M
+    elements; argmax and int reductions are slower still on XLA:CPU). A NaN or inf key is itself NaN, which the
+    max propagates: such an entry is selected, so the sum shows it.
+    """
     g = blocks.shape[-1]
-    # Float row reductions, which XLA:CPU vectorizes: max, min, and a max over positions counted down from g
-    # as float32 (exact below 2^24). lax.argmax (a variadic reduction) and int reductions ran 4-10x slower here.
-    largest, smallest = jnp.max(blocks, axis=-1), jnp.min(blocks, axis=-1)
-    value = jnp.where(largest >= -smallest, largest, smallest)
-    countdown = g - lax.broadcasted_iota(jnp.float32, blocks.shape, blocks.ndim - 1)
-    index = g - jnp.max(jnp.where(blocks == value[..., None], countdown, np.float32(0)), axis=-1).astype(jnp.int32)
+    bits = position_bits(g)
+    mask = (1 << bits) - 1
+    magnitude = lax.bitcast_convert_type(jnp.abs(blocks), jnp.int32)
+    position = lax.broadcasted_iota(jnp.int32, blocks.shape, blocks.ndim - 1)
+    key = (jnp.maximum(magnitude, 0x00800000) & ~mask) | (mask - position)
+    top = lax.bitcast_convert_type(jnp.max(lax.bitcast_convert_type(key, jnp.float32), axis=-1), jnp.int32)
+    index = mask - (top & mask)
+    value = jnp.take_along_axis(blocks, index[..., None], axis=-1)[..., 0]
     if threshold is not None:
         index = jnp.where(jnp.abs(value) >= np.float32(threshold), index, g)
-    return index, jnp.where(index < g, value, np.float32(0))
+        value = jnp.where(index < g, value, np.float32(0))
+    return index, value
 
 
 def _slots_to_wire(index, value):
