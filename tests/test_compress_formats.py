@@ -3,6 +3,7 @@ per-element error bound stated in jaxcoll/compress/formats.py, on adversarial in
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -113,3 +114,18 @@ def test_quantize_errors_name_the_argument():
         quantize(jnp.ones(256), "int4")
     with pytest.raises(ValueError, match="block_size=256 .* does not divide the 100 elements"):
         quantize(jnp.ones(100), "int8")
+
+
+def test_fp8_codes_are_e4m3_bits_rounded_to_nearest_even():
+    # Every e4m3 value, the midpoints between neighbours (ties go to the even code) and points beside them.
+    values = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    finite = np.unique(values[np.isfinite(values)])
+    mids = (finite[:-1] + finite[1:]) / 2
+    y = np.concatenate([finite, mids, np.nextafter(mids, 0), np.nextafter(mids, np.inf), [-0.0, 1e-30]])
+    y = y[np.abs(y) <= 448].astype(np.float32)
+    fmt = Fp8(BLOCK)
+    codes = np.asarray(jax.jit(fmt.round)(jnp.asarray(y)))
+    np.testing.assert_array_equal(codes, y.astype(ml_dtypes.float8_e4m3fn).view(np.uint8))
+    back = np.asarray(jax.jit(fmt.values)(jnp.arange(256, dtype=jnp.uint8)))
+    both = np.isfinite(values)
+    np.testing.assert_array_equal(back[both], values[both])

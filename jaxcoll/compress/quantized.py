@@ -39,7 +39,7 @@ def _exact_derivative(compressed, exact, x):
 
 def _exchange_and_reduce(fmt: Format, axes: tuple, rows):
     """Hop 1: rows (N, per) float32 on each rank; returns this rank's float32 sum of row r over the ranks."""
-    decoded = fmt.from_wire(all_to_all(fmt.to_wire(rows), axes, 0, 0, tiled=True))
+    decoded = fmt.decode(*all_to_all(fmt.encode(rows), axes, 0, 0, tiled=True))
     # Row by row, in rank order: XLA:CPU runs a sum over the leading axis as a strided reduction, 50x slower
     # here than these adds, which fuse into one loop (4M elements a rank).
     part = decoded[0]
@@ -51,8 +51,8 @@ def _exchange_and_reduce(fmt: Format, axes: tuple, rows):
 def _gather(fmt: Format, axes: tuple, part, *, invariant: bool):
     """Hop 2: every rank's `part` (per,) encoded once, gathered, decoded: (N, per) float32."""
     wire = [all_gather_prim.bind(w[None], axes=axes, all_gather_dimension=0, tiled=True, algorithm="auto",
-                                 invariant=invariant) for w in fmt.to_wire(part)]
-    return fmt.from_wire(wire)
+                                 invariant=invariant) for w in fmt.encode(part)]
+    return fmt.decode(*wire)
 
 
 def all_reduce(x, axes: tuple, fmt: Format, algorithm="auto"):
