@@ -77,6 +77,54 @@ def measure(sizes, reps: int, warmup: int):
     return rows
 
 
+def profile(size: int, reps: int = 9):
+    """CPU milliseconds of each local stage of one rank's compressed all_reduce at `size` bytes per rank (one
+    device, no communication; process time, which counts every thread and is steadier than wall time on a
+    shared machine), next to one pass over the same float32 data."""
+    import jax.numpy as jnp
+
+    from jaxcoll.compress import sparse
+
+    def cpu_ms(f, *args):
+        f = jax.jit(f)
+        jax.block_until_ready(f(*args))
+        ts = []
+        for _ in range(reps):
+            t0 = time.process_time()
+            jax.block_until_ready(f(*args))
+            ts.append(time.process_time() - t0)
+        return float(np.median(ts)) * 1e3
+
+    n, e = 8, size // 4
+    per = e // n
+    x = jnp.asarray(np.random.default_rng(0).standard_normal(e).astype(np.float32))
+    rows = {"one pass over x (x + 1)": cpu_ms(lambda v: v + 1, x)}
+    for name in ("int8", "fp8"):
+        fmt = formats.parse("benchmark", name)
+        wire = fmt.encode(x.reshape(n, per))
+        gathered = jax.tree.map(lambda a: jnp.broadcast_to(a[:1], a.shape), wire)
+
+        def reduce_rows(w, fmt=fmt):
+            d = fmt.decode(*w)
+            part = d[0]
+            for p in range(1, n):
+                part = part + d[p]
+            return part
+
+        rows[f"{name}: encode x (hop 1)"] = cpu_ms(lambda v, fmt=fmt: fmt.encode(v.reshape(n, per)), x)
+        rows[f"{name}: decode N chunks and sum"] = cpu_ms(reduce_rows, wire)
+        rows[f"{name}: encode the sum (hop 2)"] = cpu_ms(lambda v, fmt=fmt: fmt.encode(v), x[:per])
+        rows[f"{name}: decode the gathered sums"] = cpu_ms(lambda w, fmt=fmt: fmt.decode(*w).reshape(-1), gathered)
+    lay = Layout.of(e, max(1, round(0.01 * e)), n)
+    g, groups = lay.size, lay.groups
+    blocks = lambda v: jnp.pad(v, (0, groups * g - v.size)).reshape(groups, g)  # noqa: E731
+    rows["top-k: select per group"] = cpu_ms(lambda v: sparse._select(blocks(v), None), x)
+    index, value = sparse._select(blocks(x), None)
+    rows["top-k: write the dense result"] = cpu_ms(lambda i, v: sparse._scatter(i, v, g).reshape(-1)[:e], index,
+                                                   value)
+    return rows
+
+
 def simulate(sizes, boxes_list=(1, 2, 4)):
     """Predicted times on DGX H100 boxes: the exact all_reduce plan; the compressed schemes as their two
     collectives on the wire form plus their passes over HBM (encode, decode and sum, re-encode, decode: the
@@ -143,7 +191,13 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--sim-only", action="store_true")
+    parser.add_argument("--profile", default=None, help="a size per rank: print the CPU time of each local stage")
     args = parser.parse_args()
+    if args.profile:
+        print(f"| stage ({args.profile} per rank, one device) | CPU ms |\n|---|---:|")
+        for stage, ms in profile(parse_size(args.profile)).items():
+            print(f"| {stage} | {ms:.2f} |")
+        return
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     rows = [] if args.sim_only else measure(sizes, args.reps, args.warmup)
     text = markdown(rows, simulate(sizes), copy_bandwidth() / 1e9)
