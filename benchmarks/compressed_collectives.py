@@ -116,12 +116,10 @@ def profile(size: int, reps: int = 9):
         rows[f"{name}: encode the sum (hop 2)"] = cpu_ms(lambda v, fmt=fmt: fmt.encode(v), x[:per])
         rows[f"{name}: decode the gathered sums"] = cpu_ms(lambda w, fmt=fmt: fmt.decode(*w).reshape(-1), gathered)
     lay = Layout.of(e, max(1, round(0.01 * e)), n)
-    g, groups = lay.size, lay.groups
-    blocks = lambda v: jnp.pad(v, (0, groups * g - v.size)).reshape(groups, g)  # noqa: E731
-    rows["top-k: select per group"] = cpu_ms(lambda v: sparse._select(blocks(v), None), x)
-    index, value = sparse._select(blocks(x), None)
-    rows["top-k: write the dense result"] = cpu_ms(lambda i, v: sparse._scatter(i, v, g).reshape(-1)[:e], index,
-                                                   value)
+    g = lay.size
+    rows["top-k: select per group"] = cpu_ms(lambda v: [sparse._select(r, None) for r in sparse._grouped(v, lay)], x)
+    index, value = sparse._select(sparse._grouped(x, lay)[0], None)
+    rows["top-k: write the dense result"] = cpu_ms(lambda i, v: sparse._scatter(i, v, g).reshape(-1), index, value)
     return rows
 
 

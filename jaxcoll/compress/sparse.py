@@ -129,11 +129,29 @@ def _scatter(index, value, g: int):
     return jnp.where(iota == index[..., None], value[..., None], np.float32(0))
 
 
+def _grouped(flat, layout: Layout):
+    """The groups of `flat` as (full, rest): the rows of the groups the data fills, reshaped in place, and the
+    other groups' rows, zero-padded. Padding the whole vector instead made the selection 8x slower on XLA:CPU
+    (a pad fused into a reduction: 20 against 2.4 ms of CPU for 4M elements)."""
+    g = layout.size
+    full = flat.size // g
+    rest = jnp.pad(flat[full * g:], (0, (layout.groups - full) * g - (flat.size - full * g)))
+    return flat[:full * g].reshape(full, g), rest.reshape(layout.groups - full, g)
+
+
+def _ungrouped(parts, size: int):
+    """The flat vector of `size` elements that (full, rest) rows hold (the inverse of `_grouped`)."""
+    full, rest = parts
+    return jnp.concatenate([full.reshape(-1), rest.reshape(-1)[:size - full.size]])
+
+
 def _sparse_all_reduce(flat, axes: tuple, layout: Layout, threshold):
     """(result, residual) for one rank's float32 vector `flat`."""
     n, g = layout.nranks, layout.size
-    blocks = jnp.pad(flat, (0, layout.groups * g - flat.size)).reshape(layout.groups, g)
-    index, value = _select(blocks, threshold)
+    parts = _grouped(flat, layout)
+    selected = [_select(rows, threshold) for rows in parts]
+    index = jnp.concatenate([i for i, _ in selected])
+    value = jnp.concatenate([v for _, v in selected])
     region = layout.groups // n
     # Hop 1: the slots of region p go to rank p; the owner sums each group's entries in rank order.
     received = all_to_all(_slots_to_wire(index, value).reshape(2, n, region).transpose(1, 0, 2), axes, 0, 0,
@@ -147,11 +165,16 @@ def _sparse_all_reduce(flat, axes: tuple, layout: Layout, threshold):
     gathered = all_gather_prim.bind(_slots_to_wire(kept_index, kept_value), axes=axes, all_gather_dimension=0,
                                     tiled=False, algorithm="auto", invariant=True)
     final_index, final_value = _wire_to_slots(gathered.transpose(1, 0, 2).reshape(2, layout.groups))
-    result = _scatter(final_index, final_value, g).reshape(-1)[:flat.size]
-    kept = (index == final_index) & (index < g)
-    iota = lax.broadcasted_iota(jnp.int32, blocks.shape, 1)
-    residual = jnp.where(kept[:, None] & (iota == index[:, None]), np.float32(0), blocks)
-    return result, residual.reshape(-1)[:flat.size]
+    full = parts[0].shape[0]
+    result = _ungrouped((_scatter(final_index[:full], final_value[:full], g),
+                         _scatter(final_index[full:], final_value[full:], g)), flat.size)
+    # This rank's entry of a group left with the sum where the owner kept its index.
+    sent = (index == final_index) & (index < g)
+    residual = []
+    for rows, lo, hi in ((parts[0], 0, full), (parts[1], full, layout.groups)):
+        iota = lax.broadcasted_iota(jnp.int32, rows.shape, 1)
+        residual.append(jnp.where(sent[lo:hi, None] & (iota == index[lo:hi, None]), np.float32(0), rows))
+    return result, _ungrouped(residual, flat.size)
 
 
 def check(api_name: str, topk: TopK, x) -> int:
