@@ -11,8 +11,8 @@ the same ones (without the data axis: ZeRO-1 parameters are replicated over it).
 
 Under `jax.jit` with shardings `jax.grad` returns gradients already summed over the data axis, so the op takes
 the device's shard of them (`grads_summed=True`), updates it and rebuilds the parameters with one jaxcoll
-all-gather. The reduce-scatter half of the fusion needs gradients left unsummed, which jit's sharding types do
-not express in the JAX versions supported (docs/fused.md).
+all-gather. The reduce-scatter half of the fusion needs gradients left unsummed, which a custom_partitioning
+rule is not shown (it sees how values are split, not that they are partial sums; docs/fused.md).
 """
 
 from __future__ import annotations
