@@ -44,8 +44,8 @@ def test_flax_lm_with_lax_collectives_learns(ex, lax_losses):
 def test_flax_lm_under_jit_on_jaxcoll_nn_ops_matches_the_lax_loss_curve(ex, lax_losses):
     losses, _ = ex.train(ex.Config(), "jit", STEPS)
     # Different summation orders (reduce-scatter + all-gather in dense_norm, XLA's partitioned cross-entropy)
-    # only: the curves agree to float32 rounding, amplified a little by AdamW over the steps.
-    np.testing.assert_allclose(losses, lax_losses, rtol=1e-4)
+    # only: the curves agree to float32 rounding (measured: 2.7e-7 relative at most over 300 steps).
+    np.testing.assert_allclose(losses, lax_losses, rtol=1e-5)
     assert_learns(losses, ex.Config())
 
 
