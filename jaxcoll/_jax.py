@@ -80,6 +80,14 @@ def invariant_over(aval, axes):
         varying=frozenset(a for a in aval.mat.varying if a not in axes)))
 
 
+def varying_over(aval, axes):
+    """`aval` typed varying over `axes` as well: the result type of a pvary (lax's pvary abstract eval does the
+    same, and places the result on the current abstract mesh). No public API."""
+    from jax.sharding import get_abstract_mesh
+    return aval.update(sharding=aval.sharding.update(mesh=get_abstract_mesh()),
+                       manual_axis_type=aval.mat.update(varying=aval.mat.varying | frozenset(axes)))
+
+
 # -- Primitives and their rules ---------------------------------------------------------------------------------
 # jaxcoll's primitives are built from jax.extend.core.Primitive and registered through the public modules
 # jax.interpreters.{ad, batching, mlir}; these are the pieces of the rules that JAX does not export.
