@@ -134,8 +134,14 @@ def axis_index_hlo(ctx, axis_name):
     """This device's index along mesh axis `axis_name`, as an s32 value of the lowered program. What
     jax.lax.axis_index lowers to; no public API emits it inside another primitive's lowering rule (a rule could
     call mlir.lower_fun(lax.axis_index), at the cost of a nested function per call)."""
+    import numpy as np
+    from jax._src import core
     from jax._src.lax import parallel
-    return parallel._build_axis_index_lowering_hlo(ctx, axis_name, ctx.module_context.axis_context)
+    # Inside a shard_map that leaves some mesh axes automatic, the rule lowers lax.axis_index as a function of
+    # the rule context's operands (mlir.lower_fun): axis_index has none, the collective calling it does. Give it
+    # the context of an axis_index (no operands, one s32 result). Checked on jax 0.10.2.
+    index_ctx = ctx.replace(avals_in=(), avals_out=(core.ShapedArray((), np.dtype(np.int32)),))
+    return parallel._build_axis_index_lowering_hlo(index_ctx, axis_name, ctx.module_context.axis_context)
 
 
 def custom_call(*args, **kwargs):
