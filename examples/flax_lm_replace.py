@@ -270,14 +270,15 @@ def jit_step(cfg: Config, mesh, graphdef, params):
 
 
 def train(cfg: Config, style: str, steps: int, mesh=None, seed: int = 0):
-    """Losses per step and the median step time (after the first) of one style; also the compiled step's text
-    for inspection: (losses, seconds, step, args)."""
+    """One style's losses per step, median step time (after the first) and, for "replace", the transform's
+    report: (losses, seconds, report or None)."""
     mesh = make_mesh() if mesh is None else mesh
     graphdef, params = init_model(cfg, mesh, seed)
+    transformed = None
     if style == "jit":
         step, opt_state = jit_step(cfg, mesh, graphdef, params)
     else:
-        step, opt_state, _ = shard_map_step(cfg, mesh, graphdef, params, replace=style == "replace")
+        step, opt_state, transformed = shard_map_step(cfg, mesh, graphdef, params, replace=style == "replace")
     corpus = markov_corpus(cfg, 20_000, seed)
     data = NamedSharding(mesh, P(DP))
     losses, times = [], []
@@ -287,7 +288,8 @@ def train(cfg: Config, style: str, steps: int, mesh=None, seed: int = 0):
         params, opt_state, loss = step(params, opt_state, tokens, targets)
         losses.append(float(loss))
         times.append(time.perf_counter() - t0)
-    return np.array(losses), (float(np.median(times[1:])) if steps > 1 else float("nan"))
+    report = transformed.report if style == "replace" else None  # set when the step is traced
+    return np.array(losses), (float(np.median(times[1:])) if steps > 1 else float("nan")), report
 
 
 def plot(curves: dict, path: str, title: str):
@@ -331,6 +333,13 @@ def main(argv=None):
           f"{int(np.sum(curves['replace'] == curves['lax']))}/{args.steps})")
     print(f"jit vs lax: max relative difference {d_jit.max():.3e}")
     print("step time (median after the first): " + ", ".join(f"{s} {r[1] * 1e3:.1f} ms" for s, r in results.items()))
+    report = results["replace"][2]
+    kinds = {}
+    for e in report.entries:
+        kinds.setdefault(e.collective, [0, 0])[0 if e.replaced else 1] += 1
+    print(f"replace_collectives: {len(report.replaced)} collective sites on jaxcoll, {len(report.left_to_xla)} left "
+          "to XLA (" + ", ".join(f"{k} {v[0]}" + (f"+{v[1]} XLA" if v[1] else "") for k, v in sorted(kinds.items()))
+          + "; print(step.report) for the table)")
     if args.plot:
         plot({"jax.lax collectives (shard_map)": curves["lax"],
               "jaxcoll.replace_collectives (same program)": curves["replace"],

@@ -1,6 +1,7 @@
 """A real client: the flax NNX transformer LM of examples/flax_lm_replace.py (Megatron TP4 x DP2, optax AdamW)
-trained for a few steps with jax.lax collectives, and the same model under jax.jit with shardings on jaxcoll's
-custom_partitioning ops (jaxcoll.nn.dense, dense_norm, norm, adamw): the loss curves agree and fall."""
+trained for a few steps with jax.lax collectives, the same program through jaxcoll.replace_collectives, and the
+same model under jax.jit with shardings on jaxcoll's custom_partitioning ops (jaxcoll.nn.dense, dense_norm, norm,
+adamw): the loss curves agree and fall, and the compiled steps run their collectives on jaxcoll."""
 
 import collections
 import importlib.util
@@ -32,6 +33,11 @@ def lax_losses(ex):
     return ex.train(ex.Config(), "lax", STEPS)[0]
 
 
+def compiled(step, cfg, params, state):
+    tokens = jnp.zeros((cfg.batch, cfg.seq), jnp.int32)
+    return step.lower(params, state, tokens, tokens).compile().as_text()
+
+
 def assert_learns(losses, cfg):
     assert losses[0] > np.log(cfg.vocab) - 0.5  # starts near chance
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0  # and learns the chain's successors
@@ -41,8 +47,28 @@ def test_flax_lm_with_lax_collectives_learns(ex, lax_losses):
     assert_learns(lax_losses, ex.Config())
 
 
+def test_flax_lm_through_replace_collectives_has_the_lax_loss_curve(ex, lax_losses):
+    losses, _, report = ex.train(ex.Config(), "replace", STEPS)
+    # jaxcoll's all-reduce of 4 (tp) and 2 (dp) ranks adds in XLA:CPU's order here: bitwise equal
+    np.testing.assert_array_equal(losses, lax_losses)
+    assert report.replaced and not report.left_to_xla
+    assert {e.collective for e in report.replaced} >= {"psum", "pmax", "pvary"}
+
+
+def test_flax_lm_through_replace_collectives_compiles_to_no_xla_collective(ex):
+    cfg = ex.Config()
+    mesh = ex.make_mesh()
+    graphdef, params = ex.init_model(cfg, mesh)
+    step, state, _ = ex.shard_map_step(cfg, mesh, graphdef, params, replace=True)
+    hlo = compiled(step, cfg, params, state)
+    assert "jaxcoll_all_reduce" in hlo
+    assert not XLA_COLLECTIVE.findall(hlo)
+    untransformed, state, _ = ex.shard_map_step(cfg, mesh, graphdef, params, replace=False)
+    assert XLA_COLLECTIVE.findall(compiled(untransformed, cfg, params, state))  # what there was to replace
+
+
 def test_flax_lm_under_jit_on_jaxcoll_nn_ops_matches_the_lax_loss_curve(ex, lax_losses):
-    losses, _ = ex.train(ex.Config(), "jit", STEPS)
+    losses, _, _ = ex.train(ex.Config(), "jit", STEPS)
     # Different summation orders (reduce-scatter + all-gather in dense_norm, XLA's partitioned cross-entropy)
     # only: the curves agree to float32 rounding (measured: 2.7e-7 relative at most over 300 steps).
     np.testing.assert_allclose(losses, lax_losses, rtol=1e-5)
@@ -54,8 +80,7 @@ def test_flax_lm_jit_step_runs_its_layers_and_optimizer_on_jaxcoll(ex):
     mesh = ex.make_mesh()
     graphdef, params = ex.init_model(cfg, mesh)
     step, state = ex.jit_step(cfg, mesh, graphdef, params)
-    tokens = jnp.zeros((cfg.batch, cfg.seq), jnp.int32)
-    hlo = step.lower(params, state, tokens, tokens).compile().as_text()
+    hlo = compiled(step, cfg, params, state)
     calls = collections.Counter(re.findall(r'custom_call_target="(jaxcoll_\w+)"', hlo))
     # every row-parallel layer is dense_norm's fused reduce-scatter, norm, all-gather (2 per block); the
     # optimizer adds one all-gather; the backward pass sums its weight gradients with jaxcoll's all-reduce
