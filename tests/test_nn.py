@@ -136,6 +136,20 @@ def test_dense_norm_runs_the_fused_reduce_scatter_norm_all_gather_and_no_xla_col
     assert not xla_collectives(hlo)
 
 
+def test_dense_norm_whose_rows_do_not_split_over_the_group_all_reduces_then_norms(mesh):
+    # 3 rows per device cannot be reduce-scattered over 4 ranks: matmul_all_reduce, then the norm of every row
+    rng = np.random.default_rng(4)
+    s = lambda *spec: NamedSharding(mesh, P(*spec))
+    x = jax.device_put(rng.normal(size=(2, 3, 32)).astype(np.float32), s("data", None, "model"))
+    w = jax.device_put(rng.normal(size=(32, 8)).astype(np.float32) / 5, s("model", None))
+    scale = jnp.asarray(rng.normal(size=8).astype(np.float32))
+    ours = jax.jit(lambda x, w, s: nn.dense_norm(x, w, s))
+    np.testing.assert_allclose(ours(x, w, scale), norm_reference(x @ w, scale, None, "rmsnorm"), rtol=1e-5,
+                               atol=1e-5)
+    hlo = ours.lower(x, w, scale).compile().as_text()
+    assert jaxcoll_calls(hlo) == ["jaxcoll_all_reduce"] and not xla_collectives(hlo)
+
+
 def test_norm_on_sequence_sharded_rows_equals_reference_and_sums_vector_grads_on_jaxcoll(mesh):
     rng = np.random.default_rng(2)
     s = lambda *spec: NamedSharding(mesh, P(*spec))
