@@ -64,7 +64,8 @@ class Session:
         return stack[-1]
 
     def release(self, capture: list) -> None:
-        self._captures.stack.remove(capture)
+        stack = self._captures.stack
+        del stack[next(i for i, c in enumerate(stack) if c is capture)]  # by identity: equal lists are common
 
 
 def is_array(x) -> bool:
