@@ -490,3 +490,19 @@ def test_jaxcoll_collective_inside_a_shard_map_that_leaves_axes_automatic():
     program = lambda f: jax.jit(jax.shard_map(f, mesh=m, in_specs=P("x"), out_specs=P(), axis_names={"x"}))  # noqa
     np.testing.assert_array_equal(program(lambda v: jaxcoll.all_reduce(v, "x"))(x),
                                   program(lambda v: lax.psum(v, "x"))(x))
+
+
+def test_a_collective_jaxcoll_lacks_runs_on_xla_with_a_warning_or_is_refused_when_strict():
+    x = ints((8, 8), "1d8")
+
+    def fn(v):
+        sizes = jnp.ones((8,), jnp.int32)
+        offsets = jnp.arange(8, dtype=jnp.int32)
+        return lax.ragged_all_to_all(v[0], jnp.zeros_like(v[0]), offsets, sizes, offsets, sizes, axis_name="i")[None]
+    transformed = replace_collectives(spmd(fn, "1d8"))
+    with pytest.warns(ReplacementWarning, match="ragged_all_to_all.*left to XLA: primitive='ragged_all_to_all'"):
+        jax.jit(transformed).lower(x)
+    left, = transformed.report.left_to_xla
+    assert left.collective == "ragged_all_to_all" and "no ragged" in left.reason
+    with pytest.raises(ReplacementError, match="ragged_all_to_all.* cannot run on jaxcoll"):
+        jax.jit(replace_collectives(spmd(fn, "1d8"), strict=True)).lower(x)

@@ -105,6 +105,20 @@ RULES = {
 }
 
 
+# jax.lax collectives jaxcoll has no counterpart for: they run on XLA, with a warning (an error when strict).
+UNSUPPORTED = {
+    "ragged_all_to_all": "jaxcoll has no ragged all_to_all",
+    "psend": "jaxcoll has no point-to-point send (psend/precv); ppermute is its exchange",
+    "precv": "jaxcoll has no point-to-point receive (psend/precv); ppermute is its exchange",
+    "all_gather_reduced": "jaxcoll has no all_gather to a reduced (unreduced-typed) value",
+    "unreduced_psum": "jaxcoll has no psum of unreduced-typed values",
+    "unreduced_reduce_scatter": "jaxcoll has no reduce_scatter of unreduced-typed values",
+    **{f"{name}_start": "jaxcoll has no asynchronous (start/done) collectives" for name in (
+        "all_gather", "all_gather_reduced", "psum", "psum_invariant", "unreduced_psum", "reduce_scatter",
+        "unreduced_reduce_scatter", "all_to_all", "pbroadcast", "ppermute")},
+}
+
+
 def label(primitive: str) -> str:
     """The name a report shows for a primitive: the lax collective, or "pvary" for the cast."""
     return "pvary" if primitive == "pvary" else RULES[primitive].collective

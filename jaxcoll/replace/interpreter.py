@@ -134,6 +134,8 @@ def _equation(session: Session, eqn, invals, where: str):
     name = eqn.primitive.name
     if name in collectives.RULES:
         return _collective(session, eqn, invals, where)
+    if name in collectives.UNSUPPORTED:
+        return _unsupported(session, eqn, invals, where)
     if name == "shard_map":
         return _shard_map(session, eqn, invals, where)
     if name in ("custom_jvp_call", "custom_vjp_call"):
@@ -159,19 +161,36 @@ def _collective(session: Session, eqn, invals, where: str):
         collectives.check(rule, eqn.params, invals, algorithm)
     except Unsupported as e:
         call = f"lax.{entry['collective']} ({eqn.primitive.name}) over axis_name={entry['axes']}"
-        where_ = f" in {where}" if where else ""
-        if options.strict:
-            raise ReplacementError(
-                f"replace_collectives(strict=True): {call}{where_} cannot run on jaxcoll: "
-                f"{e.argument}={e.value!r}: {e.reason}") from None
-        warnings.warn(f"replace_collectives: {call}{where_} left to XLA: {e.argument}={e.value!r}: {e.reason}",
-                      ReplacementWarning, stacklevel=2)
-        session.record(Entry(**entry, replaced=False, reason=f"{e.argument}={e.value!r}: {e.reason}"))
-        return _bind(eqn, invals)
+        return _fall_back(session, eqn, invals, entry, call, f"{e.argument}={e.value!r}: {e.reason}")
     session.record(Entry(**entry, replaced=True, jaxcoll=rule.jaxcoll,
                          algorithm=algorithm if isinstance(algorithm, str) else (algorithm.name or "plan")))
     outs = [rule.run(x, eqn.params, algorithm) for x in invals]
     return outs if eqn.primitive.multiple_results else outs[0]
+
+
+def _unsupported(session: Session, eqn, invals, where: str):
+    """A jax.lax collective that jaxcoll has no counterpart for."""
+    aval = invals[0].aval if invals and hasattr(invals[0], "aval") else (jax.typeof(invals[0]) if invals else None)
+    params = eqn.params
+    axes = params.get("axes", params.get("axis_name", ()))
+    entry = dict(collective=eqn.primitive.name, primitive=eqn.primitive.name, where=where,
+                 axes=tuple(axes) if isinstance(axes, (tuple, list)) else (axes,),
+                 shape=tuple(aval.shape) if aval is not None else (),
+                 dtype=np.dtype(aval.dtype).name if aval is not None else "")
+    call = f"lax {eqn.primitive.name} over axis_name={entry['axes']}"
+    return _fall_back(session, eqn, invals, entry, call,
+                      f"primitive={eqn.primitive.name!r}: {collectives.UNSUPPORTED[eqn.primitive.name]}")
+
+
+def _fall_back(session: Session, eqn, invals, entry: dict, call: str, reason: str):
+    """Run the collective on XLA, with a warning naming it and the reason; ReplacementError when strict."""
+    where = entry["where"]
+    where_ = f" in {where}" if where else ""
+    if session.options.strict:
+        raise ReplacementError(f"replace_collectives(strict=True): {call}{where_} cannot run on jaxcoll: {reason}")
+    warnings.warn(f"replace_collectives: {call}{where_} left to XLA: {reason}", ReplacementWarning, stacklevel=2)
+    session.record(Entry(**entry, replaced=False, reason=reason))
+    return _bind(eqn, invals)
 
 
 # -- shard_map --------------------------------------------------------------------------------------------------
