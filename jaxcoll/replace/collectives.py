@@ -101,7 +101,7 @@ RULES = {
     "all_to_all": Rule("all_to_all", "jaxcoll.all_to_all", _AXIS_NAME, _all_to_all),
     "ppermute": Rule("ppermute", "jaxcoll.ppermute", _AXIS_NAME, _ppermute),
     "pbroadcast": Rule("pbroadcast", "jaxcoll.broadcast", _AXIS_NAME, _pbroadcast),
-    "pvary": Rule("psum", "jaxcoll pvary", _AXES, _pvary),
+    "pvary": Rule("psum", "jaxcoll pvary (transpose: jaxcoll.all_reduce)", _AXES, _pvary),
 }
 
 
