@@ -506,3 +506,35 @@ def test_a_collective_jaxcoll_lacks_runs_on_xla_with_a_warning_or_is_refused_whe
     assert left.collective == "ragged_all_to_all" and "no ragged" in left.reason
     with pytest.raises(ReplacementError, match="ragged_all_to_all.* cannot run on jaxcoll"):
         jax.jit(replace_collectives(spmd(fn, "1d8"), strict=True)).lower(x)
+
+
+def _equation(closed, name):
+    """The first equation of primitive `name` in `closed`, searching inside shard_maps and jits."""
+    for eqn in closed.jaxpr.eqns:
+        if eqn.primitive.name == name:
+            return eqn
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found = _equation(jax.extend.core.ClosedJaxpr(sub, ()), name)
+            if found is not None:
+                return found
+    return None
+
+
+def test_a_construct_without_collectives_is_bound_as_it_was(monkeypatch):
+    from jaxcoll.replace import interpreter
+    retraced = []
+    monkeypatch.setattr(interpreter, "_retrace", lambda session, closed, where: retraced.append(where))
+    body = lambda v: lax.scan(lambda c, _: (jnp.sin(c), None), v, None, length=2)[0]  # noqa: E731
+    program = spmd(lambda v: lax.psum(body(v), "i"), "1d8")
+    x = ints((8, 4), "1d8")
+    np.testing.assert_array_equal(jax.jit(replace_collectives(program))(x), jax.jit(program)(x))
+    assert retraced == []
+
+
+def test_a_transformed_jit_called_again_reuses_its_transformed_program():
+    # The same jaxpr object is what lets jit reuse its compiled executable between eager calls.
+    program = replace_collectives(jax.jit(spmd(lambda v: lax.psum(v, "i"), "1d8")))
+    x = ints((8, 4), "1d8")
+    first, second = (_equation(jax.make_jaxpr(program)(x), "jit") for _ in range(2))
+    assert first.params["jaxpr"] is second.params["jaxpr"]
+    assert _equation(first.params["jaxpr"], "jaxcoll_all_reduce") is not None

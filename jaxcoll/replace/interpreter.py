@@ -21,12 +21,13 @@ from __future__ import annotations
 import collections
 import threading
 import warnings
+import weakref
 from functools import partial
 
 import jax
 import numpy as np
 from jax.extend import linear_util, source_info_util
-from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, jaxprs_in_params
 
 from jaxcoll.replace import collectives
 from jaxcoll.replace.collectives import Unsupported
@@ -140,7 +141,7 @@ def _equation(session: Session, eqn, invals, where: str):
         return _shard_map(session, eqn, invals, where)
     if name in ("custom_jvp_call", "custom_vjp_call"):
         return _custom_derivative(session, eqn, invals, where)
-    if any(_holds_jaxpr(v) for v in eqn.params.values()):
+    if any(map(_has_collectives, jaxprs_in_params(eqn.params))):
         return _higher_order(session, eqn, invals, where)
     return _bind(eqn, invals)
 
@@ -267,6 +268,22 @@ def transform_callable(session: Session, fn, where: str):
 
 # -- other higher-order primitives ------------------------------------------------------------------------------
 
+_scanned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _has_collectives(jaxpr: Jaxpr) -> bool:
+    """Whether `jaxpr` (or one inside it) holds a collective, or a custom rule that may: a construct without
+    any is bound as it was, not re-traced (a kernel's jaxpr, say, need not survive make_jaxpr)."""
+    found = _scanned.get(jaxpr)
+    if found is None:
+        found = any(eqn.primitive.name in collectives.RULES or eqn.primitive.name in collectives.UNSUPPORTED
+                    or eqn.primitive.name in ("shard_map", "custom_jvp_call", "custom_vjp_call")
+                    or any(map(_has_collectives, jaxprs_in_params(eqn.params)))
+                    for eqn in jaxpr.eqns)
+        _scanned[jaxpr] = found
+    return found
+
+
 def _holds_jaxpr(value) -> bool:
     if isinstance(value, (ClosedJaxpr, Jaxpr)):
         return True
@@ -278,7 +295,7 @@ _ROLES = {("while", "cond_jaxpr"): "while.cond", ("while", "body_jaxpr"): "while
 
 # Re-traced jaxprs by (jaxpr, options, place): a jit re-bound with the same transformed jaxpr object reuses its
 # compiled executable, so a transformed jit called eagerly compiles once, not on every call. Bounded; the
-# entry keeps its source jaxpr alive so that the id stays its own.
+# entry keeps its source jaxpr and options (a Plan's id is in the key) alive, so the ids stay their own.
 _retraced: collections.OrderedDict = collections.OrderedDict()
 _retraced_lock = threading.Lock()
 _RETRACED_MAX = 256
@@ -315,7 +332,7 @@ def _retrace(session: Session, closed: ClosedJaxpr, where: str) -> ClosedJaxpr:
         if hit is not None:
             _retraced.move_to_end(key)
     if hit is not None:
-        _, new, entries = hit
+        _, _, new, entries = hit
         for entry in entries:
             session.record(entry)
         return new
@@ -327,7 +344,7 @@ def _retrace(session: Session, closed: ClosedJaxpr, where: str) -> ClosedJaxpr:
     finally:
         session.release(capture)
     with _retraced_lock:
-        _retraced[key] = (closed, new, list(capture))
+        _retraced[key] = (closed, session.options, new, list(capture))  # both alive: their ids are the key
         while len(_retraced) > _RETRACED_MAX:
             _retraced.popitem(last=False)
     return new
