@@ -538,3 +538,14 @@ def test_a_transformed_jit_called_again_reuses_its_transformed_program():
     first, second = (_equation(jax.make_jaxpr(program)(x), "jit") for _ in range(2))
     assert first.params["jaxpr"] is second.params["jaxpr"]
     assert _equation(first.params["jaxpr"], "jaxcoll_all_reduce") is not None
+
+
+def test_a_collective_over_a_vmap_axis_and_a_mesh_axis_falls_back_to_xla():
+    x = ints((8, 3, 4), "1d8")
+    inner = lambda r: lax.psum(r, ("b", "i"))  # noqa: E731
+    # (lax.psum refuses these axes under check_vma: the vmap axis is not in the value's type)
+    expected = jax.jit(spmd(lambda v: jax.vmap(inner, axis_name="b")(v), "1d8", check_vma=False))(x)
+    with pytest.warns(ReplacementWarning, match="mixes vmap axes with mesh axes"):
+        got = jax.jit(spmd(lambda v: jax.vmap(replace_collectives(inner), axis_name="b")(v), "1d8",
+                           check_vma=False))(x)
+    np.testing.assert_array_equal(got, expected)

@@ -135,6 +135,11 @@ def check(rule: Rule, params: dict, operands, algorithm) -> None:
     positional = [a for a in axes if isinstance(a, int)]
     if positional:
         raise Unsupported("axis_name", axes, "positional (integer) axes are not mesh axes")
+    from jax.sharding import get_abstract_mesh
+    mesh_axes = set(get_abstract_mesh().axis_names)
+    if any(a in mesh_axes for a in axes) and not all(a in mesh_axes for a in axes):
+        raise Unsupported("axis_name", axes, "it mixes vmap axes with mesh axes, which jaxcoll's batching rules "
+                                             "do not split")
     for x in operands:
         try:
             check_dtype(rule.jaxcoll, x.dtype, rule.op)
