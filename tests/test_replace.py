@@ -549,3 +549,9 @@ def test_a_collective_over_a_vmap_axis_and_a_mesh_axis_falls_back_to_xla():
         got = jax.jit(spmd(lambda v: jax.vmap(replace_collectives(inner), axis_name="b")(v), "1d8",
                            check_vma=False))(x)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_called_eagerly_without_jit():
+    x = ints((8, 4), "2x4")
+    program = spmd(lambda v: lax.psum(v, "y") + lax.all_gather(v, "x", tiled=True)[:1], "2x4")
+    np.testing.assert_array_equal(replace_collectives(program)(x), jax.jit(program)(x))
