@@ -27,7 +27,7 @@ from functools import partial
 import jax
 import numpy as np
 from jax.extend import linear_util, source_info_util
-from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, jaxprs_in_params
+from jax.extend.core import ClosedJaxpr, DropVar, Jaxpr, Literal, jaxprs_in_params
 
 from jaxcoll.replace import collectives
 from jaxcoll.replace.collectives import Unsupported
@@ -83,7 +83,7 @@ def evaluate(session: Session, closed: ClosedJaxpr, *args, where: str = "") -> l
         return v.val if isinstance(v, Literal) else env[v]
 
     def write(v, x):
-        if type(v).__name__ != "DropVar":
+        if not isinstance(v, DropVar):
             env[v] = x
 
     for v, x in zip(jaxpr.constvars, closed.consts):
@@ -109,26 +109,15 @@ def _bind(eqn, invals, params=None, subfuns=None):
     equation's, `subfuns` the callables a primitive binds (custom_jvp's function and rule, ...)."""
     own, bind_params = _bind_params(eqn.primitive, eqn.params if params is None else params)
     subfuns = own if subfuns is None else subfuns
-    if _SUBFUNS_IN_PARAMS:
-        return eqn.primitive.bind(*invals, **bind_params, **({"subfuns": tuple(subfuns)} if subfuns else {}))
-    return eqn.primitive.bind(*subfuns, *invals, **bind_params)
-
-
-# Primitive.get_bind_params returns the parameters to bind with, the callables among them as "subfuns", from
-# jax 0.7 on (0.10.2, 0.11.2, 0.12 checked); before, it returned (subfuns, params) and bind took the subfuns
-# first among the operands. Both forms are read.
-_SUBFUNS_IN_PARAMS = True
+    return eqn.primitive.bind(*invals, **bind_params, **({"subfuns": tuple(subfuns)} if subfuns else {}))
 
 
 def _bind_params(primitive, params) -> tuple[list, dict]:
-    global _SUBFUNS_IN_PARAMS
-    got = primitive.get_bind_params(params)
-    if isinstance(got, dict):
-        got = dict(got)
-        return list(got.pop("subfuns", ())), got
-    _SUBFUNS_IN_PARAMS = False
-    subfuns, got = got
-    return list(subfuns), dict(got)
+    """(subfuns, the other parameters) to bind `primitive` with. Primitive.get_bind_params returns the
+    parameters, the callables among them as "subfuns" (jax 0.10.2, and jax's sources of 2026; before jax 0.7 it
+    returned a pair)."""
+    bind_params = dict(primitive.get_bind_params(params))
+    return list(bind_params.pop("subfuns", ())), bind_params
 
 
 def _equation(session: Session, eqn, invals, where: str):
@@ -152,7 +141,7 @@ def _collective(session: Session, eqn, invals, where: str):
     rule = collectives.RULES[eqn.primitive.name]
     options = session.options
     algorithm = options.algorithm(rule.collective)
-    aval = invals[0].aval if hasattr(invals[0], "aval") else jax.typeof(invals[0])
+    aval = jax.typeof(invals[0])
     entry = dict(collective=collectives.label(eqn.primitive.name), primitive=eqn.primitive.name, where=where,
                  axes=rule.axes(eqn.params), shape=tuple(aval.shape), dtype=np.dtype(aval.dtype).name)
     if rule.collective not in options.collectives:
@@ -171,7 +160,7 @@ def _collective(session: Session, eqn, invals, where: str):
 
 def _unsupported(session: Session, eqn, invals, where: str):
     """A jax.lax collective that jaxcoll has no counterpart for."""
-    aval = invals[0].aval if invals and hasattr(invals[0], "aval") else (jax.typeof(invals[0]) if invals else None)
+    aval = jax.typeof(invals[0]) if invals else None
     params = eqn.params
     axes = params.get("axes", params.get("axis_name", ()))
     entry = dict(collective=eqn.primitive.name, primitive=eqn.primitive.name, where=where,
