@@ -126,7 +126,7 @@ def _equation(session: Session, eqn, invals, where: str):
         return _collective(session, eqn, invals, where)
     if name in collectives.UNSUPPORTED:
         return _unsupported(session, eqn, invals, where)
-    if name == "shard_map":
+    if name == "shard_map" and _has_collectives(eqn.params["jaxpr"]):
         return _shard_map(session, eqn, invals, where)
     if name in ("custom_jvp_call", "custom_vjp_call"):
         return _custom_derivative(session, eqn, invals, where)
@@ -237,20 +237,21 @@ def transform_callable(session: Session, fn, where: str):
 
     def run(*args):
         positions = [i for i, a in enumerate(args) if is_array(a)]
-        shape = {}
+        traced_outs = {}
 
         def traced(*arrays):
             full = list(args)
             for i, a in zip(positions, arrays):
                 full[i] = a
             outs = list(fn(*full))
-            shape["outs"] = outs
-            shape["array"] = [is_array(o) for o in outs]
+            traced_outs["all"] = outs
+            traced_outs["array"] = [is_array(o) for o in outs]
             return [o for o in outs if is_array(o)]
 
         closed = jax.make_jaxpr(traced)(*[args[i] for i in positions])
         results = iter(evaluate(session, closed, *[args[i] for i in positions], where=where))
-        return [next(results) if array else static for static, array in zip(shape["outs"], shape["array"])]
+        return [next(results) if array else static
+                for static, array in zip(traced_outs["all"], traced_outs["array"])]
 
     return run
 
