@@ -1,9 +1,9 @@
 """The jax.lax collectives the transform replaces: for each primitive of a traced program (by its name in the
 jaxpr), the jax.lax collective it is, the axes it runs over, and the jaxcoll call that runs it instead.
 
-Each rule is given the equation's operands and parameters and returns its results, computed by jaxcoll; it
-raises `Unsupported` (naming the argument and the value) for a call jaxcoll cannot run as the jaxpr asks, and
-the interpreter then leaves that one call to XLA, or raises where the user asked for strict.
+`check` raises `Unsupported` (naming the argument and the value) for a call jaxcoll cannot run as the jaxpr
+asks, and the interpreter then leaves that one call to XLA, or raises where the user asked for strict; otherwise
+each operand goes through its rule's `run`, which binds jaxcoll's collective.
 """
 
 from __future__ import annotations
