@@ -1,9 +1,9 @@
 """The jax.lax collectives the transform replaces: for each primitive of a traced program (by its name in the
 jaxpr), the jax.lax collective it is, the axes it runs over, and the jaxcoll call that runs it instead.
 
-Each rule is given the equation's operands and parameters and returns its results, computed by jaxcoll; it
-raises `Unsupported` (naming the argument and the value) for a call jaxcoll cannot run as the jaxpr asks, and
-the interpreter then leaves that one call to XLA, or raises where the user asked for strict.
+`check` raises `Unsupported` (naming the argument and the value) for a call jaxcoll cannot run as the jaxpr
+asks, and the interpreter then leaves that one call to XLA, or raises where the user asked for strict; otherwise
+each operand goes through its rule's `run`, which binds jaxcoll's collective.
 """
 
 from __future__ import annotations
@@ -101,7 +101,21 @@ RULES = {
     "all_to_all": Rule("all_to_all", "jaxcoll.all_to_all", _AXIS_NAME, _all_to_all),
     "ppermute": Rule("ppermute", "jaxcoll.ppermute", _AXIS_NAME, _ppermute),
     "pbroadcast": Rule("pbroadcast", "jaxcoll.broadcast", _AXIS_NAME, _pbroadcast),
-    "pvary": Rule("psum", "jaxcoll pvary", _AXES, _pvary),
+    "pvary": Rule("psum", "jaxcoll pvary (transpose: jaxcoll.all_reduce)", _AXES, _pvary),
+}
+
+
+# jax.lax collectives jaxcoll has no counterpart for: they run on XLA, with a warning (an error when strict).
+UNSUPPORTED = {
+    "ragged_all_to_all": "jaxcoll has no ragged all_to_all",
+    "psend": "jaxcoll has no point-to-point send (psend/precv); ppermute is its exchange",
+    "precv": "jaxcoll has no point-to-point receive (psend/precv); ppermute is its exchange",
+    "all_gather_reduced": "jaxcoll has no all_gather to a reduced (unreduced-typed) value",
+    "unreduced_psum": "jaxcoll has no psum of unreduced-typed values",
+    "unreduced_reduce_scatter": "jaxcoll has no reduce_scatter of unreduced-typed values",
+    **{f"{name}_start": "jaxcoll has no asynchronous (start/done) collectives" for name in (
+        "all_gather", "all_gather_reduced", "psum", "psum_invariant", "unreduced_psum", "reduce_scatter",
+        "unreduced_reduce_scatter", "all_to_all", "pbroadcast", "ppermute")},
 }
 
 
@@ -121,6 +135,11 @@ def check(rule: Rule, params: dict, operands, algorithm) -> None:
     positional = [a for a in axes if isinstance(a, int)]
     if positional:
         raise Unsupported("axis_name", axes, "positional (integer) axes are not mesh axes")
+    from jax.sharding import get_abstract_mesh
+    mesh_axes = set(get_abstract_mesh().axis_names)
+    if any(a in mesh_axes for a in axes) and not all(a in mesh_axes for a in axes):
+        raise Unsupported("axis_name", axes, "it mixes vmap axes with mesh axes, which jaxcoll's batching rules "
+                                             "do not split")
     for x in operands:
         try:
             check_dtype(rule.jaxcoll, x.dtype, rule.op)

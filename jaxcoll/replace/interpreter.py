@@ -21,12 +21,13 @@ from __future__ import annotations
 import collections
 import threading
 import warnings
+import weakref
 from functools import partial
 
 import jax
 import numpy as np
 from jax.extend import linear_util, source_info_util
-from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
+from jax.extend.core import ClosedJaxpr, DropVar, Jaxpr, Literal, jaxprs_in_params
 
 from jaxcoll.replace import collectives
 from jaxcoll.replace.collectives import Unsupported
@@ -64,7 +65,8 @@ class Session:
         return stack[-1]
 
     def release(self, capture: list) -> None:
-        self._captures.stack.remove(capture)
+        stack = self._captures.stack
+        del stack[next(i for i, c in enumerate(stack) if c is capture)]  # by identity: equal lists are common
 
 
 def is_array(x) -> bool:
@@ -81,7 +83,7 @@ def evaluate(session: Session, closed: ClosedJaxpr, *args, where: str = "") -> l
         return v.val if isinstance(v, Literal) else env[v]
 
     def write(v, x):
-        if type(v).__name__ != "DropVar":
+        if not isinstance(v, DropVar):
             env[v] = x
 
     for v, x in zip(jaxpr.constvars, closed.consts):
@@ -107,37 +109,28 @@ def _bind(eqn, invals, params=None, subfuns=None):
     equation's, `subfuns` the callables a primitive binds (custom_jvp's function and rule, ...)."""
     own, bind_params = _bind_params(eqn.primitive, eqn.params if params is None else params)
     subfuns = own if subfuns is None else subfuns
-    if _SUBFUNS_IN_PARAMS:
-        return eqn.primitive.bind(*invals, **bind_params, **({"subfuns": tuple(subfuns)} if subfuns else {}))
-    return eqn.primitive.bind(*subfuns, *invals, **bind_params)
-
-
-# Primitive.get_bind_params returns the parameters to bind with, the callables among them as "subfuns", from
-# jax 0.7 on (0.10.2, 0.11.2, 0.12 checked); before, it returned (subfuns, params) and bind took the subfuns
-# first among the operands. Both forms are read.
-_SUBFUNS_IN_PARAMS = True
+    return eqn.primitive.bind(*invals, **bind_params, **({"subfuns": tuple(subfuns)} if subfuns else {}))
 
 
 def _bind_params(primitive, params) -> tuple[list, dict]:
-    global _SUBFUNS_IN_PARAMS
-    got = primitive.get_bind_params(params)
-    if isinstance(got, dict):
-        got = dict(got)
-        return list(got.pop("subfuns", ())), got
-    _SUBFUNS_IN_PARAMS = False
-    subfuns, got = got
-    return list(subfuns), dict(got)
+    """(subfuns, the other parameters) to bind `primitive` with. Primitive.get_bind_params returns the
+    parameters, the callables among them as "subfuns" (jax 0.10.2, and jax's sources of 2026; before jax 0.7 it
+    returned a pair)."""
+    bind_params = dict(primitive.get_bind_params(params))
+    return list(bind_params.pop("subfuns", ())), bind_params
 
 
 def _equation(session: Session, eqn, invals, where: str):
     name = eqn.primitive.name
     if name in collectives.RULES:
         return _collective(session, eqn, invals, where)
-    if name == "shard_map":
+    if name in collectives.UNSUPPORTED:
+        return _unsupported(session, eqn, invals, where)
+    if name == "shard_map" and _has_collectives(eqn.params["jaxpr"]):
         return _shard_map(session, eqn, invals, where)
     if name in ("custom_jvp_call", "custom_vjp_call"):
         return _custom_derivative(session, eqn, invals, where)
-    if any(_holds_jaxpr(v) for v in eqn.params.values()):
+    if any(map(_has_collectives, jaxprs_in_params(eqn.params))):
         return _higher_order(session, eqn, invals, where)
     return _bind(eqn, invals)
 
@@ -148,7 +141,7 @@ def _collective(session: Session, eqn, invals, where: str):
     rule = collectives.RULES[eqn.primitive.name]
     options = session.options
     algorithm = options.algorithm(rule.collective)
-    aval = invals[0].aval if hasattr(invals[0], "aval") else jax.typeof(invals[0])
+    aval = jax.typeof(invals[0])
     entry = dict(collective=collectives.label(eqn.primitive.name), primitive=eqn.primitive.name, where=where,
                  axes=rule.axes(eqn.params), shape=tuple(aval.shape), dtype=np.dtype(aval.dtype).name)
     if rule.collective not in options.collectives:
@@ -158,19 +151,36 @@ def _collective(session: Session, eqn, invals, where: str):
         collectives.check(rule, eqn.params, invals, algorithm)
     except Unsupported as e:
         call = f"lax.{entry['collective']} ({eqn.primitive.name}) over axis_name={entry['axes']}"
-        where_ = f" in {where}" if where else ""
-        if options.strict:
-            raise ReplacementError(
-                f"replace_collectives(strict=True): {call}{where_} cannot run on jaxcoll: "
-                f"{e.argument}={e.value!r}: {e.reason}") from None
-        warnings.warn(f"replace_collectives: {call}{where_} left to XLA: {e.argument}={e.value!r}: {e.reason}",
-                      ReplacementWarning, stacklevel=2)
-        session.record(Entry(**entry, replaced=False, reason=f"{e.argument}={e.value!r}: {e.reason}"))
-        return _bind(eqn, invals)
+        return _fall_back(session, eqn, invals, entry, call, f"{e.argument}={e.value!r}: {e.reason}")
     session.record(Entry(**entry, replaced=True, jaxcoll=rule.jaxcoll,
                          algorithm=algorithm if isinstance(algorithm, str) else (algorithm.name or "plan")))
     outs = [rule.run(x, eqn.params, algorithm) for x in invals]
     return outs if eqn.primitive.multiple_results else outs[0]
+
+
+def _unsupported(session: Session, eqn, invals, where: str):
+    """A jax.lax collective that jaxcoll has no counterpart for."""
+    aval = jax.typeof(invals[0]) if invals else None
+    params = eqn.params
+    axes = params.get("axes", params.get("axis_name", ()))
+    entry = dict(collective=eqn.primitive.name, primitive=eqn.primitive.name, where=where,
+                 axes=tuple(axes) if isinstance(axes, (tuple, list)) else (axes,),
+                 shape=tuple(aval.shape) if aval is not None else (),
+                 dtype=np.dtype(aval.dtype).name if aval is not None else "")
+    call = f"lax {eqn.primitive.name} over axis_name={entry['axes']}"
+    return _fall_back(session, eqn, invals, entry, call,
+                      f"primitive={eqn.primitive.name!r}: {collectives.UNSUPPORTED[eqn.primitive.name]}")
+
+
+def _fall_back(session: Session, eqn, invals, entry: dict, call: str, reason: str):
+    """Run the collective on XLA, with a warning naming it and the reason; ReplacementError when strict."""
+    where = entry["where"]
+    where_ = f" in {where}" if where else ""
+    if session.options.strict:
+        raise ReplacementError(f"replace_collectives(strict=True): {call}{where_} cannot run on jaxcoll: {reason}")
+    warnings.warn(f"replace_collectives: {call}{where_} left to XLA: {reason}", ReplacementWarning, stacklevel=2)
+    session.record(Entry(**entry, replaced=False, reason=reason))
+    return _bind(eqn, invals)
 
 
 # -- shard_map --------------------------------------------------------------------------------------------------
@@ -227,25 +237,42 @@ def transform_callable(session: Session, fn, where: str):
 
     def run(*args):
         positions = [i for i, a in enumerate(args) if is_array(a)]
-        shape = {}
+        traced_outs = {}
 
         def traced(*arrays):
             full = list(args)
             for i, a in zip(positions, arrays):
                 full[i] = a
             outs = list(fn(*full))
-            shape["outs"] = outs
-            shape["array"] = [is_array(o) for o in outs]
+            traced_outs["all"] = outs
+            traced_outs["array"] = [is_array(o) for o in outs]
             return [o for o in outs if is_array(o)]
 
         closed = jax.make_jaxpr(traced)(*[args[i] for i in positions])
         results = iter(evaluate(session, closed, *[args[i] for i in positions], where=where))
-        return [next(results) if array else static for static, array in zip(shape["outs"], shape["array"])]
+        return [next(results) if array else static
+                for static, array in zip(traced_outs["all"], traced_outs["array"])]
 
     return run
 
 
 # -- other higher-order primitives ------------------------------------------------------------------------------
+
+_scanned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _has_collectives(jaxpr: Jaxpr) -> bool:
+    """Whether `jaxpr` (or one inside it) holds a collective, or a custom rule that may: a construct without
+    any is bound as it was, not re-traced (a kernel's jaxpr, say, need not survive make_jaxpr)."""
+    found = _scanned.get(jaxpr)
+    if found is None:
+        found = any(eqn.primitive.name in collectives.RULES or eqn.primitive.name in collectives.UNSUPPORTED
+                    or eqn.primitive.name in ("shard_map", "custom_jvp_call", "custom_vjp_call")
+                    or any(map(_has_collectives, jaxprs_in_params(eqn.params)))
+                    for eqn in jaxpr.eqns)
+        _scanned[jaxpr] = found
+    return found
+
 
 def _holds_jaxpr(value) -> bool:
     if isinstance(value, (ClosedJaxpr, Jaxpr)):
@@ -258,7 +285,7 @@ _ROLES = {("while", "cond_jaxpr"): "while.cond", ("while", "body_jaxpr"): "while
 
 # Re-traced jaxprs by (jaxpr, options, place): a jit re-bound with the same transformed jaxpr object reuses its
 # compiled executable, so a transformed jit called eagerly compiles once, not on every call. Bounded; the
-# entry keeps its source jaxpr alive so that the id stays its own.
+# entry keeps its source jaxpr and options (a Plan's id is in the key) alive, so the ids stay their own.
 _retraced: collections.OrderedDict = collections.OrderedDict()
 _retraced_lock = threading.Lock()
 _RETRACED_MAX = 256
@@ -295,7 +322,7 @@ def _retrace(session: Session, closed: ClosedJaxpr, where: str) -> ClosedJaxpr:
         if hit is not None:
             _retraced.move_to_end(key)
     if hit is not None:
-        _, new, entries = hit
+        _, _, new, entries = hit
         for entry in entries:
             session.record(entry)
         return new
@@ -307,7 +334,7 @@ def _retrace(session: Session, closed: ClosedJaxpr, where: str) -> ClosedJaxpr:
     finally:
         session.release(capture)
     with _retraced_lock:
-        _retraced[key] = (closed, new, list(capture))
+        _retraced[key] = (closed, session.options, new, list(capture))  # both alive: their ids are the key
         while len(_retraced) > _RETRACED_MAX:
             _retraced.popitem(last=False)
     return new

@@ -65,8 +65,9 @@ class Report:
 
     def __rich__(self):
         from rich.table import Table
-        table = Table(title=f"jaxcoll.replace_collectives: {len(self.replaced)} replaced, "
-                            f"{len(self.left_to_xla)} left to XLA")
+        casts = sum(1 for e in self.replaced if e.collective == "pvary")
+        table = Table(title=f"jaxcoll.replace_collectives: {len(self.replaced) - casts} collectives replaced "
+                            f"(and {casts} pvary casts), {len(self.left_to_xla)} left to XLA")
         for column in ("collective", "where", "axes", "operand", "runs on", "algorithm / reason", "count"):
             table.add_column(column, justify="right" if column == "count" else "left")
         for e, count in self.rows():
