@@ -29,8 +29,15 @@ def ex():
 
 
 @pytest.fixture(scope="module")
-def lax_losses(ex):
-    return ex.train(ex.Config(), "lax", STEPS)[0]
+def runs(ex, tmp_path_factory):
+    """The example's own command line, short: {style: (losses, seconds, report)}, and the plot it wrote."""
+    png = tmp_path_factory.mktemp("flax") / "loss.png"
+    return ex.main(["--steps", str(STEPS), "--plot", str(png)]), png
+
+
+@pytest.fixture(scope="module")
+def lax_losses(runs):
+    return runs[0]["lax"][0]
 
 
 def compiled(step, cfg, params, state):
@@ -47,8 +54,13 @@ def test_flax_lm_with_lax_collectives_learns(ex, lax_losses):
     assert_learns(lax_losses, ex.Config())
 
 
-def test_flax_lm_through_replace_collectives_has_the_lax_loss_curve(ex, lax_losses):
-    losses, _, report = ex.train(ex.Config(), "replace", STEPS)
+def test_flax_lm_example_plots_its_curves(runs):
+    png = runs[1]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_flax_lm_through_replace_collectives_has_the_lax_loss_curve(runs, lax_losses):
+    losses, _, report = runs[0]["replace"]
     # jaxcoll's all-reduce of 4 (tp) and 2 (dp) ranks adds in XLA:CPU's order here: bitwise equal
     np.testing.assert_array_equal(losses, lax_losses)
     assert report.replaced and not report.left_to_xla
@@ -67,8 +79,8 @@ def test_flax_lm_through_replace_collectives_compiles_to_no_xla_collective(ex):
     assert XLA_COLLECTIVE.findall(compiled(untransformed, cfg, params, state))  # what there was to replace
 
 
-def test_flax_lm_under_jit_on_jaxcoll_nn_ops_matches_the_lax_loss_curve(ex, lax_losses):
-    losses, _, _ = ex.train(ex.Config(), "jit", STEPS)
+def test_flax_lm_under_jit_on_jaxcoll_nn_ops_matches_the_lax_loss_curve(ex, runs, lax_losses):
+    losses = runs[0]["jit"][0]
     # Different summation orders (reduce-scatter + all-gather in dense_norm, XLA's partitioned cross-entropy)
     # only: the curves agree to float32 rounding (measured: 2.7e-7 relative at most over 300 steps).
     np.testing.assert_allclose(losses, lax_losses, rtol=1e-5)
