@@ -86,6 +86,9 @@ class RowParallelLinear(nnx.Module):
 
 
 class RMSNormScale(nnx.Module):
+    """An RMSNorm's learned scale. The norm is applied by the layer in front of it (`tp.norm`, or a row-parallel
+    layer's `tp.row_norm`), where jit's form fuses it into that layer's sum."""
+
     def __init__(self, d):
         self.scale = nnx.Param(jnp.ones((d,), jnp.float32))
 
