@@ -9,15 +9,17 @@ trained with optax AdamW on a synthetic corpus three ways:
 3. "jit":     the same model and parameters under `jax.jit` with shardings (no shard_map): its layers are
               jaxcoll's custom_partitioning ops, `jaxcoll.nn.dense` (column-parallel), `jaxcoll.nn.dense_norm`
               (row-parallel product, residual add and the next RMSNorm: the fused reduce-scatter, norm,
-              all-gather), `jaxcoll.nn.norm`, and the optimizer is `jaxcoll.nn.adamw` (ZeRO-1).
+              all-gather), `jaxcoll.nn.norm`, `jaxcoll.nn.cross_entropy` (vocabulary-parallel),
+              `jaxcoll.nn.embed`, and the optimizer is `jaxcoll.nn.adamw` (ZeRO-1). XLA sums only the scalar
+              loss.
 
 Prints a table of the three loss curves and plots them (docs/replace-flax-loss.png).
 
     python examples/flax_lm_replace.py [--steps 300] [--plot docs/replace-flax-loss.png]
 
 The model is one set of flax modules; a *parallel style* object (`ShardMapTP` or `JitTP`) supplies the few
-operations where the two forms differ (the row-parallel layer's sum, the norm, the cross-entropy over the
-vocabulary shards). The corpus is a Markov chain over the vocabulary with a few likely successors per token, so
+operations where the two forms differ (the embedding lookup, the column- and row-parallel products, the norm,
+the cross-entropy over the vocabulary shards). The corpus is a Markov chain over the vocabulary with a few likely successors per token, so
 the loss falls from log(vocab) towards the chain's entropy.
 """
 
@@ -127,7 +129,7 @@ class TransformerLM(nnx.Module):
 
     def __call__(self, tokens, targets, tp):
         """Mean next-token cross-entropy of `targets` given `tokens` (both (batch, seq))."""
-        h = self.embed(tokens)
+        h = tp.embed(self.embed, tokens)
         n = tp.norm(h, self.blocks[0].norm1.scale[...])
         for i, block in enumerate(self.blocks):
             last = i + 1 == len(self.blocks)
@@ -148,6 +150,9 @@ def rms_norm(h, scale, eps):
 class ShardMapTP:
     """Inside `jax.shard_map` over (dp, tp): weights are this rank's slices, the collectives are jax.lax's."""
     eps: float
+
+    def embed(self, embed: nnx.Embed, tokens):
+        return embed(tokens)  # flax's lookup; jax's autodiff psums the table's gradient over dp
 
     def column(self, x, w):
         return x @ w  # x is the same on every TP rank; jax's autodiff psums its gradient over tp
@@ -177,6 +182,9 @@ class JitTP:
     """Under `jax.jit` with shardings: global weights, layers partitioned by jaxcoll's custom_partitioning ops."""
     eps: float
 
+    def embed(self, embed: nnx.Embed, tokens):
+        return nn.embed(embed.embedding[...], tokens)
+
     def column(self, x, w):
         return nn.dense(x, w)
 
@@ -187,9 +195,7 @@ class JitTP:
         return nn.norm(h, scale, eps=self.eps)
 
     def cross_entropy(self, x, w, targets):
-        # The vocabulary-sharded log-sum-exp is XLA's (jnp reductions over a sharded dimension).
-        logits = nn.dense(x, w).astype(jnp.float32)
-        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
+        return jnp.mean(nn.cross_entropy(nn.dense(x, w), targets))
 
 
 # -- data ---------------------------------------------------------------------------------------------------------

@@ -231,3 +231,49 @@ def test_adamw_names_bad_arguments(mesh, tp_params):
         nn.adamw_init(tp_params, mesh, axis_name="batch")
     with pytest.raises(TypeError, match=r"state must be a jaxcoll.fused.AdamState.*got tuple"):
         nn.adamw(tp_params, tp_params, (), lr=0.1)
+
+
+# -- jaxcoll.nn.cross_entropy, jaxcoll.nn.embed -------------------------------------------------------------------
+
+
+def test_cross_entropy_over_a_sharded_vocabulary_equals_optax_with_gradients_on_jaxcoll(mesh):
+    rng = np.random.default_rng(5)
+    s = lambda *spec: NamedSharding(mesh, P(*spec))
+    logits = jax.device_put(3 * rng.normal(size=(4, 8, 32)).astype(np.float32), s("data", None, "model"))
+    targets = jax.device_put(rng.integers(0, 32, (4, 8)).astype(np.int32), s("data", None))
+    weights = jnp.asarray(rng.normal(size=(4, 8)).astype(np.float32))
+    reference = optax.softmax_cross_entropy_with_integer_labels
+    np.testing.assert_allclose(jax.jit(nn.cross_entropy)(logits, targets), jax.jit(reference)(logits, targets),
+                               rtol=1e-6, atol=1e-6)
+    g = lambda f: jax.jit(jax.grad(lambda l, t: jnp.sum(f(l, t) * weights)))
+    np.testing.assert_allclose(g(nn.cross_entropy)(logits, targets), g(reference)(logits, targets), atol=1e-6)
+    for f in (jax.jit(nn.cross_entropy), g(nn.cross_entropy)):
+        hlo = f.lower(logits, targets).compile().as_text()
+        # the rows' max over the vocabulary slices, then their sums of exponentials and target logits
+        assert re.findall(r'custom_call_target="(jaxcoll_\w+)"', hlo) == ["jaxcoll_all_reduce"] * 2
+        assert not xla_collectives(hlo)
+
+
+def test_embed_equals_take_and_sums_the_table_gradient_on_jaxcoll(mesh):
+    rng = np.random.default_rng(6)
+    s = lambda *spec: NamedSharding(mesh, P(*spec))
+    table = jax.device_put(rng.normal(size=(16, 8)).astype(np.float32), s(None, None))
+    tokens = jax.device_put(rng.integers(0, 16, (4, 8)).astype(np.int32), s("data", "model"))
+    weights = jnp.asarray(rng.normal(size=(4, 8, 8)).astype(np.float32))
+    reference = lambda t, i: jnp.take(t, i, axis=0)
+    np.testing.assert_array_equal(jax.jit(nn.embed)(table, tokens), reference(table, tokens))
+    g = lambda f: jax.jit(jax.grad(lambda t, i: jnp.sum(jnp.sin(f(t, i)) * weights)))
+    np.testing.assert_allclose(g(nn.embed)(table, tokens), g(reference)(table, tokens), atol=1e-6)
+    fwd = jax.jit(nn.embed).lower(table, tokens).compile().as_text()
+    assert not jaxcoll_calls(fwd) and not xla_collectives(fwd)
+    hlo = g(nn.embed).lower(table, tokens).compile().as_text()
+    assert jaxcoll_calls(hlo) == ["jaxcoll_all_reduce"] and not xla_collectives(hlo)
+
+
+def test_cross_entropy_and_embed_name_bad_operands():
+    with pytest.raises(ValueError, match=r"jaxcoll.nn.cross_entropy: targets.shape=\(3,\) must be"):
+        nn.cross_entropy(jnp.zeros((4, 8)), jnp.zeros((3,), jnp.int32))
+    with pytest.raises(TypeError, match=r"jaxcoll.nn.cross_entropy: targets must hold integer"):
+        nn.cross_entropy(jnp.zeros((4, 8)), jnp.zeros((4,)))
+    with pytest.raises(ValueError, match=r"jaxcoll.nn.embed: table must be \(V, D\), got table.shape=\(8,\)"):
+        nn.embed(jnp.zeros(8), jnp.zeros(3, jnp.int32))
