@@ -1,4 +1,4 @@
-#include "executor.hpp"
+#include "csrc/executor.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "layout.hpp"
-#include "memory.hpp"
-#include "reduce.hpp"
+#include "csrc/layout.hpp"
+#include "csrc/memory.hpp"
+#include "csrc/reduce.hpp"
 
 namespace jaxcoll {
 

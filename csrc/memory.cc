@@ -1,4 +1,4 @@
-#include "memory.hpp"
+#include "csrc/memory.hpp"
 
 #include <cstdint>
 
@@ -6,7 +6,7 @@
 #include <sys/mman.h>
 #endif
 
-#include "env.hpp"
+#include "csrc/env.hpp"
 
 namespace jaxcoll {
 

@@ -1,4 +1,4 @@
-#include "reduce.hpp"
+#include "csrc/reduce.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -9,7 +9,7 @@
 #include <emmintrin.h>
 #endif
 
-#include "env.hpp"
+#include "csrc/env.hpp"
 
 // The kernels are compiled for several instruction sets and picked at load time (GCC/Clang function
 // multiversioning), so the shipped build runs anywhere and still uses AVX-512/AVX2 (and F16C for float16

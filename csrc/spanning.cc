@@ -1,4 +1,4 @@
-#include "spanning.hpp"
+#include "csrc/spanning.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -13,13 +13,13 @@
 #include <thread>
 #include <tuple>
 
-#include "env.hpp"
-#include "layout.hpp"
-#include "memory.hpp"
-#include "net.hpp"
-#include "shared_memory.hpp"
-#include "workers.hpp"
-#include "world.hpp"
+#include "csrc/env.hpp"
+#include "csrc/layout.hpp"
+#include "csrc/memory.hpp"
+#include "csrc/net.hpp"
+#include "csrc/shared_memory.hpp"
+#include "csrc/workers.hpp"
+#include "csrc/world.hpp"
 
 namespace jaxcoll {
 

@@ -1,4 +1,4 @@
-#include "wait.hpp"
+#include "csrc/wait.hpp"
 
 #include <thread>
 
@@ -9,7 +9,7 @@
 #include <unistd.h>
 #endif
 
-#include "env.hpp"
+#include "csrc/env.hpp"
 
 namespace jaxcoll {
 

@@ -1,4 +1,4 @@
-#include "executor.hpp"
+#include "csrc/cuda/executor.hpp"
 
 #include <cuda_runtime.h>
 
@@ -7,8 +7,8 @@
 #include <cstring>
 #include <utility>
 
-#include "cuda_status.hpp"
-#include "kernels.hpp"
+#include "csrc/cuda/cuda_status.hpp"
+#include "csrc/cuda/kernels.hpp"
 
 namespace jaxcoll::cuda {
 
