@@ -11,7 +11,7 @@
 namespace jaxcoll {
 
 size_t huge_page_bytes() {
-  static const size_t t = env_bytes("JAXCOLL_HUGEPAGE_BYTES", size_t{4} << 20);
+  static const size_t t = env_settings().hugepage_bytes.value_or(size_t{4} << 20);
   return t;
 }
 

@@ -102,7 +102,7 @@ int helpers_per_call(const World& w) {
     int local = 0;
     for (int32_t p = 0; p < w.nprocesses(); ++p) local += w.same_host(p, w.process);
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    return env_int("JAXCOLL_SPAN_HELPERS", std::max(0, cores / std::max(1, local) - 1));
+    return env_settings().span_helpers.value_or(std::max(0, cores / std::max(1, local) - 1));
   }();
   return n;
 }

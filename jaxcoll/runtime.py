@@ -35,6 +35,9 @@ def _check_jaxlib() -> None:
 
 
 _check_jaxlib()
+# A malformed JAXCOLL_* setting is an error here, naming the variable and its value, before any call runs (the
+# runtime reads its settings once; csrc/env.hpp, docs/runtime.md "Settings").
+_jaxcoll.check_environment()
 
 from jaxcoll.plan import Plan, encode
 from jaxcoll.plan.abi import REDUCE_OP_CODES

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "csrc/abi.hpp"
+#include "csrc/env.hpp"
 #include "csrc/executor.hpp"
 #include "csrc/layout.hpp"
 #include "csrc/local_group.hpp"
@@ -92,6 +93,10 @@ NB_MODULE(_jaxcoll, m) {
     return std::make_tuple(r.start, r.stop);
   }, nb::arg("k"), nb::arg("block"), nb::arg("index"), nb::arg("count") = 1,
         "Element range [start, stop) of chunks index..index+count-1 (csrc/layout.hpp).");
+
+  m.def("check_environment", [] {
+    if (const std::string& error = jaxcoll::env_settings().error; !error.empty()) throw nb::value_error(error.c_str());
+  }, "Raise ValueError naming every malformed JAXCOLL_* variable the runtime reads (csrc/env.hpp).");
 
   m.def("default_timeout_s", &jaxcoll::default_timeout_s,
         "The timeout of a call in seconds: JAXCOLL_TIMEOUT, default 300 (read once).");
