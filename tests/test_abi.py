@@ -34,10 +34,15 @@ def test_every_target_is_registered_for_each_platform():
 
 
 @pytest.mark.parametrize("code", [-1, len(abi.REDUCE_OP_CODES)])
-def test_a_reduce_op_code_outside_the_table_is_refused_naming_it(code):
+@pytest.mark.parametrize("executor", ["cpu", "cuda"])
+def test_a_reduce_op_code_outside_the_table_is_refused_naming_it(code, executor):
+    # The CUDA runner checks its arguments before it touches a GPU, so a CUDA build tests it without one.
+    if executor == "cuda" and not _jaxcoll.with_cuda:
+        pytest.skip("jaxcoll was built without the CUDA executor")
+    run = runtime.run_words if executor == "cpu" else runtime.run_words_cuda
     xs = [np.ones(4, np.float32), np.ones(4, np.float32)]
     with pytest.raises(ValueError, match=rf"reduce_op must be 0 \(sum\), 1 \(max\) or 2 \(min\), got {code}"):
-        runtime.run_words(encode(direct.all_reduce(2)), xs, (4,), reduce_op=code)
+        run(encode(direct.all_reduce(2)), xs, (4,), reduce_op=code)
 
 
 @pytest.mark.parametrize("op", ["sum", "max", "min"])
