@@ -3,7 +3,7 @@ for the CPU platform (and XLA's CUDA platform when the module was built with CUD
 executors without JAX: `run_plan` (CPU threads) and `run_plan_cuda` (every rank emulated on one GPU).
 
 Importing this module registers the targets (idempotent); the lowering imports it before emitting a custom
-call. The targets (`TARGETS`) and their operands and attributes are specified in docs/plan-ir.md.
+call. The targets (`jaxcoll.plan.abi.TARGETS`) and their operands and attributes are specified in docs/plan-ir.md.
 """
 
 from __future__ import annotations
@@ -35,23 +35,18 @@ def _check_jaxlib() -> None:
 
 
 _check_jaxlib()
+# A malformed JAXCOLL_* setting is an error here, naming the variable and its value, before any call runs (the
+# runtime reads its settings once; csrc/env.hpp, docs/runtime.md "Settings").
+_jaxcoll.check_environment()
 
 from jaxcoll.plan import Plan, encode
-from jaxcoll.plan.ir import Collective
+from jaxcoll.plan.abi import REDUCE_OP_CODES
 
-TARGETS = ("jaxcoll_all_reduce", "jaxcoll_all_gather", "jaxcoll_reduce_scatter", "jaxcoll_all_to_all",
-           "jaxcoll_broadcast", "jaxcoll_ppermute", "jaxcoll_custom")
-REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
 STATE_TYPE = "jaxcoll.plan_state"
 DEFAULT_TIMEOUT_S = 300.0
 
 _registered = False
 _lock = threading.Lock()
-
-
-def target_name(collective: Collective | str) -> str:
-    """The FFI target of a plan's collective: "jaxcoll_" + its name."""
-    return "jaxcoll_" + Collective(collective).value
 
 
 def register() -> None:
@@ -159,8 +154,8 @@ def run_plan(plan: Plan, inputs: Sequence[np.ndarray], op: str = "sum",
     `inputs[r]` is rank r's input; returns each rank's output. The output shape follows from the plan's
     in_blocks/out_blocks (see `output_shape`). `op` is "sum", "max" or "min".
     """
-    if op not in REDUCE_OPS:
-        raise ValueError(f"run_plan: op must be one of {sorted(REDUCE_OPS)}, got {op!r}")
+    if op not in REDUCE_OP_CODES:
+        raise ValueError(f"run_plan: op must be one of {list(REDUCE_OP_CODES)}, got {op!r}")
     if len(inputs) != plan.nranks:
         raise ValueError(f"run_plan: the plan has {plan.nranks} ranks but got {len(inputs)} inputs")
     expect = getattr(plan, "expect", None)
@@ -169,7 +164,7 @@ def run_plan(plan: Plan, inputs: Sequence[np.ndarray], op: str = "sum",
         raise ValueError(f"run_plan: the plan's postcondition is stated for op={expect.reduce_op!r} (it may "
                          f"reduce a contribution more than once), so it cannot run with op={op!r}")
     shape = output_shape(plan, np.shape(inputs[0]))
-    return run_words(encode(plan), inputs, shape, REDUCE_OPS[op], timeout_s)
+    return run_words(encode(plan), inputs, shape, REDUCE_OP_CODES[op], timeout_s)
 
 
 def cuda_status() -> tuple[bool, str]:
@@ -205,12 +200,12 @@ def run_words_cuda(words: np.ndarray, inputs: Sequence[np.ndarray], output_shape
 def run_plan_cuda(plan: Plan, inputs: Sequence[np.ndarray], op: str = "sum", timeout_s: float = DEFAULT_TIMEOUT_S,
                   protocol: str = "auto", blocks_per_lane: int = 0, calls: int = 1) -> list[np.ndarray]:
     """`run_plan` on the CUDA executor, every rank emulated on one GPU (see `run_words_cuda`)."""
-    if op not in REDUCE_OPS:
-        raise ValueError(f"run_plan_cuda: op must be one of {sorted(REDUCE_OPS)}, got {op!r}")
+    if op not in REDUCE_OP_CODES:
+        raise ValueError(f"run_plan_cuda: op must be one of {list(REDUCE_OP_CODES)}, got {op!r}")
     if len(inputs) != plan.nranks:
         raise ValueError(f"run_plan_cuda: the plan has {plan.nranks} ranks but got {len(inputs)} inputs")
     shape = output_shape(plan, np.shape(inputs[0]))
-    outs, _ = run_words_cuda(encode(plan), inputs, shape, REDUCE_OPS[op], timeout_s, protocol, blocks_per_lane,
+    outs, _ = run_words_cuda(encode(plan), inputs, shape, REDUCE_OP_CODES[op], timeout_s, protocol, blocks_per_lane,
                              calls)
     return outs
 

@@ -13,6 +13,7 @@ import pytest
 
 from jaxcoll import algorithms, runtime
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step, encode
+from jaxcoll.plan import abi
 from jaxcoll.plan.ir import Collective as C
 from test_lang_plans import example_plans
 
@@ -84,7 +85,7 @@ def run_and_compare(plan: Plan, elements: int, dtype, op: str = "sum", protocol:
                     blocks_per_lane: int = 0, seed: int = 0) -> dict:
     xs = inputs_for(plan.nranks, elements, dtype, seed)
     outs, info = runtime.run_words_cuda(encode(plan), xs, runtime.output_shape(plan, xs[0].shape),
-                                        runtime.REDUCE_OPS[op], TIMEOUT_S, protocol, blocks_per_lane, calls)
+                                        abi.REDUCE_OP_CODES[op], TIMEOUT_S, protocol, blocks_per_lane, calls)
     for r, (got, want) in enumerate(zip(outs, expected(plan, xs, op))):
         np.testing.assert_array_equal(got, want, err_msg=f"rank {r} of {plan.name or plan.collective.value} "
                                                          f"({np.dtype(dtype).name}, {op}, {info})")

@@ -262,6 +262,7 @@ def test_vmap_ppermute_random_permutations():
         perm = rng.permutation(n)
         pairs = np.stack([np.arange(n), perm], axis=-1)
         rng.shuffle(pairs)
+        pairs = [tuple(p) for p in pairs.tolist()]  # jax 0.12's ppermute takes a list, not an array
         got = jax.vmap(replace_collectives(lambda v: v - lax.ppermute(v, "i", pairs)), axis_name="i")(x)
         np.testing.assert_array_equal(got, x - x[np.argsort(perm)])
 

@@ -71,8 +71,9 @@ Executor = Callable[[np.ndarray, list, tuple, int, str], tuple]
 def check_all_reduce(run: Executor, ranks: int, chunk_elements: int) -> list[str]:
     """Every case of SANITIZE_CASES through `run`, compared with numpy; one line per case. AssertionError names
     the rank and the case that differ."""
-    from jaxcoll import algorithms, runtime
+    from jaxcoll import algorithms
     from jaxcoll.plan import Collective, encode
+    from jaxcoll.plan.abi import REDUCE_OP_CODES
 
     rng = np.random.default_rng(0)
     lines = []
@@ -82,7 +83,7 @@ def check_all_reduce(run: Executor, ranks: int, chunk_elements: int) -> list[str
         # Small integers: every partial sum is exact in float16, whatever order the plan reduces in.
         xs = [rng.integers(-8, 9, elements).astype(dtype) for _ in range(ranks)]
         want = np.add.reduce(np.stack(xs).astype(np.float64), axis=0).astype(dtype)
-        outs, info = run(encode(plan), xs, xs[0].shape, runtime.REDUCE_OPS["sum"], protocol)
+        outs, info = run(encode(plan), xs, xs[0].shape, REDUCE_OP_CODES["sum"], protocol)
         for r, got in enumerate(outs):
             np.testing.assert_array_equal(got, want, err_msg=f"rank {r}, all_reduce {name} on {protocol}")
         lines.append(f"ok: all_reduce {name} on {protocol}, N={ranks}, {np.dtype(dtype).name} x {elements}: {info}")

@@ -1,4 +1,4 @@
-#include "cuda_module.hpp"
+#include "xla_ffi/cuda_module.hpp"
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -11,9 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda_handler.hpp"
-#include "emulate.hpp"
-#include "plan.hpp"
+#include "csrc/abi.hpp"
+#include "csrc/cuda/emulate.hpp"
+#include "csrc/plan.hpp"
+#include "xla_ffi/cuda_handler.hpp"
 
 namespace nb = nanobind;
 
@@ -22,9 +23,6 @@ namespace {
 
 using Words = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Bytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
-const char* kTargets[] = {"jaxcoll_all_reduce", "jaxcoll_all_gather", "jaxcoll_reduce_scatter", "jaxcoll_all_to_all",
-                          "jaxcoll_broadcast", "jaxcoll_ppermute", "jaxcoll_custom"};
 
 cuda::Protocol protocol_from(const std::string& name) {
   if (name == "auto") return cuda::Protocol::kAuto;
@@ -43,11 +41,13 @@ std::unique_ptr<cuda::EmulatedGroup> emulated_group(const Words& words, const st
     throw nb::value_error(("malformed jaxcoll plan: " + st.message()).c_str());
   const auto dtype = dtype_from_name(dtype_name);
   if (!dtype) throw nb::value_error(("unsupported dtype " + dtype_name).c_str());
-  if (reduce_op < 0 || reduce_op > 2) throw nb::value_error("reduce_op must be 0 (sum), 1 (max) or 2 (min)");
+  const auto op = reduce_op_from_code(reduce_op);
+  if (!op)
+    throw nb::value_error(("reduce_op must be " + reduce_op_codes() + ", got " + std::to_string(reduce_op)).c_str());
   if (!(timeout_s > 0)) throw nb::value_error("timeout_s must be positive");
   cuda::CallShape shape;
   shape.dtype = *dtype;
-  shape.op = static_cast<ReduceOp>(reduce_op);
+  shape.op = *op;
   shape.input_elements = input_elements;
   shape.output_elements = output_elements;
   cuda::EmulatedGroup::Options o;
@@ -73,11 +73,11 @@ nb::dict describe(const cuda::EmulatedGroup& g) {
 void add_bindings(nb::module_& m) {
   m.def("cuda_registrations", [] {
     nb::dict out;
-    for (const char* name : kTargets) {
+    for (const std::string& name : ffi_targets()) {
       nb::dict bundle;
       bundle["initialize"] = nb::capsule(reinterpret_cast<void*>(&initialize));
       bundle["execute"] = nb::capsule(reinterpret_cast<void*>(&execute));
-      out[name] = bundle;
+      out[name.c_str()] = bundle;
     }
     return out;
   }, "FFI target name -> {stage: capsule}, for jax.ffi.register_ffi_target(platform='CUDA').");

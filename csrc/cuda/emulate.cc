@@ -1,10 +1,10 @@
-#include "emulate.hpp"
+#include "csrc/cuda/emulate.hpp"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
-#include "cuda_status.hpp"
+#include "csrc/cuda/cuda_status.hpp"
 
 namespace jaxcoll::cuda {
 

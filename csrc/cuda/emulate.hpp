@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "executor.hpp"
+#include "csrc/cuda/executor.hpp"
 
 namespace jaxcoll::cuda {
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from jax import tree_util
 
-from jaxcoll.collectives.arguments import check_algorithm, dimension, leaf_array
+from jaxcoll.collectives.arguments import check_algorithm, leaf_array, split_dimension
 from jaxcoll.lowering import groups
 from jaxcoll.lowering import reduce_scatter as prim
 from jaxcoll.lowering.dtypes import check_op
 from jaxcoll.plan import Collective
 
 
-def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", algorithm="auto"):
+def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", algorithm="auto",
+                   compression=None):
     """Reduce `x` over the ranks of `axis_name` and leave rank r with slice r of the result along
     `scatter_dimension`, like `lax.psum_scatter` (op="sum").
 
@@ -23,11 +24,17 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", 
         it shrinks N times.
       op: "sum", "max" or "min".
       algorithm: "auto", "direct", "ring" or a `jaxcoll.plan.Plan` for reduce_scatter over N ranks.
+      compression: None (exact), "bf16", "fp8", "int8" or a `jaxcoll.compress` format (see `all_reduce`); the
+        block size must divide x.size / N.
 
     Returns:
       The scattered array(s), varying over `axis_name` as lax.psum_scatter's result is. The transpose of
       op="sum" is `all_gather`.
     """
+    if compression is not None:
+        from jaxcoll.compress import collectives as compressed  # compress/ composes the collectives: above them
+        return compressed.reduce_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled, op=op,
+                                         algorithm=algorithm, compression=compression)
     axes = groups.axis_names(axis_name, prim.API)
     op = check_op(prim.API, op)
     n = groups.group_size(axes)
@@ -36,8 +43,7 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", 
         leaf = leaf_array(prim.API, leaf, op)
         if leaf.ndim == 0:
             raise ValueError(f"{prim.API}: x must have rank >= 1 to be scattered, got a scalar")
-        dim = dimension(prim.API, "scatter_dimension", scatter_dimension, leaf.ndim)
-        prim.check_shape(leaf.shape, n, dim, bool(tiled))
+        dim = split_dimension(prim.API, "scatter_dimension", scatter_dimension, leaf.shape, n, bool(tiled))
         check_algorithm(prim.API, Collective.REDUCE_SCATTER, n, leaf, algorithm)
         return prim.bind(leaf, axes=axes, scatter_dimension=dim, tiled=bool(tiled), op=op, algorithm=algorithm)
 

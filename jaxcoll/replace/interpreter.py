@@ -114,7 +114,7 @@ def _bind(eqn, invals, params=None, subfuns=None):
 
 def _bind_params(primitive, params) -> tuple[list, dict]:
     """(subfuns, the other parameters) to bind `primitive` with. Primitive.get_bind_params returns the
-    parameters, the callables among them as "subfuns" (jax 0.10.2, and jax's sources of 2026; before jax 0.7 it
+    parameters, the callables among them as "subfuns" (checked on jax 0.10.2 and 0.12.0.1; before jax 0.7 it
     returned a pair)."""
     bind_params = dict(primitive.get_bind_params(params))
     return list(bind_params.pop("subfuns", ())), bind_params
@@ -231,27 +231,28 @@ def _custom_derivative(session: Session, eqn, invals, where: str):
 
 
 def transform_callable(session: Session, fn, where: str):
-    """`fn` (flat positional operands to a flat sequence of results) with its collectives replaced: traced to a
-    jaxpr on its array operands (others pass through as they are), then evaluated by this interpreter. Results
-    that are not arrays (symbolic zeros of a rule, None) come back as traced."""
+    """`fn` with its collectives replaced: traced to a jaxpr on the array leaves of its operands (other leaves pass
+    through as they are), then evaluated by this interpreter. Result leaves that are not arrays (symbolic zeros
+    of a rule, None) come back as traced, in the structure fn gave (a custom_vjp rule's cotangents are a nested
+    list from jax 0.12)."""
 
     def run(*args):
-        positions = [i for i, a in enumerate(args) if is_array(a)]
+        leaves, in_tree = jax.tree.flatten(args)
+        positions = [i for i, leaf in enumerate(leaves) if is_array(leaf)]
         traced_outs = {}
 
         def traced(*arrays):
-            full = list(args)
+            full = list(leaves)
             for i, a in zip(positions, arrays):
                 full[i] = a
-            outs = list(fn(*full))
-            traced_outs["all"] = outs
-            traced_outs["array"] = [is_array(o) for o in outs]
-            return [o for o in outs if is_array(o)]
+            out_leaves, traced_outs["tree"] = jax.tree.flatten(fn(*jax.tree.unflatten(in_tree, full)))
+            traced_outs["leaves"] = out_leaves
+            return [leaf for leaf in out_leaves if is_array(leaf)]
 
-        closed = jax.make_jaxpr(traced)(*[args[i] for i in positions])
-        results = iter(evaluate(session, closed, *[args[i] for i in positions], where=where))
-        return [next(results) if array else static
-                for static, array in zip(traced_outs["all"], traced_outs["array"])]
+        closed = jax.make_jaxpr(traced)(*[leaves[i] for i in positions])
+        results = iter(evaluate(session, closed, *[leaves[i] for i in positions], where=where))
+        out_leaves = [next(results) if is_array(leaf) else leaf for leaf in traced_outs["leaves"]]
+        return jax.tree.unflatten(traced_outs["tree"], out_leaves)
 
     return run
 

@@ -99,15 +99,22 @@ def _algorithms(value) -> dict:
     return out
 
 
-_UNSET = object()
+class _Unset:
+    """An argument not given (None is a value of algorithm=): it takes the enclosing context's, else the default."""
+
+    def __repr__(self):
+        return "<unset>"
+
+
+UNSET = _Unset()
 _defaults: contextvars.ContextVar[dict] = contextvars.ContextVar("jaxcoll_replace_defaults", default={})
 
 
-def make(collectives=_UNSET, algorithm=_UNSET, strict=_UNSET, report=_UNSET) -> Options:
+def make(collectives=UNSET, algorithm=UNSET, strict=UNSET, report=UNSET) -> Options:
     """Options from the arguments of `replace_collectives`; an argument not given takes the value of the
     innermost `replacing_collectives` context, else its default."""
     given = {k: v for k, v in dict(collectives=collectives, algorithm=algorithm, strict=strict,
-                                   report=report).items() if v is not _UNSET}
+                                   report=report).items() if v is not UNSET}
     values = {**_defaults.get(), **given}
     for flag in ("strict", "report"):
         if not isinstance(values.get(flag, False), bool):
@@ -121,7 +128,7 @@ def make(collectives=_UNSET, algorithm=_UNSET, strict=_UNSET, report=_UNSET) -> 
 def defaults(**values):
     """Within the block, `replace_collectives` transforms traced there take these options unless given their
     own. The values are checked on entry."""
-    values = {k: v for k, v in values.items() if v is not _UNSET}
+    values = {k: v for k, v in values.items() if v is not UNSET}
     make(**{**_defaults.get(), **values})  # fail on entry, naming the bad argument
     token = _defaults.set({**_defaults.get(), **values})
     try:

@@ -64,17 +64,29 @@ class Report:
         return list(counts.items())
 
     def __rich__(self):
+        """The table: one row per collective site (equal sites merged, with their count); the replaced pvary
+        casts, which a program under check_vma has at every meeting of an invariant and a varying value, in one
+        row per place ("where") with their axes."""
         from rich.table import Table
-        casts = sum(1 for e in self.replaced if e.collective == "pvary")
-        table = Table(title=f"jaxcoll.replace_collectives: {len(self.replaced) - casts} collectives replaced "
-                            f"(and {casts} pvary casts), {len(self.left_to_xla)} left to XLA")
+        casts = [e for e in self.replaced if e.collective == "pvary"]
+        table = Table(title=f"jaxcoll.replace_collectives: {len(self.replaced) - len(casts)} collectives replaced "
+                            f"(and {len(casts)} pvary casts), {len(self.left_to_xla)} left to XLA")
         for column in ("collective", "where", "axes", "operand", "runs on", "algorithm / reason", "count"):
             table.add_column(column, justify="right" if column == "count" else "left")
         for e, count in self.rows():
+            if e.replaced and e.collective == "pvary":
+                continue
             operand = f"{e.dtype}[{','.join(map(str, e.shape))}]"
             runs = e.jaxcoll if e.replaced else "XLA"
             table.add_row(e.collective, e.where or "-", ",".join(map(str, e.axes)), operand, runs,
                           e.algorithm if e.replaced else e.reason, str(count))
+        places: dict[str, list[Entry]] = {}
+        for e in casts:
+            places.setdefault(e.where, []).append(e)
+        for where, entries in places.items():
+            axes = sorted({a for e in entries for a in e.axes}, key=str)
+            table.add_row("pvary", where or "-", ",".join(map(str, axes)), "(casts)", entries[0].jaxcoll,
+                          entries[0].algorithm, str(len(entries)))
         return table
 
     def __str__(self) -> str:

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import functools
 
-import jax
-
 from jaxcoll.replace import options as options_
 from jaxcoll.replace.interpreter import Session, transform_callable
 from jaxcoll.replace.report import Report
 
-_UNSET = options_._UNSET
+UNSET = options_.UNSET
 
 
-def replace_collectives(f=None, *, collectives=_UNSET, algorithm=_UNSET, strict=_UNSET, report=_UNSET):
+def replace_collectives(f=None, *, collectives=UNSET, algorithm=UNSET, strict=UNSET, report=UNSET):
     """`f` with every jax.lax collective it runs executed by jaxcoll.
 
     Usable as `replace_collectives(f)`, `@replace_collectives` or `@replace_collectives(algorithm=...)`, over
@@ -60,19 +58,10 @@ def replace_collectives(f=None, *, collectives=_UNSET, algorithm=_UNSET, strict=
         def transformed(*args, **kwargs):
             session = Session(options_.make(**given))
             transformed.report = session.report
-            leaves, tree = jax.tree.flatten((args, kwargs))
-            out_tree = []
-
-            def flat(*full):
-                a, k = jax.tree.unflatten(tree, full)
-                out_leaves, treedef = jax.tree.flatten(fn(*a, **k))
-                out_tree.append(treedef)
-                return out_leaves
-
-            out_leaves = transform_callable(session, flat, "")(*leaves)
+            out = transform_callable(session, lambda a, k: fn(*a, **k), "")(args, kwargs)
             if session.options.report:
                 print(session.report)
-            return jax.tree.unflatten(out_tree[-1], out_leaves)
+            return out
 
         transformed.report = Report()
         return transformed
@@ -80,7 +69,7 @@ def replace_collectives(f=None, *, collectives=_UNSET, algorithm=_UNSET, strict=
     return decorate if f is None else decorate(f)
 
 
-def replacing_collectives(*, collectives=_UNSET, algorithm=_UNSET, strict=_UNSET, report=_UNSET):
+def replacing_collectives(*, collectives=UNSET, algorithm=UNSET, strict=UNSET, report=UNSET):
     """A block within which `replace_collectives` functions traced there take these options unless they were
     given their own (`with jaxcoll.replacing_collectives(algorithm="ring"): step(x)`).
 
@@ -90,5 +79,5 @@ def replacing_collectives(*, collectives=_UNSET, algorithm=_UNSET, strict=_UNSET
     program it compiled with then.
     """
     given = {k: v for k, v in dict(collectives=collectives, algorithm=algorithm, strict=strict,
-                                   report=report).items() if v is not _UNSET}
+                                   report=report).items() if v is not UNSET}
     return options_.defaults(**given)
