@@ -112,7 +112,8 @@ def check_gradients(device) -> str:
     mesh = mesh_of(device)
     x = sharded(mesh, small_ints((4, 66)))
     weights = sharded(mesh, small_ints((4, 66), seed=1))
-    pairs = {name: pair for name, pair in collective_pairs().items() if name not in ("all_reduce max", "all_reduce min")}
+    pairs = {name: pair for name, pair in collective_pairs().items()
+             if name not in ("all_reduce max", "all_reduce min")}
     for name, (ours, theirs) in pairs.items():
         def loss(body):
             def per_rank(x, c):
