@@ -21,7 +21,7 @@ ME="tools/gpu_round.sh"
 # ---------------------------------------------------------------------------------------------------------------
 STEPS=(env prereqs build import harness harness_large memcheck racecheck synccheck jax never_arrives bench)
 declare -A LIMIT=([env]=30 [prereqs]=60 [build]=240 [import]=60
-                  [harness]=100 [harness_large]=50 [jax]=70 [never_arrives]=20
+                  [harness]=95 [harness_large]=55 [jax]=70 [never_arrives]=20
                   [memcheck]=50 [racecheck]=40 [synccheck]=30
                   [bench]=180)
 declare -A ON_FAIL=([env]=continue [prereqs]=stop [build]=stop [import]=stop [harness]=continue
