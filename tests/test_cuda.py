@@ -1,6 +1,9 @@
 """The CUDA executor, driven through the emulated-rank harness: every rank of a group on ONE GPU, one launch
-holding all ranks' thread blocks, peers through ordinary device pointers. Every built-in plan, language-written
-and synthesized plans run for N = 2..8, every dtype and reduction, both protocols, against numpy.
+holding all ranks' thread blocks, peers through ordinary device pointers. Built-in plans (N = 2..8), every plan
+the synthesizer weighs on the 8-rank presets, and language-written plans run with every dtype and reduction, both
+protocols, sizes from one element to 256 MiB per rank (the 256 MiB cases marked `large`), odd sizes and buffers at
+misaligned offsets, against numpy. The cases and references are tests/cuda_cases.py, checked on the CPU executor
+by test_cuda_cases.py.
 
 Tests that need a GPU skip with the reason when jaxcoll was built without CUDA or no CUDA device is usable;
 the plan-layout tests need only a CUDA build."""
