@@ -164,3 +164,15 @@ def test_without_a_gpu_the_benchmark_says_why():
         pytest.skip("a GPU is usable here")
     with pytest.raises(SystemExit, match=re.escape(f"benchmarks/cuda.py needs a GPU: {why}")):
         bench.main(["--quick"])
+
+
+def test_without_a_jax_cuda_device_the_fused_part_says_so_and_the_others_run(capsys):
+    class NoJaxDevice(FakeTimer):
+        @property
+        def device(self):
+            raise RuntimeError("Unknown backend: 'cuda' requested, but no platforms\nare instances of cuda")
+
+    out = run_main(capsys, ["--quick"], NoJaxDevice())
+    parts = tables(out)
+    assert len(parts["bulk"]) == 4 and len(parts["packet"]) == 2
+    assert "| jax has no CUDA device here: Unknown backend: 'cuda' requested, but no platforms are" in out
