@@ -85,31 +85,46 @@ COMMAND_BUFFERS = {"on": "--xla_gpu_graph_min_graph_size=1 --xla_gpu_enable_comm
                    "off": "--xla_gpu_enable_command_buffer="}
 
 
-def run_cases_program(platform: str, xla_flags: str) -> str:
-    # This process's GPU client already holds XLA's default 75 % of the GPU's memory: the child takes what it
-    # needs instead of failing to take another 75 %.
-    env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + xla_flags).strip(),
-               XLA_PYTHON_CLIENT_PREALLOCATE="false",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "cuda_jax_cases.py"), "--platform", platform],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
+def run_cases_programs(platform: str) -> dict[str, str]:
+    """tests/cuda_jax_cases.py under each setting of COMMAND_BUFFERS, the processes at once (each mostly compiles
+    on the host): {setting: its output}."""
+    # This process's GPU client already holds XLA's default 75 % of the GPU's memory: the children take what
+    # they need instead of failing to take another 75 % each.
+    base = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
+                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    running = {}
+    for setting, flags in COMMAND_BUFFERS.items():
+        env = dict(base, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
+        running[setting] = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "cuda_jax_cases.py"), "--platform", platform], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    outputs = {}
+    try:
+        for setting, process in running.items():
+            outputs[setting] = process.communicate(timeout=300)[0]
+            assert process.returncode == 0, f"command buffers {setting}:\n{outputs[setting]}"
+    finally:
+        for process in running.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return outputs
+
+
+def checks_passed(out: str) -> list[str]:
+    return [line.split(":")[0].removeprefix("ok ") for line in out.splitlines() if line.startswith("ok ")]
 
 
 @needs_gpu
-@pytest.mark.parametrize("command_buffers", list(COMMAND_BUFFERS))
-def test_every_check_holds_with_xla_command_buffers_on_and_off(command_buffers):
-    out = run_cases_program("cuda", COMMAND_BUFFERS[command_buffers])
-    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("ok ")] == \
-        [f"ok {name}" for name in cases.CHECKS]
+def test_every_check_holds_with_xla_command_buffers_on_and_off():
+    for setting, out in run_cases_programs("cuda").items():
+        assert checks_passed(out) == list(cases.CHECKS), f"command buffers {setting}:\n{out}"
 
 
 def test_the_cases_program_runs_every_check_and_refuses_an_unknown_one():
-    """The program the command-buffer tests start, on the CPU device (the GPU flags are inert there)."""
-    out = run_cases_program("cpu", COMMAND_BUFFERS["off"])
-    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("ok ")] == \
-        [f"ok {name}" for name in cases.CHECKS]
+    """The programs the command-buffer test starts, on the CPU device (the GPU flags are inert there)."""
+    for setting, out in run_cases_programs("cpu").items():
+        assert checks_passed(out) == list(cases.CHECKS), f"command buffers {setting}:\n{out}"
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "cuda_jax_cases.py"), "--checks", "scan,bogus"],
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "['bogus']" in done.stderr
