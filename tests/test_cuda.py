@@ -110,7 +110,7 @@ FIVE = cases.builtin_plans(sizes=(5,))
 @pytest.mark.parametrize("name,plan", FIVE, ids=[i for i, _ in FIVE])
 def test_buffers_at_misaligned_offsets_match_numpy(name, plan, protocol):
     """Every rank's input and output start a different number of elements past a 16-byte boundary: no one peel
-    aligns them all, so vectors give way to elements where they must and only there."""
+    aligns them all, so steps between ranks take the kernel's element-by-element path."""
     for i, dtype in enumerate(MISALIGNED_DTYPES):
         offsets = cases.misaligned_offsets(plan.nranks, dtype, seed=i)
         for block in (1, 1001):
@@ -122,8 +122,9 @@ def test_buffers_at_misaligned_offsets_match_numpy(name, plan, protocol):
 @pytest.mark.parametrize("algorithm", ["two_shot", "ring"])
 def test_many_blocks_per_lane_split_every_step(algorithm, blocks):
     plan = algorithms.builtin(C.ALL_REDUCE, algorithm, 4)
-    info = run_and_compare(plan, 4 * 100_003, np.float32, "sum", "bulk", blocks_per_lane=blocks)
-    assert info["blocks_per_lane"] == blocks
+    for offsets in (None, cases.misaligned_offsets(4, np.float32)):  # each block's share: vectors, then elements
+        info = run_and_compare(plan, 4 * 100_003, np.float32, "sum", "bulk", blocks_per_lane=blocks, offsets=offsets)
+        assert info["blocks_per_lane"] == blocks
 
 
 @needs_gpu
