@@ -450,19 +450,23 @@ def test_the_sanitizer_cases_match_numpy_on_the_cpu_executor():
     checks = load_checks()
     seen = []
 
-    def run_cpu(words, xs, shape, reduce_op, protocol):
-        seen.append(protocol)
+    def run_cpu(words, xs, shape, reduce_op, protocol, offsets):
+        seen.append((protocol, offsets))
+        if offsets:  # the CPU executor reads inputs where they lie: each starts that many elements into an array
+            xs = [np.concatenate([np.zeros(off, x.dtype), x])[off:] for x, off in zip(xs, offsets[0])]
         return runtime.run_words(words, xs, shape, reduce_op, 30.0), {"executor": "cpu"}
 
     lines = checks.check_all_reduce(run_cpu, ranks=4, chunk_elements=7)
-    assert len(lines) == len(seen) == 3 and set(seen) == {"bulk", "ll"}
+    assert len(lines) == len(seen) == 4 and {p for p, _ in seen} == {"bulk", "ll"}
+    misaligned = [o for _, o in seen if o]
+    assert len(misaligned) == 1 and all(len(set(side)) > 1 and max(side) < 8 for side in misaligned[0])
 
 
 def test_the_sanitizer_check_names_the_rank_that_differs():
     from jaxcoll import runtime
     checks = load_checks()
 
-    def run_wrong(words, xs, shape, reduce_op, protocol):
+    def run_wrong(words, xs, shape, reduce_op, protocol, offsets):
         outs = runtime.run_words(words, xs, shape, reduce_op, 30.0)
         outs[2] = outs[2] + 1
         return outs, {}

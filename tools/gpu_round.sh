@@ -34,7 +34,7 @@ declare -A ABOUT=(
   [import]="import jaxcoll; cuda_status(); a jaxcoll custom call compiles for XLA's CUDA platform"
   [harness]="tests/test_cuda.py: emulated ranks, every plan/dtype/op/size/offset, both protocols, vs numpy"
   [harness_large]="tests/test_cuda.py -m large: 256 MiB per rank at 8 ranks, against numpy"
-  [memcheck]="compute-sanitizer memcheck: all_reduce on bulk (ring) and packets (direct, ring), N=4"
+  [memcheck]="compute-sanitizer memcheck: all_reduce on bulk (ring, also misaligned) and packets (direct, ring), N=4"
   [racecheck]="compute-sanitizer racecheck: the same plans"
   [synccheck]="compute-sanitizer synccheck: the same plans"
   [jax]="tests/test_cuda_jax.py: collectives, grads, 200-step scan, fused ops; CUDA graphs on and off"
