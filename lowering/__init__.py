@@ -8,6 +8,7 @@ from jaxcoll.lowering.all_reduce import all_reduce_p
 from jaxcoll.lowering.all_to_all import all_to_all_p
 from jaxcoll.lowering.broadcast import broadcast_p
 from jaxcoll.lowering.ppermute import ppermute_p
+from jaxcoll.lowering.pvary import pvary_p
 from jaxcoll.lowering.reduce_scatter import reduce_scatter_p
 
-__all__ = ["all_gather_p", "all_reduce_p", "all_to_all_p", "broadcast_p", "ppermute_p", "reduce_scatter_p"]
+__all__ = ["all_gather_p", "all_reduce_p", "all_to_all_p", "broadcast_p", "ppermute_p", "pvary_p", "reduce_scatter_p"]

@@ -42,7 +42,8 @@ def _transpose(ct, x, *, axes, root, algorithm):
     from jaxcoll.lowering.all_reduce import all_reduce_p
     total = all_reduce_p.bind(ct, axes=axes, op="sum", algorithm="auto")
     if _jax.check_vma():
-        total = lax.pcast(total, axes, to="varying")
+        from jaxcoll.lowering import pvary
+        total = pvary.bind(total, axes=axes)
     is_root = lax.axis_index(axes) == root
     return (jnp.where(is_root, total, jnp.zeros_like(total)),)
 

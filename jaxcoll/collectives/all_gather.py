@@ -10,7 +10,7 @@ from jaxcoll.lowering import groups
 from jaxcoll.plan import Collective
 
 
-def all_gather(x, axis_name, *, axis=0, tiled=False, algorithm="auto"):
+def all_gather(x, axis_name, *, axis=0, tiled=False, algorithm="auto", compression=None):
     """Give every rank the `x` of every rank of `axis_name`, in rank order, like `lax.all_gather`.
 
     Args:
@@ -19,11 +19,17 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, algorithm="auto"):
       axis: where the gathered dimension goes. tiled=False: a new dimension of size N at position `axis` of
         the result; tiled=True: the existing dimension `axis` of `x` grows N times (rank r's x is slice r).
       algorithm: "auto", "direct", "ring" or a `jaxcoll.plan.Plan` for all_gather over N ranks.
+      compression: None (exact), "bf16", "fp8", "int8" or a `jaxcoll.compress` format (see `all_reduce`);
+        every rank's slice, its own included, is the decoded form.
 
     Returns:
       The gathered array(s), varying over `axis_name` as lax.all_gather's result is. The transpose is
       `reduce_scatter` with op="sum".
     """
+    if compression is not None:
+        from jaxcoll.compress import collectives as compressed  # compress/ composes the collectives: above them
+        return compressed.all_gather(x, axis_name, axis=axis, tiled=tiled, algorithm=algorithm,
+                                     compression=compression)
     axes = groups.axis_names(axis_name, prim.API)
     n = groups.group_size(axes)
 

@@ -11,7 +11,7 @@ from jaxcoll.lowering.dtypes import check_op
 from jaxcoll.plan import Collective
 
 
-def all_reduce(x, axis_name, *, op="sum", algorithm="auto"):
+def all_reduce(x, axis_name, *, op="sum", algorithm="auto", compression=None):
     """Reduce `x` over the ranks of `axis_name` and give every rank the result, like `lax.psum` (op="sum"),
     `lax.pmax` ("max") or `lax.pmin` ("min").
 
@@ -21,9 +21,12 @@ def all_reduce(x, axis_name, *, op="sum", algorithm="auto"):
         float32 and round once.
       axis_name: a mesh axis name of the enclosing `jax.shard_map`, or a tuple of them (one group per
         combination of the mesh's other axes; ranks ordered row-major over the tuple, as in lax).
-      op: "sum", "max" or "min".
+      op: "sum", "max" or "min"; or "adasum" (`jaxcoll.compress.adasum`, float leaves, power-of-two groups).
       algorithm: "auto", a built-in algorithm name ("direct", "ring", "two_shot") or a `jaxcoll.plan.Plan`
         for this collective and group size.
+      compression: None (exact), "bf16", "fp8", "int8", a `jaxcoll.compress` format with its block size, or
+        `jaxcoll.compress.TopK(...)` (sparse): float leaves, op="sum"; what travels is the encoded form.
+        Error bounds and traffic: docs/compression.md. Derivatives are the exact sum's (straight-through).
 
     Returns:
       The same shapes and dtypes as `x`, invariant over `axis_name` under `shard_map(check_vma=True)` (as
@@ -31,6 +34,9 @@ def all_reduce(x, axis_name, *, op="sum", algorithm="auto"):
       psum does. Every rank's result is bitwise identical. Only op="sum" is differentiable; its transpose is
       psum's.
     """
+    if compression is not None or op == "adasum":
+        from jaxcoll.compress import collectives as compressed  # compress/ composes the collectives: above them
+        return compressed.all_reduce(x, axis_name, op=op, algorithm=algorithm, compression=compression)
     axes = groups.axis_names(axis_name, prim.API)
     op = check_op(prim.API, op)
     n = groups.group_size(axes)

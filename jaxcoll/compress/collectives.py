@@ -1,0 +1,83 @@
+"""The `compression=` (and op="adasum") entry of the public collectives: checks the arguments while tracing and
+hands each leaf to the scheme that runs it (quantized.py, sparse.py, adasum.py). The public collectives in
+jaxcoll/collectives/ call these and do nothing else with compression."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import tree_util
+
+from jaxcoll.collectives.arguments import dimension, split_dimension
+from jaxcoll.compress.adasum import adasum
+from jaxcoll.compress import quantized, sparse
+from jaxcoll.compress.formats import Bf16, check_operand, parse
+from jaxcoll.lowering import groups
+
+
+def _scheme(api_name: str, compression, algorithm, *, sparse_ok: bool):
+    if isinstance(compression, sparse.TopK):
+        if not sparse_ok:
+            raise ValueError(f"{api_name}: compression={compression!r} (sparse) applies to all_reduce only")
+        return compression
+    fmt = parse(api_name, compression)
+    if not isinstance(fmt, Bf16) and algorithm != "auto":
+        raise ValueError(f"{api_name}: algorithm={algorithm!r} cannot be combined with "
+                         f"compression={fmt.name!r}, which runs its own two hops; use algorithm='auto'")
+    return fmt
+
+
+def all_reduce(x, axis_name, *, op, algorithm, compression):
+    api = "jaxcoll.all_reduce"
+    if op == "adasum":
+        if compression is not None:
+            raise ValueError(f"{api}: op='adasum' cannot be combined with compression={compression!r}")
+        return adasum(x, axis_name)
+    if op != "sum":
+        raise ValueError(f"{api}: compression={compression!r} needs op='sum', got op={op!r}")
+    axes = groups.axis_names(axis_name, api)
+    scheme = _scheme(api, compression, algorithm, sparse_ok=True)
+
+    def run(leaf):
+        leaf = jnp.asarray(leaf)
+        if isinstance(scheme, sparse.TopK):
+            return sparse.topk_leaf(leaf, axes, scheme, api)[0]
+        check_operand(api, scheme, leaf, leaf.size)
+        return quantized.all_reduce(leaf, axes, scheme, algorithm)
+
+    return tree_util.tree_map(run, x)
+
+
+def reduce_scatter(x, axis_name, *, scatter_dimension, tiled, op, algorithm, compression):
+    api = "jaxcoll.reduce_scatter"
+    if op != "sum":
+        raise ValueError(f"{api}: compression={compression!r} needs op='sum', got op={op!r}")
+    axes = groups.axis_names(axis_name, api)
+    n = groups.group_size(axes)
+    fmt = _scheme(api, compression, algorithm, sparse_ok=False)
+
+    def run(leaf):
+        leaf = jnp.asarray(leaf)
+        if leaf.ndim == 0:
+            raise ValueError(f"{api}: x must have rank >= 1 to be scattered, got a scalar")
+        dim = split_dimension(api, "scatter_dimension", scatter_dimension, leaf.shape, n, bool(tiled))
+        check_operand(api, fmt, leaf, leaf.size // n)
+        return quantized.reduce_scatter(leaf, axes, fmt, scatter_dimension=dim, tiled=bool(tiled),
+                                        algorithm=algorithm)
+
+    return tree_util.tree_map(run, x)
+
+
+def all_gather(x, axis_name, *, axis, tiled, algorithm, compression):
+    api = "jaxcoll.all_gather"
+    axes = groups.axis_names(axis_name, api)
+    fmt = _scheme(api, compression, algorithm, sparse_ok=False)
+
+    def run(leaf):
+        leaf = jnp.asarray(leaf)
+        if tiled and leaf.ndim == 0:
+            raise ValueError(f"{api}: tiled=True needs an operand of rank >= 1, got a scalar")
+        dim = dimension(api, "axis", axis, leaf.ndim if tiled else leaf.ndim + 1)
+        check_operand(api, fmt, leaf, leaf.size)
+        return quantized.all_gather(leaf, axes, fmt, axis=dim, tiled=bool(tiled), algorithm=algorithm)
+
+    return tree_util.tree_map(run, x)

@@ -1,0 +1,65 @@
+"""numpy references of the compressed wire formats and of their error bounds, written from the formulas of
+docs/compression.md (jaxcoll/compress/formats.py), independently of the jax code they check."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+TINY = np.float32(2.0 ** -126)
+CODE_MAX = {"int8": 127.0, "fp8": 448.0}
+
+
+def blocks(x, block):
+    return np.asarray(x, np.float32).reshape(-1, block)
+
+
+def scales(x, fmt, block):
+    """Per block: the float32 scale absmax / code_max (0 below the smallest normal, NaN if non-finite)."""
+    b = blocks(x, block)
+    with np.errstate(invalid="ignore"):
+        absmax = np.max(np.abs(b), axis=1)
+    s = (absmax / np.float32(CODE_MAX[fmt])).astype(np.float32)
+    s = np.where(s >= TINY, s, np.float32(0))
+    return np.where(np.isfinite(absmax), s, np.float32(np.nan)).astype(np.float32)
+
+
+def flush(x):
+    """XLA:CPU reads float32 subnormals as zero."""
+    x = np.asarray(x, np.float32)
+    return np.where(np.abs(x) < TINY, np.float32(0), x).astype(np.float32)
+
+
+def roundtrip(x, fmt, block=256):
+    """x after encode and decode in `fmt`, float32."""
+    if fmt == "bf16":  # a conversion, no arithmetic: subnormals are rounded, not flushed
+        return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+    x = flush(x)
+    b = blocks(x, block)
+    s = scales(x, fmt, block)[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        inverse = (np.float32(1) / np.where(s > 0, s, np.float32(1))).astype(np.float32)
+        y = np.where(s > 0, b * inverse, 0).astype(np.float32)
+        y = np.clip(y, -CODE_MAX[fmt], CODE_MAX[fmt])
+        codes = np.round(y) if fmt == "int8" else y.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        return (codes.astype(np.float32) * s).astype(np.float32).reshape(np.shape(x))
+
+
+def bound(x, fmt, block=256):
+    """The per-element error bound of formats.py's docstring, float64 (NaN where the block is non-finite)."""
+    x64 = np.asarray(x, np.float64)
+    if fmt == "bf16":
+        return np.abs(x64) * 2.0 ** -8 + 2.0 ** -126  # + a subnormal read as zero
+    b = np.abs(blocks(x, block)).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        absmax = np.max(b, axis=1, keepdims=True)
+    s = absmax / CODE_MAX[fmt]
+    if fmt == "int8":
+        e = np.broadcast_to(s / 2, b.shape)
+    else:
+        e = np.maximum(b * 2.0 ** -4, s * 2.0 ** -10)
+    e = e * (1 + 2.0 ** -15)
+    small = absmax < CODE_MAX[fmt] * 2.0 ** -126  # scale would be subnormal: the block encodes as zeros
+    e = np.where(small, absmax, e)
+    e = np.where(np.isfinite(absmax), e, np.nan)
+    return e.reshape(np.shape(x))

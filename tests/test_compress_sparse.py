@@ -1,0 +1,206 @@
+"""The sparse all-reduce (Ok-Topk design) and Adasum against numpy references written from their definitions."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import jaxcoll
+from jaxcoll.compress import TopK, topk_all_reduce
+from jaxcoll.compress.sparse import Layout
+from sharded import mesh, per_rank, put, sharded
+
+
+def numpy_select(rows, threshold=None):
+    """Per row: the first entry of largest magnitude, magnitudes compared as their float32 bits floored at
+    2^-126 with the low b mantissa bits dropped (b = bits for the positions of a row); its index and value."""
+    g = rows.shape[-1]
+    bits = max(1, (g - 1).bit_length())
+    magnitude = np.maximum(np.abs(rows).view(np.int32), 0x00800000) & ~((1 << bits) - 1)
+    index = np.argmax(magnitude, axis=-1)  # the first of the largest
+    value = np.take_along_axis(rows, index[..., None], -1)[..., 0]
+    if threshold is not None:
+        index = np.where(np.abs(value) >= threshold, index, g)
+        value = np.where(index < g, value, 0).astype(np.float32)
+    return index, value
+
+
+def numpy_topk(x, k, threshold=None):
+    """Reference of the sparse all-reduce on x (N, L): (result, residuals), from the module's description:
+    per group of ceil(L/k) elements each rank selects an entry (numpy_select), the owner sums the selections in
+    rank order in float32 and selects again; kept entries leave the residuals."""
+    n, length = x.shape
+    lay = Layout.of(length, k, n)
+    g = lay.size
+    blocks = np.zeros((n, lay.groups * g), np.float32)
+    blocks[:, :length] = x
+    blocks = blocks.reshape(n, lay.groups, g)
+    index = np.stack([numpy_select(blocks[r], threshold)[0] for r in range(n)])
+    dense = np.zeros((lay.groups, g), np.float32)
+    for r in range(n):
+        rows = np.nonzero(index[r] < g)[0]
+        dense[rows, index[r, rows]] += blocks[r, rows, index[r, rows]]
+    kept, _ = numpy_select(dense)
+    result = np.zeros_like(dense)
+    result[np.arange(lay.groups), kept] = dense[np.arange(lay.groups), kept]
+    residual = blocks.copy()
+    for r in range(n):
+        rows = np.nonzero(index[r] == kept)[0]
+        residual[r, rows, kept[rows]] = 0
+    return result.reshape(-1)[:length], residual.reshape(n, -1)[:, :length]
+
+
+def run_topk(x, mesh_name, axis, **kw):
+    f = jax.jit(jax.shard_map(lambda v: jax.tree.map(lambda a: a[None], topk_all_reduce(v[0], axis, **kw)),
+                              mesh=mesh(mesh_name), in_specs=P(tuple(mesh(mesh_name).axis_names)),
+                              out_specs=P(tuple(mesh(mesh_name).axis_names))))
+    return tuple(np.asarray(a) for a in f(put(x, mesh_name)))
+
+
+@pytest.mark.parametrize("mesh_name,axis,length,k", [("1d8", "i", 1000, 10), ("1d8", "i", 4096, 41),
+                                                     ("1d4", "i", 777, 50), ("2x4", ("x", "y"), 512, 512)])
+def test_topk_all_reduce_equals_the_numpy_reference(mesh_name, axis, length, k):
+    n = int(np.prod(mesh(mesh_name).devices.shape))
+    x = np.random.default_rng(k).standard_normal((n, length)).astype(np.float32)
+    result, residual = run_topk(x, mesh_name, axis, k=k)
+    want, want_residual = numpy_topk(x, k)
+    assert np.all(result == result[0])
+    np.testing.assert_array_equal(result[0], want)
+    np.testing.assert_array_equal(residual, want_residual)
+
+
+def test_result_is_the_dense_all_reduce_of_the_entries_sent_and_kept():
+    x = np.random.default_rng(0).standard_normal((8, 2000)).astype(np.float32)
+    result, residual = run_topk(x, "1d8", "i", fraction=0.01)
+    sent = x - residual  # what each rank's residual gave up
+    assert np.all((residual == x) | (residual == 0))
+    np.testing.assert_allclose(result[0], sent.sum(0), rtol=1e-6, atol=1e-6)
+    assert np.count_nonzero(result[0]) <= Layout.of(2000, 20, 8).groups  # O(k) entries in all
+
+
+def test_threshold_keeps_small_entries_home():
+    x = np.random.default_rng(1).standard_normal((8, 800)).astype(np.float32) * 0.1
+    x[3, 17] = 5.0
+    result, residual = run_topk(x, "1d8", "i", k=8, threshold=1.0)
+    np.testing.assert_array_equal(result[0], numpy_topk(x, 8, threshold=1.0)[0])
+    assert np.count_nonzero(result[0]) == 1 and result[0, 17] == 5.0
+    np.testing.assert_array_equal(np.delete(residual.reshape(-1), 3 * 800 + 17), np.delete(x.reshape(-1),
+                                                                                            3 * 800 + 17))
+
+
+def test_equal_magnitudes_go_to_the_first_and_non_finite_entries_are_sent():
+    x = np.zeros((8, 64), np.float32)
+    x[:, 5] = 3.0
+    x[:, 9] = -3.0  # the same magnitude: the first wins
+    x[4, 10] = -np.inf  # group 0 (k=2: groups of 32)
+    x[2, 40] = np.nan  # group 1
+    x[6, :] = 0  # all zero: position 0, value 0
+    result, residual = run_topk(x, "1d8", "i", k=2)
+    assert result[0, 10] == -np.inf and np.isnan(result[0, 40])
+    assert residual[4, 10] == 0 and residual[2, 40] == 0
+    assert np.all(residual[:, 5][[0, 1, 2, 3, 5, 7]] == 3.0)  # group 0 kept the inf, not the 3s
+    clean = x.copy()
+    clean[4, 10] = clean[2, 40] = 0
+    result, residual = run_topk(clean, "1d8", "i", k=2)
+    np.testing.assert_array_equal(result[0], numpy_topk(clean, 2)[0])
+    assert result[0, 5] == 21.0 and result[0, 9] == 0  # every rank but 6 sent its first 3.0
+
+
+def test_traffic_is_order_k():
+    lay = Layout.of(16 * 2 ** 20, 16 * 2 ** 20 // 100, 8)
+    assert lay.wire_bytes() <= 16 * 1.01 * lay.groups
+    assert lay.wire_bytes() * 20 < 2 * 7 / 8 * 4 * 16 * 2 ** 20  # >= 20x less than the dense float32 sum
+
+
+def test_topk_through_all_reduce_and_its_derivative():
+    x = np.random.default_rng(2).standard_normal((8, 640)).astype(np.float32)
+    y = np.asarray(sharded(per_rank(lambda v: jaxcoll.all_reduce(v, "i", compression=TopK(k=64))), "1d8")(
+        put(x, "1d8")))
+    np.testing.assert_array_equal(y[0], numpy_topk(x, 64)[0])
+    w = jnp.arange(640, dtype=jnp.float32)
+    grad = lambda reduce: sharded(jax.grad(lambda v: jnp.sum(w * reduce(v))), "1d8")(put(x, "1d8"))  # noqa
+    np.testing.assert_array_equal(grad(lambda v: jaxcoll.all_reduce(v, "i", compression=TopK(fraction=0.1))),
+                                  grad(lambda v: lax.psum(v, "i")))
+
+
+@pytest.mark.parametrize("kw,message", [(dict(k=0), "k=0 is out of range"), (dict(k=641), "k=641 is out of range"),
+                                        (dict(fraction=1.5), "fraction=1.5 is out of range"),
+                                        (dict(k=3, fraction=0.1), "exactly one of k and fraction")])
+def test_k_out_of_range_is_refused(kw, message):
+    with pytest.raises(ValueError, match=message):
+        run_topk(np.ones((8, 640), np.float32), "1d8", "i", **kw)
+
+
+def test_topk_refuses_integers_and_other_collectives():
+    with pytest.raises(TypeError, match="dtype=int32"):
+        run_topk(np.ones((8, 64), np.int32), "1d8", "i", k=4)
+    with pytest.raises(ValueError, match="sparse.*all_reduce only"):
+        sharded(per_rank(lambda v: jaxcoll.all_gather(v, "i", compression=TopK(k=2))), "1d8")(
+            put(np.ones((8, 64), np.float32), "1d8"))
+
+
+# -- Adasum ----------------------------------------------------------------------------------------------------
+
+def numpy_adasum(gs):
+    """The recursive pairwise formula over halves, in float64."""
+    if len(gs) == 1:
+        return gs[0]
+    a, b = numpy_adasum(gs[:len(gs) // 2]), numpy_adasum(gs[len(gs) // 2:])
+    dot = a @ b
+    ca = 1 - dot / (2 * (a @ a)) if a @ a > 0 else 1.0
+    cb = 1 - dot / (2 * (b @ b)) if b @ b > 0 else 1.0
+    return ca * a + cb * b
+
+
+@pytest.mark.parametrize("mesh_name", ["1d2", "1d4", "1d8"])
+def test_adasum_equals_the_recursive_formula(mesh_name):
+    n = int(np.prod(mesh(mesh_name).devices.shape))
+    x = np.random.default_rng(n).standard_normal((n, 3, 50)).astype(np.float32) + np.linspace(0, 1, 150).reshape(3, 50)
+    y = np.asarray(sharded(per_rank(lambda v: jaxcoll.all_reduce(v, "i", op="adasum")), mesh_name)(
+        put(x, mesh_name)))
+    assert np.all(y == y[0])
+    want = numpy_adasum([v.reshape(-1).astype(np.float64) for v in x]).reshape(3, 50)
+    np.testing.assert_allclose(y[0], want, rtol=2e-5, atol=2e-5)
+
+
+def test_adasum_adds_orthogonal_gradients_and_keeps_equal_ones():
+    eye = np.eye(8, 16, dtype=np.float32) * np.arange(1, 9, dtype=np.float32)[:, None]
+    y = np.asarray(sharded(per_rank(lambda v: jaxcoll.adasum(v, "i")), "1d8")(put(eye, "1d8")))
+    np.testing.assert_allclose(y[0], eye.sum(0), rtol=1e-6)
+    same = np.tile(np.arange(16, dtype=np.float32), (8, 1))
+    y = np.asarray(sharded(per_rank(lambda v: jaxcoll.adasum(v, "i")), "1d8")(put(same, "1d8")))
+    np.testing.assert_allclose(y[0], same[0], rtol=1e-6)
+
+
+def test_adasum_result_is_invariant_and_handles_zero_gradients():
+    x = np.zeros((8, 32), np.float32)
+    x[5] = 1.0
+    f = jax.jit(jax.shard_map(lambda v: jaxcoll.adasum(v[0], "i"), mesh=mesh("1d8"), in_specs=P("i"),
+                              out_specs=P()))
+    np.testing.assert_allclose(np.asarray(f(put(x, "1d8"))), x[5])
+
+
+def test_adasum_needs_a_power_of_two_group():
+    m = jax.make_mesh((6,), ("i",), devices=jax.devices()[:6])
+    with pytest.raises(ValueError, match="has 6 ranks; .* power of two"):
+        jax.jit(jax.shard_map(lambda v: jaxcoll.adasum(v, "i"), mesh=m, in_specs=P("i"), out_specs=P("i"))).trace(
+            jax.device_put(jnp.ones((6, 4)), jax.sharding.NamedSharding(m, P("i"))))
+
+
+def test_topk_and_adasum_under_vmap_and_scan_match_a_loop():
+    x = np.random.default_rng(5).standard_normal((8, 3, 200)).astype(np.float32)
+
+    def body(v):
+        rows = v[0]
+        topk = lambda r: topk_all_reduce(r, "i", k=10)[0]  # noqa: E731
+        ada = lambda r: jaxcoll.adasum(r, "i")  # noqa: E731
+        out = []
+        for fn in (topk, ada):
+            looped = jnp.stack([fn(rows[j]) for j in range(3)])
+            out += [jax.vmap(fn)(rows) - looped, lax.scan(lambda c, r: (c, fn(r)), 0, rows)[1] - looped]
+        return jnp.stack(out)[None]
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh("1d8"), in_specs=P("i"), out_specs=P("i")))
+    assert np.all(np.asarray(f(put(x, "1d8"))) == 0)
