@@ -1,6 +1,6 @@
-#include "communicator.hpp"
+#include "csrc/communicator.hpp"
 
-#include "memory.hpp"
+#include "csrc/memory.hpp"
 
 #include <algorithm>
 #include <condition_variable>

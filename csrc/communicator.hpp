@@ -32,10 +32,10 @@
 #include <string>
 #include <vector>
 
-#include "dtype.hpp"
-#include "lanes.hpp"
-#include "status.hpp"
-#include "wait.hpp"
+#include "csrc/dtype.hpp"
+#include "csrc/lanes.hpp"
+#include "csrc/status.hpp"
+#include "csrc/wait.hpp"
 
 namespace jaxcoll {
 

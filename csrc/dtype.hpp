@@ -1,7 +1,7 @@
-// Element types and reductions the executor supports. 16-bit floats are reduced in float32 (their accumulation
-// type) and rounded once, to nearest even, where a result lands in a buffer of the data type; scratch buffers
-// hold the accumulation type (docs/plan-ir.md, "Chunks and sizes"). bool is stored as one byte, 0 or 1; its
-// sum is logical or (max), so results stay booleans.
+// Element types the executor supports (the reductions are csrc/abi.hpp's ReduceOp). 16-bit floats are reduced in
+// float32 (their accumulation type) and rounded once, to nearest even, where a result lands in a buffer of the data
+// type; scratch buffers hold the accumulation type (docs/plan-ir.md, "Chunks and sizes"). bool is stored as one
+// byte, 0 or 1; its sum is logical or (max), so results stay booleans.
 #pragma once
 
 #include <cstddef>
@@ -12,7 +12,6 @@
 namespace jaxcoll {
 
 enum class DType : int32_t { kF16, kBF16, kF32, kF64, kI8, kI32, kI64, kU8, kU32, kBool };
-enum class ReduceOp : int32_t { kSum = 0, kMax = 1, kMin = 2 };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -49,15 +48,6 @@ inline std::optional<DType> dtype_from_name(std::string_view name) {
   for (int32_t i = 0; i <= static_cast<int32_t>(DType::kBool); ++i)
     if (name == dtype_name(static_cast<DType>(i))) return static_cast<DType>(i);
   return std::nullopt;
-}
-
-inline const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-  }
-  return "?";
 }
 
 }  // namespace jaxcoll

@@ -1,4 +1,4 @@
-#include "executor.hpp"
+#include "csrc/executor.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -9,32 +9,25 @@
 #include <string>
 #include <vector>
 
-#include "layout.hpp"
-#include "memory.hpp"
-#include "reduce.hpp"
+#include "csrc/env.hpp"
+#include "csrc/layout.hpp"
+#include "csrc/memory.hpp"
+#include "csrc/reduce.hpp"
 
 namespace jaxcoll {
 
 namespace {
-std::atomic<int64_t> solo_limit{[] {
-  const char* v = std::getenv("JAXCOLL_SOLO_BYTES");
-  return v && *v ? std::strtoll(v, nullptr, 10) : int64_t{4} << 20;
-}()};
+// A function's static, not a global: the setting is read on first use, never while the library loads.
+std::atomic<int64_t>& solo_limit() {
+  static std::atomic<int64_t> limit{env_settings().solo_bytes.value_or(int64_t{4} << 20)};
+  return limit;
+}
 }  // namespace
 
-int64_t solo_bytes() { return solo_limit.load(std::memory_order_relaxed); }
-void set_solo_bytes(int64_t bytes) { solo_limit.store(bytes, std::memory_order_relaxed); }
+int64_t solo_bytes() { return solo_limit().load(std::memory_order_relaxed); }
+void set_solo_bytes(int64_t bytes) { solo_limit().store(bytes, std::memory_order_relaxed); }
 
-double default_timeout_s() {
-  static const double t = [] {
-    const char* v = std::getenv("JAXCOLL_TIMEOUT");
-    if (!v || !*v) return 300.0;
-    char* end = nullptr;
-    const double x = std::strtod(v, &end);
-    return (end && *end == '\0' && x > 0) ? x : 300.0;
-  }();
-  return t;
-}
+double default_timeout_s() { return env_settings().timeout_s.value_or(300.0); }
 
 namespace {
 
@@ -115,11 +108,8 @@ Status lead_call(Communicator& comm, Rendezvous* rv, const Plan& plan, int32_t r
 // thread that a completion costs (64 KiB all_reduce in a loop: 0.18 ms per call through the pool); the bound
 // keeps a waiting thread from ever being what a peer's call is queued behind.
 Clock::duration sync_wait() {
-  static const Clock::duration d = [] {
-    const char* v = std::getenv("JAXCOLL_SYNC_WAIT_US");
-    const long us = v && *v ? std::strtol(v, nullptr, 10) : 2000;
-    return std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(std::max(0L, us)));
-  }();
+  static const Clock::duration d = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::microseconds(env_settings().sync_wait_us.value_or(2000)));
   return d;
 }
 
@@ -148,8 +138,7 @@ Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_
                                        "needs out_blocks*block=" + std::to_string(plan.out_blocks) + "*" +
                                        std::to_string(block));
   const size_t dsize = dtype_size(b.dtype);
-  static const bool trace = std::getenv("JAXCOLL_TRACE") != nullptr;
-  if (trace) std::fprintf(stderr, "jaxcoll trace: rank %d joins launch %lld\n", rank, (long long)run_id);
+  if (env_settings().trace) std::fprintf(stderr, "jaxcoll trace: rank %d joins launch %lld\n", rank, (long long)run_id);
   Rendezvous* rv = comm.join(rank, run_id, site);
   if (!rv) return fail_with(comm, site, rank, "out of memory for the call's rendezvous");
   RankSlot& me = rv->slot(rank);

@@ -7,11 +7,11 @@
 #include <cstdint>
 #include <functional>
 
-#include "communicator.hpp"
-#include "dtype.hpp"
-#include "lanes.hpp"
-#include "plan.hpp"
-#include "status.hpp"
+#include "csrc/communicator.hpp"
+#include "csrc/dtype.hpp"
+#include "csrc/lanes.hpp"
+#include "csrc/plan.hpp"
+#include "csrc/status.hpp"
 
 namespace jaxcoll {
 

@@ -1,12 +1,12 @@
-#include "lanes.hpp"
+#include "csrc/lanes.hpp"
 
 #include <algorithm>
 #include <cstring>
 #include <string>
 
-#include "communicator.hpp"
-#include "layout.hpp"
-#include "reduce.hpp"
+#include "csrc/communicator.hpp"
+#include "csrc/layout.hpp"
+#include "csrc/reduce.hpp"
 
 namespace jaxcoll {
 

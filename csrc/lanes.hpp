@@ -16,10 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "dtype.hpp"
-#include "plan.hpp"
-#include "status.hpp"
-#include "wait.hpp"
+#include "csrc/abi.hpp"
+#include "csrc/dtype.hpp"
+#include "csrc/plan.hpp"
+#include "csrc/status.hpp"
+#include "csrc/wait.hpp"
 
 namespace jaxcoll {
 

@@ -1,4 +1,4 @@
-#include "local_group.hpp"
+#include "csrc/local_group.hpp"
 
 #include <algorithm>
 #include <condition_variable>
@@ -7,8 +7,8 @@
 #include <string>
 #include <thread>
 
-#include "communicator.hpp"
-#include "executor.hpp"
+#include "csrc/communicator.hpp"
+#include "csrc/executor.hpp"
 
 namespace jaxcoll {
 

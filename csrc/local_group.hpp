@@ -5,9 +5,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "dtype.hpp"
-#include "plan.hpp"
-#include "status.hpp"
+#include "csrc/abi.hpp"
+#include "csrc/dtype.hpp"
+#include "csrc/plan.hpp"
+#include "csrc/status.hpp"
 
 namespace jaxcoll {
 

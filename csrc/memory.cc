@@ -1,4 +1,4 @@
-#include "memory.hpp"
+#include "csrc/memory.hpp"
 
 #include <cstdint>
 
@@ -6,12 +6,12 @@
 #include <sys/mman.h>
 #endif
 
-#include "env.hpp"
+#include "csrc/env.hpp"
 
 namespace jaxcoll {
 
 size_t huge_page_bytes() {
-  static const size_t t = env_bytes("JAXCOLL_HUGEPAGE_BYTES", size_t{4} << 20);
+  static const size_t t = env_settings().hugepage_bytes.value_or(size_t{4} << 20);
   return t;
 }
 

@@ -1,4 +1,4 @@
-#include "net.hpp"
+#include "csrc/net.hpp"
 
 #include <atomic>
 #include <cerrno>

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "status.hpp"
-#include "wait.hpp"
+#include "csrc/status.hpp"
+#include "csrc/wait.hpp"
 
 namespace jaxcoll {
 

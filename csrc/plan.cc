@@ -1,4 +1,4 @@
-#include "plan.hpp"
+#include "csrc/plan.hpp"
 
 #include <algorithm>
 #include <string>
@@ -54,7 +54,7 @@ std::string Plan::where(int32_t rank, int32_t lane, int32_t step) const {
 
 namespace {
 
-constexpr int32_t kNumCollectives = 7, kNumOps = 11, kNumBuffers = 3, kNumProtocols = 3;
+constexpr int32_t kNumOps = 11, kNumBuffers = 3, kNumProtocols = 3;
 
 // Reads words one field at a time; every read is bounds-checked so a truncated plan fails cleanly.
 class WordReader {

@@ -9,12 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "status.hpp"
+#include "csrc/status.hpp"
 
 namespace jaxcoll {
 
 // Codes are positions in the Python enums (jaxcoll/plan/ir.py): never renumber.
 enum class Collective : int32_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kPpermute, kCustom };
+inline constexpr int32_t kNumCollectives = static_cast<int32_t>(Collective::kCustom) + 1;
 enum class Op : int32_t { kCopy, kReduce, kPut, kGet, kReadReduce, kReducePut, kReadReducePut, kZero, kSignal, kWait, kBarrier };
 enum class BufferKind : int32_t { kInput, kOutput, kScratch };
 

@@ -1,4 +1,4 @@
-#include "reduce.hpp"
+#include "csrc/reduce.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -9,7 +9,7 @@
 #include <emmintrin.h>
 #endif
 
-#include "env.hpp"
+#include "csrc/env.hpp"
 
 // The kernels are compiled for several instruction sets and picked at load time (GCC/Clang function
 // multiversioning), so the shipped build runs anywhere and still uses AVX-512/AVX2 (and F16C for float16
@@ -79,7 +79,7 @@ struct Min {
 // 16.4 ms with, 23.8 ms without; 64 MiB/rank 60 ms with, 90 ms without; 4 MiB/rank 3.3 ms at a 256 KiB
 // threshold, 5 ms at 1 MiB.
 size_t nt_threshold() {
-  static const size_t t = env_bytes("JAXCOLL_NT_BYTES", size_t{256} << 10);
+  static const size_t t = env_settings().nt_bytes.value_or(size_t{256} << 10);
   return t;
 }
 
@@ -222,7 +222,7 @@ JAXCOLL_DEFINE_KERNEL(reduce_u32, Plain<uint32_t>)
 // all_reduce of 16 MiB per rank (256 MiB) 17.6-24 ms streamed, 24-27 ms not. JAXCOLL_NT_CALL_BYTES overrides
 // (0: stream at every size).
 bool stream_call(int64_t traffic_bytes) {
-  static const size_t t = env_bytes("JAXCOLL_NT_CALL_BYTES", size_t{32} << 20);
+  static const size_t t = env_settings().nt_call_bytes.value_or(size_t{32} << 20);
   return traffic_bytes >= 0 && size_t(traffic_bytes) >= t;
 }
 

@@ -5,7 +5,8 @@
 
 #include <cstdint>
 
-#include "dtype.hpp"
+#include "csrc/abi.hpp"
+#include "csrc/dtype.hpp"
 
 namespace jaxcoll {
 

@@ -1,4 +1,4 @@
-#include "shared_memory.hpp"
+#include "csrc/shared_memory.hpp"
 
 #include <cerrno>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "spanning.hpp"
+#include "csrc/spanning.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -13,13 +13,13 @@
 #include <thread>
 #include <tuple>
 
-#include "env.hpp"
-#include "layout.hpp"
-#include "memory.hpp"
-#include "net.hpp"
-#include "shared_memory.hpp"
-#include "workers.hpp"
-#include "world.hpp"
+#include "csrc/env.hpp"
+#include "csrc/layout.hpp"
+#include "csrc/memory.hpp"
+#include "csrc/net.hpp"
+#include "csrc/shared_memory.hpp"
+#include "csrc/workers.hpp"
+#include "csrc/world.hpp"
 
 namespace jaxcoll {
 
@@ -102,7 +102,7 @@ int helpers_per_call(const World& w) {
     int local = 0;
     for (int32_t p = 0; p < w.nprocesses(); ++p) local += w.same_host(p, w.process);
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    return env_int("JAXCOLL_SPAN_HELPERS", std::max(0, cores / std::max(1, local) - 1));
+    return env_settings().span_helpers.value_or(std::max(0, cores / std::max(1, local) - 1));
   }();
   return n;
 }

@@ -27,10 +27,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "communicator.hpp"
-#include "executor.hpp"
-#include "plan.hpp"
-#include "status.hpp"
+#include "csrc/communicator.hpp"
+#include "csrc/executor.hpp"
+#include "csrc/plan.hpp"
+#include "csrc/status.hpp"
 
 namespace jaxcoll {
 

@@ -1,4 +1,4 @@
-#include "wait.hpp"
+#include "csrc/wait.hpp"
 
 #include <thread>
 
@@ -9,7 +9,7 @@
 #include <unistd.h>
 #endif
 
-#include "env.hpp"
+#include "csrc/env.hpp"
 
 namespace jaxcoll {
 
@@ -19,12 +19,12 @@ void yield_cpu() { std::this_thread::yield(); }
 // (8 on 2 here) a spinning waiter steals the core the thread it waits for needs, and sleeping at once measured
 // fastest (4 KiB all_reduce: 0.15 ms sleeping at once, 0.27 ms after 128 pauses and 4 yields).
 int spin_iterations() {
-  static const int n = env_int("JAXCOLL_SPIN", std::thread::hardware_concurrency() >= 16 ? 128 : 0);
+  static const int n = env_settings().spin.value_or(std::thread::hardware_concurrency() >= 16 ? 128 : 0);
   return n;
 }
 
 int yield_iterations() {
-  static const int n = env_int("JAXCOLL_YIELD", 0);
+  static const int n = env_settings().yield.value_or(0);
   return n;
 }
 

@@ -1,4 +1,4 @@
-#include "workers.hpp"
+#include "csrc/workers.hpp"
 
 #include <condition_variable>
 #include <deque>

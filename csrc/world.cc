@@ -1,4 +1,4 @@
-#include "world.hpp"
+#include "csrc/world.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -10,8 +10,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "net.hpp"
-#include "shared_memory.hpp"
+#include "csrc/net.hpp"
+#include "csrc/shared_memory.hpp"
 
 namespace jaxcoll {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "status.hpp"
+#include "csrc/status.hpp"
 
 namespace jaxcoll {
 

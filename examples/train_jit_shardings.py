@@ -1,6 +1,7 @@
 """A jax.jit training loop with shardings (no shard_map in the model) over a 2x4 (data x model) mesh: the MLP's
 products are `jaxcoll.nn.dense` (partitioned onto jaxcoll's fused collective matmuls), the optimizer is
-jaxcoll's ZeRO-1 AdamW (`reduce_scatter_adam_all_gather`, state sharded over "data"). Compared with the
+`jaxcoll.nn.adamw`, jaxcoll's ZeRO-1 AdamW (partitioned onto `reduce_scatter_adam_all_gather`, state sharded over
+"data"); the step has no shard_map. Compared with the
 XLA-only program (jnp.matmul, optax.adamw, XLA's partitioner): parameters after N steps, and step times.
 
     python examples/train_jit_shardings.py [--steps 5] [--batch 8] [--seq 32] [--hidden 32]
@@ -18,11 +19,10 @@ import optax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxcoll import fused, nn
+from jaxcoll import nn
 
 HYPER = dict(b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2)
 WSPECS = {"w1": P(None, "model"), "w2": P("model", None)}
-STATE = P(("model", "data"))  # each device: the data-axis shard of its model-local parameters' state
 
 
 def model(mesh, params, x, matmul):
@@ -37,21 +37,13 @@ def loss_fn(mesh, params, x, y, matmul):
 
 
 def jaxcoll_step(mesh, lr):
-    def optimizer(g, p, s):
-        return fused.reduce_scatter_adam_all_gather(g, p, s, "data", lr=lr, grads_summed=True, **HYPER)
-
-    sspec = fused.AdamState(P(), STATE, STATE, STATE)
-    opt = jax.shard_map(optimizer, mesh=mesh, in_specs=(WSPECS, WSPECS, sspec), out_specs=(WSPECS, sspec))
-
     @jax.jit
     def step(params, state, x, y):
         loss, g = jax.value_and_grad(lambda q: loss_fn(mesh, q, x, y, nn.dense))(params)
-        params, state = opt(g, params, state)
+        params, state = nn.adamw(g, params, state, lr=lr, axis_name="data", **HYPER)
         return params, state, loss
 
-    init = jax.jit(jax.shard_map(lambda q: fused.adam_init(q, "data"), mesh=mesh, in_specs=(WSPECS,),
-                                 out_specs=sspec))
-    return step, init
+    return step, lambda params: nn.adamw_init(params, mesh, "data")
 
 
 def xla_step(mesh, lr):

@@ -80,6 +80,14 @@ def invariant_over(aval, axes):
         varying=frozenset(a for a in aval.mat.varying if a not in axes)))
 
 
+def varying_over(aval, axes):
+    """`aval` typed varying over `axes` as well: the result type of a pvary (lax's pvary abstract eval does the
+    same, and places the result on the current abstract mesh). No public API."""
+    from jax.sharding import get_abstract_mesh
+    return aval.update(sharding=aval.sharding.update(mesh=get_abstract_mesh()),
+                       manual_axis_type=aval.mat.update(varying=aval.mat.varying | frozenset(axes)))
+
+
 # -- Primitives and their rules ---------------------------------------------------------------------------------
 # jaxcoll's primitives are built from jax.extend.core.Primitive and registered through the public modules
 # jax.interpreters.{ad, batching, mlir}; these are the pieces of the rules that JAX does not export.
@@ -126,8 +134,14 @@ def axis_index_hlo(ctx, axis_name):
     """This device's index along mesh axis `axis_name`, as an s32 value of the lowered program. What
     jax.lax.axis_index lowers to; no public API emits it inside another primitive's lowering rule (a rule could
     call mlir.lower_fun(lax.axis_index), at the cost of a nested function per call)."""
+    import numpy as np
+    from jax._src import core
     from jax._src.lax import parallel
-    return parallel._build_axis_index_lowering_hlo(ctx, axis_name, ctx.module_context.axis_context)
+    # Inside a shard_map that leaves some mesh axes automatic, the rule lowers lax.axis_index as a function of
+    # the rule context's operands (mlir.lower_fun): axis_index has none, the collective calling it does. Give it
+    # the context of an axis_index (no operands, one s32 result). Checked on jax 0.10.2.
+    index_ctx = ctx.replace(avals_in=(), avals_out=(core.ShapedArray((), np.dtype(np.int32)),))
+    return parallel._build_axis_index_lowering_hlo(index_ctx, axis_name, ctx.module_context.axis_context)
 
 
 def custom_call(*args, **kwargs):

@@ -68,6 +68,27 @@ def _timeout_ms() -> int:
     return int(runtime.default_timeout_s() * 1000)
 
 
+def _forced_network() -> bool:
+    # JAXCOLL_TRANSPORT=tcp puts every process on a host of its own: a peer is then reached over the network even
+    # on this machine (how the network transport is tested over loopback).
+    transport = os.environ.get("JAXCOLL_TRANSPORT", "")
+    if transport not in ("", "tcp"):
+        raise ValueError(f"jaxcoll: JAXCOLL_TRANSPORT={transport!r} is not a transport; set it to 'tcp' (every "
+                         "process on a host of its own) or unset it for the default (shared memory within a host)")
+    return transport == "tcp"
+
+
+def _net_port() -> int:
+    """JAXCOLL_NET_PORT: the port this process listens on for its network peers; 0 or unset: a free one."""
+    port = os.environ.get("JAXCOLL_NET_PORT", "")
+    if not port:
+        return 0
+    if not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        raise ValueError(f"jaxcoll: JAXCOLL_NET_PORT={port!r} is not a port number (0 to 65535); unset it for a "
+                         "free port")
+    return int(port)
+
+
 def world() -> World | None:
     """The job, once `connect()` has run in this process; None before (or without jax.distributed)."""
     return _world
@@ -90,6 +111,7 @@ def connect() -> World | None:
                 "not available; call jax.distributed.initialize() before running jaxcoll collectives")
         me, n = jax.process_index(), jax.process_count()
         timeout = _timeout_ms()
+        forced_network = _forced_network()
         if me == 0:
             client.key_value_set(_PREFIX + "token", secrets.token_hex(16))
         token = _get(client, _PREFIX + "token", timeout, "process 0", "the job's token")
@@ -102,9 +124,6 @@ def connect() -> World | None:
             if peer["version"] != mine["version"]:
                 raise RuntimeError(f"jaxcoll: process {q} runs jaxcoll {peer['version']}, process {me} runs "
                                    f"{mine['version']}; every process of a job must run the same version")
-        # JAXCOLL_TRANSPORT=tcp puts every process on a host of its own: a peer is then reached over the
-        # network even on this machine (how the network transport is tested over loopback).
-        forced_network = os.environ.get("JAXCOLL_TRANSPORT", "") == "tcp"
         host_ids: dict[str, int] = {}
         hosts = tuple(q if forced_network else host_ids.setdefault(peer["host"], len(host_ids))
                       for q, peer in enumerate(peers))
@@ -122,10 +141,9 @@ def _connect_network(client, me: int, n: int, remote: list[int], token: str, tim
     """Open the network transport to the processes on other hosts: listen (JAXCOLL_NET_PORT, default a free
     port), publish the address and port, read theirs and connect (csrc/net.hpp)."""
     from jaxcoll import runtime
-    port = int(os.environ.get("JAXCOLL_NET_PORT", "0") or 0)
     try:
-        bound = runtime.net_listen(me, port, token)
-    except RuntimeError as e:
+        bound = runtime.net_listen(me, _net_port(), token)
+    except (RuntimeError, ValueError) as e:
         # Tell the peers now, or they would wait out the timeout for an address that never comes.
         client.key_value_set(_PREFIX + f"net/{me}", json.dumps({"error": str(e).removeprefix("jaxcoll: ")}))
         raise

@@ -3,7 +3,7 @@ for the CPU platform (and XLA's CUDA platform when the module was built with CUD
 executors without JAX: `run_plan` (CPU threads) and `run_plan_cuda` (every rank emulated on one GPU).
 
 Importing this module registers the targets (idempotent); the lowering imports it before emitting a custom
-call. The targets (`TARGETS`) and their operands and attributes are specified in docs/plan-ir.md.
+call. The targets (`jaxcoll.plan.abi.TARGETS`) and their operands and attributes are specified in docs/plan-ir.md.
 """
 
 from __future__ import annotations
@@ -35,23 +35,18 @@ def _check_jaxlib() -> None:
 
 
 _check_jaxlib()
+# A malformed JAXCOLL_* setting is an error here, naming the variable and its value, before any call runs (the
+# runtime reads its settings once; csrc/env.hpp, docs/runtime.md "Settings").
+_jaxcoll.check_environment()
 
 from jaxcoll.plan import Plan, encode
-from jaxcoll.plan.ir import Collective
+from jaxcoll.plan.abi import REDUCE_OP_CODES
 
-TARGETS = ("jaxcoll_all_reduce", "jaxcoll_all_gather", "jaxcoll_reduce_scatter", "jaxcoll_all_to_all",
-           "jaxcoll_broadcast", "jaxcoll_ppermute", "jaxcoll_custom")
-REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
 STATE_TYPE = "jaxcoll.plan_state"
 DEFAULT_TIMEOUT_S = 300.0
 
 _registered = False
 _lock = threading.Lock()
-
-
-def target_name(collective: Collective | str) -> str:
-    """The FFI target of a plan's collective: "jaxcoll_" + its name."""
-    return "jaxcoll_" + Collective(collective).value
 
 
 def register() -> None:
@@ -159,8 +154,8 @@ def run_plan(plan: Plan, inputs: Sequence[np.ndarray], op: str = "sum",
     `inputs[r]` is rank r's input; returns each rank's output. The output shape follows from the plan's
     in_blocks/out_blocks (see `output_shape`). `op` is "sum", "max" or "min".
     """
-    if op not in REDUCE_OPS:
-        raise ValueError(f"run_plan: op must be one of {sorted(REDUCE_OPS)}, got {op!r}")
+    if op not in REDUCE_OP_CODES:
+        raise ValueError(f"run_plan: op must be one of {list(REDUCE_OP_CODES)}, got {op!r}")
     if len(inputs) != plan.nranks:
         raise ValueError(f"run_plan: the plan has {plan.nranks} ranks but got {len(inputs)} inputs")
     expect = getattr(plan, "expect", None)
@@ -169,7 +164,7 @@ def run_plan(plan: Plan, inputs: Sequence[np.ndarray], op: str = "sum",
         raise ValueError(f"run_plan: the plan's postcondition is stated for op={expect.reduce_op!r} (it may "
                          f"reduce a contribution more than once), so it cannot run with op={op!r}")
     shape = output_shape(plan, np.shape(inputs[0]))
-    return run_words(encode(plan), inputs, shape, REDUCE_OPS[op], timeout_s)
+    return run_words(encode(plan), inputs, shape, REDUCE_OP_CODES[op], timeout_s)
 
 
 def cuda_status() -> tuple[bool, str]:
@@ -185,32 +180,51 @@ def cuda_status() -> tuple[bool, str]:
 
 def run_words_cuda(words: np.ndarray, inputs: Sequence[np.ndarray], output_shape: Sequence[int],
                    reduce_op: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, protocol: str = "auto",
-                   blocks_per_lane: int = 0, calls: int = 1, device: int = 0) -> tuple[list[np.ndarray], dict]:
+                   blocks_per_lane: int = 0, calls: int = 1, device: int = 0,
+                   input_offsets: Sequence[int] | None = None,
+                   output_offsets: Sequence[int] | None = None) -> tuple[list[np.ndarray], dict]:
     """`run_words` on the CUDA executor with every rank emulated on ONE GPU (`device`): the group's slots share
     the device and one launch holds every rank's thread blocks. `protocol` is "auto", "ll" or "bulk";
     `calls` > 1 runs the call repeatedly on the same group (its counters advance as under XLA). Returns the
     outputs and {"protocol", "blocks_per_lane", "traffic_bytes"} of the run. RuntimeError names a failing
-    step (a timeout reports the rank, lane, step and semaphore)."""
+    step (a timeout reports the rank, lane, step and semaphore).
+
+    `input_offsets` / `output_offsets` (one count of elements per rank, default all 0) start each rank's
+    device buffers that many elements past an aligned base: the unaligned addresses XLA's sliced buffers may
+    have, and peers whose addresses no one vector peel aligns."""
     words = np.ascontiguousarray(words, dtype=np.int32).ravel()
     inputs, dtype, shape = _rank_inputs(inputs, "run_words_cuda")
+    offsets = {name: _rank_offsets(value, len(inputs), name)
+               for name, value in (("input_offsets", input_offsets), ("output_offsets", output_offsets))}
     outputs = [np.empty(tuple(output_shape), dtype) for _ in inputs]
     info = _jaxcoll.cuda_emulate(words, [x.reshape(-1).view(np.uint8) for x in inputs],
                                  [y.reshape(-1).view(np.uint8) for y in outputs], dtype.name,
                                  int(np.prod(shape, dtype=np.int64)), int(np.prod(output_shape, dtype=np.int64)),
                                  int(reduce_op), float(timeout_s), protocol, int(blocks_per_lane), int(device),
-                                 int(calls))
+                                 int(calls), **offsets)
     return outputs, dict(info)
+
+
+def _rank_offsets(offsets: Sequence[int] | None, nranks: int, name: str) -> list[int]:
+    """One element offset >= 0 per rank (None: none), checked before the harness allocates."""
+    if offsets is None:
+        return []
+    offsets = list(offsets)
+    if len(offsets) != nranks or not all(isinstance(o, (int, np.integer)) and o >= 0 for o in offsets):
+        raise ValueError(f"run_words_cuda: {name} must be one whole number >= 0 per rank ({nranks}), "
+                         f"got {offsets!r}")
+    return [int(o) for o in offsets]
 
 
 def run_plan_cuda(plan: Plan, inputs: Sequence[np.ndarray], op: str = "sum", timeout_s: float = DEFAULT_TIMEOUT_S,
                   protocol: str = "auto", blocks_per_lane: int = 0, calls: int = 1) -> list[np.ndarray]:
     """`run_plan` on the CUDA executor, every rank emulated on one GPU (see `run_words_cuda`)."""
-    if op not in REDUCE_OPS:
-        raise ValueError(f"run_plan_cuda: op must be one of {sorted(REDUCE_OPS)}, got {op!r}")
+    if op not in REDUCE_OP_CODES:
+        raise ValueError(f"run_plan_cuda: op must be one of {list(REDUCE_OP_CODES)}, got {op!r}")
     if len(inputs) != plan.nranks:
         raise ValueError(f"run_plan_cuda: the plan has {plan.nranks} ranks but got {len(inputs)} inputs")
     shape = output_shape(plan, np.shape(inputs[0]))
-    outs, _ = run_words_cuda(encode(plan), inputs, shape, REDUCE_OPS[op], timeout_s, protocol, blocks_per_lane,
+    outs, _ = run_words_cuda(encode(plan), inputs, shape, REDUCE_OP_CODES[op], timeout_s, protocol, blocks_per_lane,
                              calls)
     return outs
 

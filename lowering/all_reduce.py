@@ -2,7 +2,8 @@
 
 Typing as in jax.lax under shard_map(check_vma=True): the result is invariant over the reduced axes. Only the
 sum is linear; its transpose is psum's: under check_vma the cotangent of an invariant result is itself
-invariant and transposes to pvary, otherwise it is summed again.
+invariant and transposes to jaxcoll's pvary (whose own transpose is this all_reduce again), otherwise it is
+summed again.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def _jvp(primals, tangents, *, axes, op, algorithm):
 
 def _transpose(ct, x, *, axes, op, algorithm):
     if _jax.check_vma():
-        return (lax.pcast(ct, axes, to="varying"),)
+        from jaxcoll.lowering import pvary
+        return (pvary.bind(ct, axes=axes, algorithm=algorithm),)
     return (all_reduce_p.bind(ct, axes=axes, op=op, algorithm=algorithm),)
 
 

@@ -30,9 +30,6 @@ def _abstract_eval(aval, *, axes, split_axis, concat_axis, algorithm):
     groups.check_varying(API, axes, aval)
     n = groups.group_size(axes)
     shape = list(aval.shape)
-    if shape[split_axis] % n:
-        raise ValueError(f"{API}: x.shape[split_axis={split_axis}] = {shape[split_axis]} is not divisible by "
-                         f"the group size {n}")
     shape[split_axis] //= n
     shape[concat_axis] *= n
     return aval.update(shape=tuple(shape), weak_type=False), groups.named_axis_effects(axes)

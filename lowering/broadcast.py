@@ -24,12 +24,6 @@ def bind(x, *, axes: tuple, root: int, algorithm):
     return broadcast_p.bind(groups.pvary_missing(x, axes), axes=axes, root=root, algorithm=algorithm)
 
 
-def check_root(root, n: int) -> int:
-    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < n:
-        raise ValueError(f"{API}: root={root!r} is not a rank of the group; it must be an int in [0, {n})")
-    return root
-
-
 def _abstract_eval(aval, *, axes, root, algorithm):
     del root, algorithm
     groups.axis_names(axes, API)
@@ -48,7 +42,8 @@ def _transpose(ct, x, *, axes, root, algorithm):
     from jaxcoll.lowering.all_reduce import all_reduce_p
     total = all_reduce_p.bind(ct, axes=axes, op="sum", algorithm="auto")
     if _jax.check_vma():
-        total = lax.pcast(total, axes, to="varying")
+        from jaxcoll.lowering import pvary
+        total = pvary.bind(total, axes=axes)
     is_root = lax.axis_index(axes) == root
     return (jnp.where(is_root, total, jnp.zeros_like(total)),)
 

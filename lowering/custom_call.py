@@ -20,8 +20,8 @@ from jax.interpreters import mlir
 from jaxcoll import _jax
 from jaxcoll.lowering import groups, plans
 from jaxcoll.lowering.blocks import Blocks
-from jaxcoll.lowering.dtypes import REDUCE_OPS
 from jaxcoll.plan import Collective, encode
+from jaxcoll.plan.abi import REDUCE_OP_CODES, target_name
 
 _callsites = itertools.count(1)  # next() on itertools.count is atomic under the GIL
 
@@ -68,12 +68,12 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
         from jaxcoll import distributed
         distributed.connect()
     call = _jax.custom_call(
-        f"jaxcoll_{collective.value}",
+        target_name(collective),
         result_types=[mlir.aval_to_ir_type(ctx.module_context, wire_out)],
         operands=[value, rank, group],
         backend_config={
             "plan": mlir.ir_attribute(encode(plan)),
-            "reduce_op": mlir.ir_attribute(np.int32(REDUCE_OPS[op])),
+            "reduce_op": mlir.ir_attribute(np.int32(REDUCE_OP_CODES[op])),
             "callsite": mlir.ir_attribute(np.int64(next_callsite())),
             "processes": mlir.ir_attribute(np.zeros(0, np.int32) if processes is None else processes),
         },

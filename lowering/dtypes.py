@@ -10,12 +10,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcoll.plan.ir import REDUCE_OPS
+
 SUPPORTED = tuple(np.dtype(d) for d in (
     np.float16, jnp.bfloat16, np.float32, np.float64,
     np.int8, np.int32, np.int64, np.uint8, np.uint32, np.bool_))
-
-# reduce_op attribute of the custom call: docs/plan-ir.md, "The custom call".
-REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
 
 
 def check_op(api_name: str, op) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from jax import lax
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 from jax.interpreters import mlir
@@ -91,12 +90,14 @@ def check_varying(api_name: str, axes: tuple, aval) -> None:
 
 def pvary_missing(x, axes: tuple):
     """Make `x` varying over `axes`, as jax.lax does before a collective: an invariant value is the same on
-    every rank, and the collective then combines N equal copies of it."""
+    every rank, and the collective then combines N equal copies of it. The cast is jaxcoll's pvary, so its
+    transpose (a psum of the cotangents) runs on jaxcoll too."""
     if not _jax.check_vma():
         return x
     import jax
+    from jaxcoll.lowering import pvary
     missing = tuple(a for a in axes if a not in _jax.varying_axes(jax.typeof(x)))
-    return lax.pcast(x, missing, to="varying") if missing else x
+    return pvary.bind(x, axes=missing) if missing else x
 
 
 def named_axis_effects(axes: tuple) -> set:

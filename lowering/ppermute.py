@@ -21,25 +21,6 @@ def bind(x, *, axes: tuple, perm: tuple, algorithm):
     return ppermute_p.bind(groups.pvary_missing(x, axes), axes=axes, perm=perm, algorithm=algorithm)
 
 
-def check_perm(perm, n: int) -> tuple[tuple[int, int], ...]:
-    """`perm` as a tuple of (src, dst) int pairs; ValueError for malformed, out-of-range or repeated entries."""
-    try:
-        pairs = tuple((int(s), int(d)) for s, d in perm)
-    except (TypeError, ValueError):
-        raise ValueError(f"{API}: perm={perm!r} must be a sequence of (source, destination) pairs") from None
-    for s, d in pairs:
-        if not (0 <= s < n and 0 <= d < n):
-            raise ValueError(f"{API}: perm={list(pairs)} has the pair ({s}, {d}) outside the group of {n} "
-                             f"ranks (indices must be in [0, {n}))")
-    for what, idx in (("source", 0), ("destination", 1)):
-        seen = [p[idx] for p in pairs]
-        repeats = sorted({i for i in seen if seen.count(i) > 1})
-        if repeats:
-            raise ValueError(f"{API}: perm={list(pairs)} repeats {what} rank(s) {repeats}; each rank may "
-                             f"appear at most once as a {what}")
-    return pairs
-
-
 def _abstract_eval(aval, *, axes, perm, algorithm):
     del perm, algorithm
     groups.axis_names(axes, API)

@@ -27,16 +27,6 @@ def bind(x, *, axes: tuple, scatter_dimension: int, tiled: bool, op: str, algori
                                  tiled=tiled, op=op, algorithm=algorithm)
 
 
-def check_shape(shape, n: int, scatter_dimension: int, tiled: bool) -> None:
-    size = shape[scatter_dimension]
-    if tiled and size % n:
-        raise ValueError(f"{API}: x.shape[scatter_dimension={scatter_dimension}] = {size} is not divisible "
-                         f"by the group size {n}")
-    if not tiled and size != n:
-        raise ValueError(f"{API}: x.shape[scatter_dimension={scatter_dimension}] = {size} must equal the group "
-                         f"size {n} when tiled=False")
-
-
 def _out_shape(shape, n, dim, tiled):
     shape = list(shape)
     if tiled:
@@ -51,7 +41,6 @@ def _abstract_eval(aval, *, axes, scatter_dimension, tiled, op, algorithm):
     groups.axis_names(axes, API)
     groups.check_varying(API, axes, aval)
     n = groups.group_size(axes)
-    check_shape(aval.shape, n, scatter_dimension, tiled)
     return (aval.update(shape=_out_shape(aval.shape, n, scatter_dimension, tiled)),
             groups.named_axis_effects(axes))
 

@@ -267,6 +267,36 @@ def case_loops() -> str:
     return f"scan of 200 steps, two collectives per step, grad, hosts {jaxcoll.distributed.world().hosts}"
 
 
+def case_replace() -> str:
+    """A program written with jax.lax collectives, through jaxcoll.replace_collectives, over an axis across the
+    processes and one inside them: values and gradient as XLA's (gloo), every collective replaced."""
+    mesh = mesh_2d("x")
+    rng = np.random.default_rng(3)
+    x_np = small_ints(rng, (mesh.devices.size * 4, 8), np.float32)
+
+    def program(v):
+        a = lax.pmean(v, "x") + lax.psum_scatter(lax.all_gather(v, "y", axis=1, tiled=True), "y",
+                                                 scatter_dimension=1, tiled=True)
+        b = lax.ppermute(v, "x", [(i, (i + 1) % NPROCESSES) for i in range(NPROCESSES)])
+        return lax.all_to_all(a * b, "y", 0, 0, tiled=True) + lax.pmax(lax.stop_gradient(v), ("x", "y"))
+
+    transformed = jaxcoll.replace_collectives(program)
+    x = put(x_np, mesh)
+    got, want = local_values(run(transformed, mesh, x)), local_values(run(program, mesh, x))
+    for index, value in got.items():
+        np.testing.assert_array_equal(value, want[index], err_msg=f"values at {index}")
+    assert transformed.report.entries and not transformed.report.left_to_xla, transformed.report
+
+    def loss(f):
+        return lambda v: jnp.sum(jnp.tanh(f(v)) ** 2)
+    grad_got = local_values(run(jax.grad(loss(transformed)), mesh, x))
+    grad_want = local_values(run(jax.grad(loss(program)), mesh, x))
+    for index, value in grad_got.items():
+        np.testing.assert_allclose(value, grad_want[index], rtol=1e-5, atol=1e-6, err_msg=f"grad at {index}")
+    replaced = sorted({e.collective for e in transformed.report.replaced})
+    return f"replaced {replaced}, values and gradient as XLA's, hosts {jaxcoll.distributed.world().hosts}"
+
+
 def case_large() -> str:
     """A call larger than the segments first made: the data segment grows, results stay right."""
     mesh = mesh_1d()

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from jaxcoll.cli import main
-from jaxcoll.cli.bench import min_traffic
+from jaxcoll.cli.bench import copy_bandwidth_setting, min_traffic
 
 
 def test_bench_reports_a_row_per_size_for_loop_and_single_call_programs(tmp_path, capsys):
@@ -50,3 +50,15 @@ def test_bench_times_each_algorithm_only_for_the_collectives_that_have_it(capsys
 def test_bench_rejects_an_algorithm_no_collective_has_naming_it():
     with pytest.raises(SystemExit, match="--algorithms bogus is not an algorithm of all_gather"):
         main(["bench", "--collectives", "all_gather", "--algorithms", "bogus,ring", "--sizes", "4K"])
+
+
+@pytest.mark.parametrize("value", ["fast", "0", "-3e9", "inf", "nan"])
+def test_a_malformed_copy_bandwidth_setting_is_refused_naming_it(monkeypatch, value):
+    monkeypatch.setenv("JAXCOLL_BENCH_COPY_BW", value)
+    with pytest.raises(SystemExit, match=f"JAXCOLL_BENCH_COPY_BW={value!r} is not a bandwidth in bytes/s"):
+        copy_bandwidth_setting()
+
+
+def test_a_copy_bandwidth_setting_is_taken_as_given(monkeypatch):
+    monkeypatch.setenv("JAXCOLL_BENCH_COPY_BW", "2.5e10")
+    assert copy_bandwidth_setting() == 2.5e10

@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcoll import runtime
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step, encode, validate
-from jaxcoll.plan import layout
+from jaxcoll.plan import abi, layout
 
 IN, OUT, SCR = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 TIMEOUT_S = 60.0  # a broken plan fails the test in a minute instead of the default five
@@ -408,7 +408,7 @@ def ffi_collective(plan: Plan, x, out_shape, axis="i", op=0):
     words = encode(plan)
     callsite = next(_CALLSITES)
     rank = jax.lax.axis_index(axis).astype(jnp.int32)
-    return jax.ffi.ffi_call(runtime.target_name(plan.collective), jax.ShapeDtypeStruct(out_shape, x.dtype),
+    return jax.ffi.ffi_call(abi.target_name(plan.collective), jax.ShapeDtypeStruct(out_shape, x.dtype),
                             has_side_effect=True)(x, rank, jnp.int32(0), plan=words, reduce_op=np.int32(op),
                                                   callsite=np.int64(callsite), processes=np.zeros(0, np.int32))
 

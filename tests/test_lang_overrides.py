@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from jaxcoll.lang import PlanError, check, chunk, load_msccl_xml, program, to_msccl_xml, to_mscclpp_json
-from jaxcoll.lang.compiler import assign_channels, assign_lanes, insert_sync, replicate
-from jaxcoll.lang.program import Instr
+from jaxcoll.lang.compiler import Instr, assign_channels, assign_lanes, insert_sync, replicate
 from jaxcoll.plan import Buffer, Lane, Op, Plan, RankProgram, Step, decode, encode
 from test_lang_passes import SPACE, put, ref
 

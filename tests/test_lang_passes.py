@@ -2,9 +2,9 @@
 
 import types
 
-from jaxcoll.lang.compiler import (assign_lanes, dependencies, drop_dead_writes, fuse, insert_sync, layout_scratch, pipeline,
-                                   replicate)
-from jaxcoll.lang.program import _NAMED_BASE, Instr
+from jaxcoll.lang.compiler import (Instr, assign_lanes, dependencies, drop_dead_writes, fuse, insert_sync,
+                                   layout_scratch, pipeline, replicate)
+from jaxcoll.lang.named_scratch import placeholder
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Op, Step
 
 IN, OUT, SCR = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
@@ -102,8 +102,8 @@ def test_insert_sync_counts_waits_on_one_semaphore_per_lane_pair():
 
 
 def test_layout_scratch_places_named_buffers_at_block_boundaries():
-    prog = [put(ref(0, IN, 1), ref(1, SCR, 1)), put(ref(0, IN, 1), ref(1, SCR, _NAMED_BASE + 1)),
-            put(ref(0, IN, 0), ref(1, SCR, 2 * _NAMED_BASE + 0))]
+    prog = [put(ref(0, IN, 1), ref(1, SCR, 1)), put(ref(0, IN, 1), ref(1, SCR, placeholder(0, 1))),
+            put(ref(0, IN, 0), ref(1, SCR, placeholder(1, 0)))]
     out, size = layout_scratch(prog, 2, [2, 1])
     assert [i.step.dsts[0].index for i in out] == [1, 3, 4]
     assert size == 6

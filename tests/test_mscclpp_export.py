@@ -3,9 +3,10 @@ them", `sem=`): each MSCCL++ wait names the channels whose signals the plan prov
 back consistently (every signal meets a wait on the peer's end of the same channel), an interpreter of the file
 under random schedules computes the collective, and waits whose signals the plan does not fix are a PlanError.
 
-The interpreter models the executor (src/core/include/execution_kernel.hpp): a `wait` op has one thread per
-listed channel, each consuming the next signal of its channel; `sem_acquire` likewise per device semaphore; the
-i-th memory channel of gpu a towards b is the i-th of b towards a."""
+The interpreter models the executor (src/core/include/execution_kernel.hpp) on the one stepper of semaphores
+and barriers (`jaxcoll.lang.stepper`): a `wait` op has one thread per listed channel, each consuming the next
+signal of its channel; `sem_acquire` likewise per device semaphore; the i-th memory channel of gpu a towards b
+is the i-th of b towards a."""
 
 import json
 import random
@@ -15,8 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxcoll.lang import PlanError, check, chunk, program, to_mscclpp_json
+from jaxcoll.lang import PlanError, check, chunk, program, stepper, to_mscclpp_json
 from jaxcoll.lang.postcondition import expected
+from jaxcoll.lang.stepper import Stepper, Sync
 from jaxcoll.plan import Collective, Op, Plan, RankProgram, Step
 from test_checker_hypothesis import SETTINGS, programs
 from test_lang_overrides import gather_then_copy
@@ -67,9 +69,23 @@ def interpret(doc, nchunks, seed):
     pair = peer_channel(doc)
     rng = random.Random(seed)
     mem = {(g, "i", i): Counter({(g, i): 1}) for g in range(len(doc["gpus"])) for i in range(nchunks[g][0])}
-    inbound, used = Counter(), Counter()  # (gpu, channel) signals arrived / consumed; ("sem", gpu, id) alike
-    pc = {(g["id"], tb["id"]): 0 for g in doc["gpus"] for tb in g["threadblocks"]}
-    at_barrier: dict[int, set[int]] = {g["id"]: set() for g in doc["gpus"]}
+    threadblocks = {(g["id"], tb["id"]): tb["ops"] for g in doc["gpus"] for tb in g["threadblocks"]}
+
+    def sync(key, op):
+        # semaphores: (gpu, channel) for a channel's signals arriving at gpu, ("sem", gpu, id) for its own
+        g, name = key[0], op["name"]
+        if name == "signal":
+            return Sync(signals=[pair[g, c] for c in op["channel_ids"]])
+        if name == "wait":
+            return Sync(waits=[(g, c) for c in op["channel_ids"]])
+        if name == "sem_release":
+            return Sync(signals=[("sem", g, s) for s in op["semaphore_ids"]])
+        if name == "sem_acquire":
+            return Sync(waits=[("sem", g, s) for s in op["semaphore_ids"]])
+        if name == "barrier":
+            return Sync(barrier=g, parties=op["num_threadblocks"])
+        assert name in DATA, name
+        return stepper.DATA
 
     def loc(g, b):
         if "buffer_id" in b:
@@ -77,47 +93,20 @@ def interpret(doc, nchunks, seed):
             return rb["rank"], rb["type"]
         return g, b["type"]
 
-    def runnable(g, t):
-        op = doc["gpus"][g]["threadblocks"][t]["ops"][pc[g, t]]
-        if op["name"] == "wait":
-            return all(inbound[g, c] > used[g, c] for c in op["channel_ids"])
-        if op["name"] == "sem_acquire":
-            return all(inbound["sem", g, s] > used["sem", g, s] for s in op["semaphore_ids"])
-        return op["name"] != "barrier" or t not in at_barrier[g]
-
-    while True:
-        live = [(g, t) for (g, t), p in pc.items() if p < len(doc["gpus"][g]["threadblocks"][t]["ops"])]
-        if not live:
-            break
-        ready = [k for k in live if runnable(*k)]
-        assert ready, f"deadlock at {sorted((k, pc[k]) for k in live)}"
-        g, t = rng.choice(ready)
-        op = doc["gpus"][g]["threadblocks"][t]["ops"][pc[g, t]]
-        name = op["name"]
-        if name == "signal":
-            inbound.update(pair[g, c] for c in op["channel_ids"])
-        elif name == "wait":
-            used.update((g, c) for c in op["channel_ids"])
-        elif name == "sem_release":
-            inbound.update(("sem", g, s) for s in op["semaphore_ids"])
-        elif name == "sem_acquire":
-            used.update(("sem", g, s) for s in op["semaphore_ids"])
-        elif name == "barrier":
-            at_barrier[g].add(t)
-            if len(at_barrier[g]) < op["num_threadblocks"]:
-                continue  # this threadblock waits here; the barrier's last arrival moves them all on
-            for other in at_barrier[g] - {t}:
-                pc[g, other] += 1
-            at_barrier[g] = set()
-        else:
-            assert name in DATA, name
+    run = Stepper(threadblocks, sync)
+    while live := [key for key, _ in run.unfinished()]:
+        ready = [key for key in live if not run.blocked(key)]
+        assert ready, f"deadlock at {run.unfinished()}"
+        key = rng.choice(ready)
+        if run.next_sync(key) is stepper.DATA:
+            g, op = key[0], threadblocks[key][run.pc[key]]
             for j in range(op["src_buff"][0]["size"]):
                 v = Counter()
                 for b in op["src_buff"]:
                     v += mem.get(loc(g, b) + (b["index"] + j,), Counter({"unwritten": 1}))
                 for b in op["dst_buff"]:
                     mem[loc(g, b) + (b["index"] + j,)] = v
-        pc[g, t] += 1
+        run.step(key)
     return {(g, i): mem.get((g, "o", i)) for g in range(len(doc["gpus"])) for i in range(nchunks[g][1])}
 
 

@@ -1,12 +1,13 @@
-#include "cuda_handler.hpp"
+#include "xla_ffi/cuda_handler.hpp"
 
 #include <cuda_runtime_api.h>
 
 #include <string>
 
-#include "device_group.hpp"
-#include "dtypes.hpp"
-#include "executor.hpp"
+#include "csrc/abi.hpp"
+#include "csrc/cuda/device_group.hpp"
+#include "csrc/executor.hpp"
+#include "xla_ffi/dtypes.hpp"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -30,12 +31,13 @@ ffi::ErrorOr<cuda::CallShape> shape_of(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuf
   if (out->element_type() != x.element_type())
     return ffi::Unexpected(ffi::Error::InvalidArgument(site_of(callsite, "call") +
                                                        ": the result's element type differs from the operand's"));
-  if (reduce_op < 0 || reduce_op > 2)
+  const auto op = reduce_op_from_code(reduce_op);
+  if (!op)
     return ffi::Unexpected(ffi::Error::InvalidArgument(site_of(callsite, "call") + ": reduce_op=" +
-                                                       std::to_string(reduce_op) + " is not 0 (sum), 1 (max) or 2 (min)"));
+                                                       std::to_string(reduce_op) + " is not " + reduce_op_codes()));
   cuda::CallShape s;
   s.dtype = *dtype;
-  s.op = static_cast<ReduceOp>(reduce_op);
+  s.op = *op;
   s.input_elements = static_cast<int64_t>(x.element_count());
   s.output_elements = static_cast<int64_t>(out->element_count());
   return s;

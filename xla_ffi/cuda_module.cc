@@ -1,4 +1,4 @@
-#include "cuda_module.hpp"
+#include "xla_ffi/cuda_module.hpp"
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -11,9 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda_handler.hpp"
-#include "emulate.hpp"
-#include "plan.hpp"
+#include "csrc/abi.hpp"
+#include "csrc/cuda/emulate.hpp"
+#include "csrc/plan.hpp"
+#include "xla_ffi/cuda_handler.hpp"
 
 namespace nb = nanobind;
 
@@ -22,9 +23,6 @@ namespace {
 
 using Words = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Bytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
-const char* kTargets[] = {"jaxcoll_all_reduce", "jaxcoll_all_gather", "jaxcoll_reduce_scatter", "jaxcoll_all_to_all",
-                          "jaxcoll_broadcast", "jaxcoll_ppermute", "jaxcoll_custom"};
 
 cuda::Protocol protocol_from(const std::string& name) {
   if (name == "auto") return cuda::Protocol::kAuto;
@@ -37,17 +35,20 @@ cuda::Protocol protocol_from(const std::string& name) {
 std::unique_ptr<cuda::EmulatedGroup> emulated_group(const Words& words, const std::string& dtype_name,
                                                     int64_t input_elements, int64_t output_elements, int reduce_op,
                                                     double timeout_s, const std::string& protocol, int blocks,
-                                                    int device) {
+                                                    int device, std::vector<int64_t> input_offsets = {},
+                                                    std::vector<int64_t> output_offsets = {}) {
   Plan plan;
   if (Status st = decode_plan(std::span<const int32_t>(words.data(), words.shape(0)), plan); !st.ok())
     throw nb::value_error(("malformed jaxcoll plan: " + st.message()).c_str());
   const auto dtype = dtype_from_name(dtype_name);
   if (!dtype) throw nb::value_error(("unsupported dtype " + dtype_name).c_str());
-  if (reduce_op < 0 || reduce_op > 2) throw nb::value_error("reduce_op must be 0 (sum), 1 (max) or 2 (min)");
+  const auto op = reduce_op_from_code(reduce_op);
+  if (!op)
+    throw nb::value_error(("reduce_op must be " + reduce_op_codes() + ", got " + std::to_string(reduce_op)).c_str());
   if (!(timeout_s > 0)) throw nb::value_error("timeout_s must be positive");
   cuda::CallShape shape;
   shape.dtype = *dtype;
-  shape.op = static_cast<ReduceOp>(reduce_op);
+  shape.op = *op;
   shape.input_elements = input_elements;
   shape.output_elements = output_elements;
   cuda::EmulatedGroup::Options o;
@@ -55,6 +56,8 @@ std::unique_ptr<cuda::EmulatedGroup> emulated_group(const Words& words, const st
   o.protocol = protocol_from(protocol);
   o.blocks_per_lane = blocks;
   o.timeout_s = timeout_s;
+  o.input_offsets = std::move(input_offsets);
+  o.output_offsets = std::move(output_offsets);
   std::unique_ptr<cuda::EmulatedGroup> g;
   if (Status st = cuda::EmulatedGroup::create(plan, shape, o, g); !st.ok()) throw std::runtime_error(st.message());
   return g;
@@ -73,11 +76,11 @@ nb::dict describe(const cuda::EmulatedGroup& g) {
 void add_bindings(nb::module_& m) {
   m.def("cuda_registrations", [] {
     nb::dict out;
-    for (const char* name : kTargets) {
+    for (const std::string& name : ffi_targets()) {
       nb::dict bundle;
       bundle["initialize"] = nb::capsule(reinterpret_cast<void*>(&initialize));
       bundle["execute"] = nb::capsule(reinterpret_cast<void*>(&execute));
-      out[name] = bundle;
+      out[name.c_str()] = bundle;
     }
     return out;
   }, "FFI target name -> {stage: capsule}, for jax.ffi.register_ffi_target(platform='CUDA').");
@@ -108,9 +111,10 @@ void add_bindings(nb::module_& m) {
   m.def("cuda_emulate",
         [](Words words, std::vector<Bytes> inputs, std::vector<Bytes> outputs, const std::string& dtype,
            int64_t input_elements, int64_t output_elements, int reduce_op, double timeout_s,
-           const std::string& protocol, int blocks_per_lane, int device, int calls) {
+           const std::string& protocol, int blocks_per_lane, int device, int calls,
+           std::vector<int64_t> input_offsets, std::vector<int64_t> output_offsets) {
           auto g = emulated_group(words, dtype, input_elements, output_elements, reduce_op, timeout_s, protocol,
-                                  blocks_per_lane, device);
+                                  blocks_per_lane, device, std::move(input_offsets), std::move(output_offsets));
           std::vector<const void*> in;
           std::vector<void*> out;
           for (Bytes& b : inputs) in.push_back(b.data());
@@ -128,8 +132,11 @@ void add_bindings(nb::module_& m) {
         nb::arg("words"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("dtype"), nb::arg("input_elements"),
         nb::arg("output_elements"), nb::arg("reduce_op"), nb::arg("timeout_s"), nb::arg("protocol") = "auto",
         nb::arg("blocks_per_lane") = 0, nb::arg("device") = 0, nb::arg("calls") = 1,
+        nb::arg("input_offsets") = std::vector<int64_t>{}, nb::arg("output_offsets") = std::vector<int64_t>{},
         "Run a plan with every rank emulated on ONE GPU (`calls` times, same inputs) on raw byte views of "
-        "host buffers; returns the protocol and blocks per lane it ran with.");
+        "host buffers; returns the protocol and blocks per lane it ran with. `input_offsets` / "
+        "`output_offsets` (elements per rank, or empty) place each rank's device buffers that far past an "
+        "aligned base.");
 
   m.def("cuda_time",
         [](Words words, const std::string& dtype, int64_t input_elements, int64_t output_elements, int reduce_op,

@@ -3,7 +3,7 @@
 
 #include <optional>
 
-#include "dtype.hpp"
+#include "csrc/dtype.hpp"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcoll {

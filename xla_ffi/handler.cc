@@ -1,4 +1,4 @@
-#include "handler.hpp"
+#include "xla_ffi/handler.hpp"
 
 #include <algorithm>
 #include <array>
@@ -9,11 +9,12 @@
 #include <optional>
 #include <string>
 
-#include "communicator.hpp"
-#include "dtypes.hpp"
-#include "executor.hpp"
-#include "plan.hpp"
-#include "spanning.hpp"
+#include "csrc/abi.hpp"
+#include "csrc/communicator.hpp"
+#include "csrc/executor.hpp"
+#include "csrc/plan.hpp"
+#include "csrc/spanning.hpp"
+#include "xla_ffi/dtypes.hpp"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -44,11 +45,12 @@ ffi::ErrorOr<std::unique_ptr<PlanState>> Instantiate(ffi::Span<const int32_t> wo
   if (Status st = decode_plan(std::span<const int32_t>(words.begin(), words.size()), state->plan); !st.ok())
     return ffi::Unexpected(ffi::Error::InvalidArgument("jaxcoll callsite " + std::to_string(callsite) +
                                        ": the custom call's plan attribute is malformed: " + st.message()));
-  if (reduce_op < 0 || reduce_op > 2)
+  const auto op = reduce_op_from_code(reduce_op);
+  if (!op)
     return ffi::Unexpected(ffi::Error::InvalidArgument("jaxcoll callsite " + std::to_string(callsite) +
-                                                       ": reduce_op=" + std::to_string(reduce_op) +
-                                                       " is not 0 (sum), 1 (max) or 2 (min)"));
-  state->op = static_cast<ReduceOp>(reduce_op);
+                                                       ": reduce_op=" + std::to_string(reduce_op) + " is not " +
+                                                       reduce_op_codes()));
+  state->op = *op;
   state->callsite = callsite;
   if (processes.size() % state->plan.nranks)
     return ffi::Unexpected(ffi::Error::InvalidArgument(

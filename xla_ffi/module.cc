@@ -11,16 +11,18 @@
 #include <string>
 #include <vector>
 
-#include "handler.hpp"
-#include "layout.hpp"
-#include "executor.hpp"
-#include "local_group.hpp"
-#include "plan.hpp"
-#include "net.hpp"
-#include "spanning.hpp"
-#include "world.hpp"
+#include "csrc/abi.hpp"
+#include "csrc/env.hpp"
+#include "csrc/executor.hpp"
+#include "csrc/layout.hpp"
+#include "csrc/local_group.hpp"
+#include "csrc/net.hpp"
+#include "csrc/plan.hpp"
+#include "csrc/spanning.hpp"
+#include "csrc/world.hpp"
+#include "xla_ffi/handler.hpp"
 #ifdef JAXCOLL_WITH_CUDA
-#include "cuda_module.hpp"
+#include "xla_ffi/cuda_module.hpp"
 #endif
 
 namespace nb = nanobind;
@@ -29,9 +31,6 @@ namespace {
 
 using Words = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Bytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
-const char* kTargets[] = {"jaxcoll_all_reduce", "jaxcoll_all_gather", "jaxcoll_reduce_scatter", "jaxcoll_all_to_all",
-                          "jaxcoll_broadcast", "jaxcoll_ppermute", "jaxcoll_custom"};
 
 nb::capsule capsule(XLA_FFI_Error* (*fn)(XLA_FFI_CallFrame*)) { return nb::capsule(reinterpret_cast<void*>(fn)); }
 nb::capsule capsule(const void* p) { return nb::capsule(const_cast<void*>(p)); }
@@ -59,14 +58,25 @@ NB_MODULE(_jaxcoll, m) {
 
   m.def("registrations", [] {
     nb::dict out;
-    for (const char* name : kTargets) {
+    for (const std::string& name : jaxcoll::ffi_targets()) {
       nb::dict bundle;
       bundle["instantiate"] = capsule(jaxcoll::xla_cpu::instantiate);
       bundle["execute"] = capsule(jaxcoll::xla_cpu::execute);
-      out[name] = bundle;
+      out[name.c_str()] = bundle;
     }
     return out;
   }, "FFI target name -> {stage: capsule}, for jax.ffi.register_ffi_target(platform='cpu').");
+
+  m.def("abi", [] {
+    nb::dict reduce_ops;
+    for (int32_t code = 0; code < jaxcoll::kNumReduceOps; ++code) reduce_ops[jaxcoll::kReduceOpNames[code]] = code;
+    nb::list targets;
+    for (const std::string& name : jaxcoll::ffi_targets()) targets.append(name.c_str());
+    nb::dict out;
+    out["reduce_ops"] = reduce_ops;
+    out["targets"] = targets;
+    return out;
+  }, "The custom call's interface as compiled in (csrc/abi.hpp): reduction name -> code, and the FFI targets.");
 
   m.def("state_type", [] {
     nb::dict out;
@@ -83,6 +93,10 @@ NB_MODULE(_jaxcoll, m) {
     return std::make_tuple(r.start, r.stop);
   }, nb::arg("k"), nb::arg("block"), nb::arg("index"), nb::arg("count") = 1,
         "Element range [start, stop) of chunks index..index+count-1 (csrc/layout.hpp).");
+
+  m.def("check_environment", [] {
+    if (const std::string& error = jaxcoll::env_settings().error; !error.empty()) throw nb::value_error(error.c_str());
+  }, "Raise ValueError naming every malformed JAXCOLL_* variable the runtime reads (csrc/env.hpp).");
 
   m.def("default_timeout_s", &jaxcoll::default_timeout_s,
         "The timeout of a call in seconds: JAXCOLL_TIMEOUT, default 300 (read once).");
@@ -131,8 +145,10 @@ NB_MODULE(_jaxcoll, m) {
           const jaxcoll::Plan plan = decode_or_throw(words);
           const auto dtype = jaxcoll::dtype_from_name(dtype_name);
           if (!dtype) throw nb::value_error(("run_plan: unsupported dtype " + dtype_name).c_str());
-          if (reduce_op < 0 || reduce_op > 2)
-            throw nb::value_error("run_plan: reduce_op must be 0 (sum), 1 (max) or 2 (min)");
+          const auto op = jaxcoll::reduce_op_from_code(reduce_op);
+          if (!op)
+            throw nb::value_error(("run_plan: reduce_op must be " + jaxcoll::reduce_op_codes() + ", got " +
+                                   std::to_string(reduce_op)).c_str());
           if (!(timeout_s > 0)) throw nb::value_error("run_plan: timeout_s must be positive");
           const size_t esize = jaxcoll::dtype_size(*dtype);
           std::vector<const void*> in;
@@ -154,8 +170,8 @@ NB_MODULE(_jaxcoll, m) {
           jaxcoll::Status st;
           {
             nb::gil_scoped_release release;
-            st = jaxcoll::run_local_group(plan, in, out, input_elements, output_elements, *dtype,
-                                          static_cast<jaxcoll::ReduceOp>(reduce_op), timeout_s);
+            st = jaxcoll::run_local_group(plan, in, out, input_elements, output_elements, *dtype, *op,
+                                          timeout_s);
           }
           if (!st.ok()) throw std::runtime_error(st.message());
         },

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "status.hpp"
+#include "csrc/status.hpp"
 
 namespace jaxcoll::cuda {
 

@@ -1,6 +1,6 @@
-#include "device_group.hpp"
+#include "csrc/cuda/device_group.hpp"
 
-#include "cuda_status.hpp"
+#include "csrc/cuda/cuda_status.hpp"
 
 #include <cuda_runtime.h>
 

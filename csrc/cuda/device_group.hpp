@@ -11,7 +11,7 @@
 #include <span>
 #include <string>
 
-#include "executor.hpp"
+#include "csrc/cuda/executor.hpp"
 
 namespace jaxcoll::cuda {
 

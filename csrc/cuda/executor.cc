@@ -1,4 +1,4 @@
-#include "executor.hpp"
+#include "csrc/cuda/executor.hpp"
 
 #include <cuda_runtime.h>
 
@@ -7,8 +7,9 @@
 #include <cstring>
 #include <utility>
 
-#include "cuda_status.hpp"
-#include "kernels.hpp"
+#include "csrc/cuda/cuda_status.hpp"
+#include "csrc/cuda/kernels.hpp"
+#include "csrc/env.hpp"
 
 namespace jaxcoll::cuda {
 
@@ -48,11 +49,7 @@ int device_count(std::string* why) {
 }
 
 int64_t ll_max_bytes() {
-  static const int64_t bytes = [] {
-    const char* v = std::getenv("JAXCOLL_CUDA_LL_BYTES");
-    return v && *v ? std::strtoll(v, nullptr, 10) : int64_t{64} << 10;
-  }();
-  return bytes;
+  return env_settings().cuda_ll_bytes.value_or(int64_t{64} << 10);
 }
 
 DeviceMemory& DeviceMemory::operator=(DeviceMemory&& o) noexcept {
@@ -176,7 +173,7 @@ Status choose_blocks_per_lane(const PlanImage& im, const CallShape& shape, int d
   // About 1 MiB of input per block and lane keeps each block busy long enough to amortise its steps.
   const int64_t per_lane = input_bytes / std::max(im.max_lanes, 1);
   int want = protocol == Protocol::kLL ? 1 : int(std::clamp<int64_t>((per_lane + (1 << 20) - 1) >> 20, 1, 32));
-  if (const char* v = std::getenv("JAXCOLL_CUDA_BLOCKS"); v && *v) want = std::max(1, std::atoi(v));
+  want = env_settings().cuda_blocks.value_or(want);
   blocks = std::min(want, most);
   return {};
 }

@@ -10,11 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "dtype.hpp"
-#include "kernel_params.hpp"
-#include "plan.hpp"
-#include "plan_image.hpp"
-#include "status.hpp"
+#include "csrc/abi.hpp"
+#include "csrc/cuda/kernel_params.hpp"
+#include "csrc/cuda/plan_image.hpp"
+#include "csrc/dtype.hpp"
+#include "csrc/plan.hpp"
+#include "csrc/status.hpp"
 
 struct CUstream_st;
 

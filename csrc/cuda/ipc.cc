@@ -1,6 +1,6 @@
-#include "ipc.hpp"
+#include "csrc/cuda/ipc.hpp"
 
-#include "cuda_status.hpp"
+#include "csrc/cuda/cuda_status.hpp"
 
 #include <cuda_runtime.h>
 

@@ -6,7 +6,7 @@
 #include <array>
 #include <string>
 
-#include "executor.hpp"
+#include "csrc/cuda/executor.hpp"
 
 namespace jaxcoll::cuda {
 

@@ -16,8 +16,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "dtype.hpp"
-#include "kernel_params.hpp"
+#include "csrc/abi.hpp"
+#include "csrc/cuda/kernel_params.hpp"
+#include "csrc/dtype.hpp"
 
 namespace jaxcoll::cuda {
 

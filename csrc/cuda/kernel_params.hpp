@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "plan_image.hpp"
+#include "csrc/cuda/plan_image.hpp"
 
 namespace jaxcoll::cuda {
 

@@ -2,7 +2,8 @@
 // units (kernels_float.cu, kernels_int.cu) so that a 2-core build compiles them in parallel.
 #pragma once
 
-#include "dtype.hpp"
+#include "csrc/abi.hpp"
+#include "csrc/dtype.hpp"
 
 namespace jaxcoll::cuda {
 

@@ -1,5 +1,5 @@
-#include "kernel.cuh"
-#include "kernels.hpp"
+#include "csrc/cuda/kernel.cuh"
+#include "csrc/cuda/kernels.hpp"
 
 namespace jaxcoll::cuda {
 

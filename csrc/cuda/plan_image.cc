@@ -1,10 +1,10 @@
-#include "plan_image.hpp"
+#include "csrc/cuda/plan_image.hpp"
 
 #include <algorithm>
 #include <map>
 #include <tuple>
 
-#include "layout.hpp"
+#include "csrc/layout.hpp"
 
 namespace jaxcoll::cuda {
 

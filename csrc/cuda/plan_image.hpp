@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "plan.hpp"
-#include "status.hpp"
+#include "csrc/plan.hpp"
+#include "csrc/status.hpp"
 
 namespace jaxcoll::cuda {
 

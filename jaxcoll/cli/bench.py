@@ -16,6 +16,7 @@ measured in the same run, divided by the time taken.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import threading
@@ -175,6 +176,21 @@ def _launch_job(args) -> int:
 _COPY_BW = "JAXCOLL_BENCH_COPY_BW"
 
 
+def copy_bandwidth_setting() -> float:
+    """JAXCOLL_BENCH_COPY_BW (bytes/s; what a job's launcher measured for its processes), else measured now."""
+    value = os.environ.get(_COPY_BW, "")
+    if not value:
+        return copy_bandwidth()
+    try:
+        bw = float(value)
+    except ValueError:
+        bw = float("nan")
+    if not (math.isfinite(bw) and bw > 0):
+        raise SystemExit(f"jaxcoll bench: {_COPY_BW}={value!r} is not a bandwidth in bytes/s (a number above 0); "
+                         "unset it to measure the bandwidth")
+    return bw
+
+
 def run(args) -> int:
     from jaxcoll import launch
 
@@ -200,7 +216,7 @@ def run(args) -> int:
     collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    bw = float(os.environ[_COPY_BW]) if _COPY_BW in os.environ else copy_bandwidth()
+    bw = copy_bandwidth_setting()
     where = f"{n} x {devices[0].platform} devices" + (
         f" in {jax.process_count()} processes (XLA: {_xla_cross_process()})" if jax.process_count() > 1 else "")
     console.print(f"[bold]jaxcoll bench[/]: {where}, {os.cpu_count()} cores, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jax import lax, tree_util
 
-from jaxcoll.collectives.arguments import check_algorithm, dimension, leaf_array
+from jaxcoll.collectives.arguments import check_algorithm, dimension, leaf_array, split_dimension
 from jaxcoll.lowering import all_to_all as prim
 from jaxcoll.lowering import groups
 from jaxcoll.plan import Collective
@@ -34,15 +34,8 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False, algorithm=
         leaf = leaf_array(prim.API, leaf)
         if leaf.ndim == 0:
             raise ValueError(f"{prim.API}: x must have rank >= 1, got a scalar")
-        split = dimension(prim.API, "split_axis", split_axis, leaf.ndim)
+        split = split_dimension(prim.API, "split_axis", split_axis, leaf.shape, n, bool(tiled))
         concat = dimension(prim.API, "concat_axis", concat_axis, leaf.ndim)
-        size = leaf.shape[split]
-        if tiled and size % n:
-            raise ValueError(f"{prim.API}: x.shape[split_axis={split_axis}] = {size} is not divisible by the "
-                             f"group size {n}")
-        if not tiled and size != n:
-            raise ValueError(f"{prim.API}: x.shape[split_axis={split_axis}] = {size} must equal the group size "
-                             f"{n} when tiled=False")
         check_algorithm(prim.API, Collective.ALL_TO_ALL, n, leaf, algorithm)
         if tiled:
             return prim.bind(leaf, axes=axes, split_axis=split, concat_axis=concat, algorithm=algorithm)

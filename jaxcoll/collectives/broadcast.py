@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jax import tree_util
 
-from jaxcoll.collectives.arguments import check_algorithm, leaf_array
+from jaxcoll.collectives.arguments import check_algorithm, group_rank, leaf_array
 from jaxcoll.lowering import broadcast as prim
 from jaxcoll.lowering import groups
 from jaxcoll.plan import Collective
@@ -25,7 +25,7 @@ def broadcast(x, axis_name, *, root=0, algorithm="auto"):
     """
     axes = groups.axis_names(axis_name, prim.API)
     n = groups.group_size(axes)
-    root = prim.check_root(root, n)
+    root = group_rank(prim.API, "root", root, n)
 
     def bind(leaf):
         leaf = leaf_array(prim.API, leaf)

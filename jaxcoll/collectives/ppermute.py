@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jax import tree_util
 
-from jaxcoll.collectives.arguments import check_algorithm, leaf_array
+from jaxcoll.collectives.arguments import check_algorithm, leaf_array, permutation_pairs
 from jaxcoll.lowering import groups
 from jaxcoll.lowering import ppermute as prim
 from jaxcoll.plan import Collective
@@ -28,7 +28,7 @@ def ppermute(x, axis_name, perm, *, algorithm="auto"):
     """
     axes = groups.ppermute_axes(groups.axis_names(axis_name, prim.API))
     n = groups.group_size(axes)
-    pairs = prim.check_perm(perm, n)
+    pairs = permutation_pairs(prim.API, perm, n)
 
     def bind(leaf):
         leaf = leaf_array(prim.API, leaf)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jax import tree_util
 
-from jaxcoll.collectives.arguments import check_algorithm, dimension, leaf_array
+from jaxcoll.collectives.arguments import check_algorithm, leaf_array, split_dimension
 from jaxcoll.lowering import groups
 from jaxcoll.lowering import reduce_scatter as prim
 from jaxcoll.lowering.dtypes import check_op
@@ -43,8 +43,7 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", 
         leaf = leaf_array(prim.API, leaf, op)
         if leaf.ndim == 0:
             raise ValueError(f"{prim.API}: x must have rank >= 1 to be scattered, got a scalar")
-        dim = dimension(prim.API, "scatter_dimension", scatter_dimension, leaf.ndim)
-        prim.check_shape(leaf.shape, n, dim, bool(tiled))
+        dim = split_dimension(prim.API, "scatter_dimension", scatter_dimension, leaf.shape, n, bool(tiled))
         check_algorithm(prim.API, Collective.REDUCE_SCATTER, n, leaf, algorithm)
         return prim.bind(leaf, axes=axes, scatter_dimension=dim, tiled=bool(tiled), op=op, algorithm=algorithm)
 

@@ -107,6 +107,16 @@ def reduce_scatter_adam_all_gather(grads, params, opt_state: AdamState, axis_nam
     else:
         g = comm.reduce_scatter(comm.make_varying(_flatten(grads, p), axes), axis_name, 0)
 
+    state = adamw_shard(g, opt_state, lr=lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    invariant = all(not (set(axes) & comm.vma(leaf)) for leaf in p_leaves)
+    master = state.master
+    full = comm.all_gather_invariant(master, axis_name, 0) if invariant else comm.all_gather(master, axis_name, 0)
+    return _unflatten(full, params), state
+
+
+def adamw_shard(g, opt_state: AdamState, *, lr, b1, b2, eps, weight_decay) -> AdamState:
+    """One AdamW step (optax.adamw's update, bias-corrected moments, decoupled weight decay) of the float32
+    vectors in `opt_state` for the gradient `g` of the same length: the arithmetic every ZeRO shard runs."""
     count = opt_state.count + 1
     t = count.astype(jnp.float32)
     mu = b1 * opt_state.mu + (1 - b1) * g
@@ -114,8 +124,4 @@ def reduce_scatter_adam_all_gather(grads, params, opt_state: AdamState, axis_nam
     mu_hat = mu / (1 - b1 ** t)
     nu_hat = nu / (1 - b2 ** t)
     update = mu_hat / (jnp.sqrt(nu_hat) + eps) + weight_decay * opt_state.master
-    master = opt_state.master - lr * update
-
-    invariant = all(not (set(axes) & comm.vma(leaf)) for leaf in p_leaves)
-    full = comm.all_gather_invariant(master, axis_name, 0) if invariant else comm.all_gather(master, axis_name, 0)
-    return _unflatten(full, params), AdamState(count, mu, nu, master)
+    return AdamState(count, mu, nu, opt_state.master - lr * update)

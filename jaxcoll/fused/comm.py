@@ -33,8 +33,8 @@ def reduce_scatter(x, axis_name, axis):
     return jaxcoll.reduce_scatter(x, axis_name, scatter_dimension=axis, tiled=True)
 
 
-def all_reduce(x, axis_name):
-    return jaxcoll.all_reduce(x, axis_name)
+def all_reduce(x, axis_name, op: str = "sum"):
+    return jaxcoll.all_reduce(x, axis_name, op=op)
 
 
 def all_gather_invariant(x, axis_name, axis):

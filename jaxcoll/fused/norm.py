@@ -34,15 +34,23 @@ def row_norm(h, scale, offset, norm: str, eps: float):
     return y.astype(dtype)
 
 
-def _check(x, name, v, shape):
+def check_epilogue(api: str, x, name, v, shape):
+    """Trace-time errors naming the operand: an epilogue operand `v` (None: absent) has x's dtype and `shape`."""
     if v is None:
         return
     if np.dtype(v.dtype) != np.dtype(x.dtype):
-        raise TypeError(f"{API}: {name}.dtype={np.dtype(v.dtype).name} must equal x.dtype="
+        raise TypeError(f"{api}: {name}.dtype={np.dtype(v.dtype).name} must equal x.dtype="
                         f"{np.dtype(x.dtype).name}")
     if tuple(v.shape) != tuple(shape):
-        raise ValueError(f"{API}: {name}.shape={tuple(v.shape)} must be {tuple(shape)} for x.shape="
+        raise ValueError(f"{api}: {name}.shape={tuple(v.shape)} must be {tuple(shape)} for x.shape="
                          f"{tuple(x.shape)}")
+
+
+def check_norm(api: str, norm: str, offset) -> None:
+    if norm not in NORMS:
+        raise ValueError(f"{api}: norm={norm!r} must be one of {NORMS}")
+    if norm == "rmsnorm" and offset is not None:
+        raise ValueError(f"{api}: offset is for norm='layernorm'; rmsnorm has only a scale")
 
 
 def reduce_scatter_norm_all_gather(x, axis_name, *, scale, residual=None, bias=None, offset=None,
@@ -60,16 +68,13 @@ def reduce_scatter_norm_all_gather(x, axis_name, *, scale, residual=None, bias=N
 
     `chunks`: row pieces pipelined through reduce-scatter, epilogue and all-gather; None and 1 mean one piece.
     """
-    if norm not in NORMS:
-        raise ValueError(f"{API}: norm={norm!r} must be one of {NORMS}")
+    check_norm(API, norm, offset)
     if x.ndim < 2:
         raise ValueError(f"{API}: x must be (rows..., H), got x.shape={tuple(x.shape)}")
     h_dim = x.shape[-1]
-    _check(x, "residual", residual, x.shape)
+    check_epilogue(API, x, "residual", residual, x.shape)
     for name, v in (("bias", bias), ("scale", scale), ("offset", offset)):
-        _check(x, name, v, (h_dim,))
-    if norm == "rmsnorm" and offset is not None:
-        raise ValueError(f"{API}: offset is for norm='layernorm'; rmsnorm has only a scale")
+        check_epilogue(API, x, name, v, (h_dim,))
     p = lax.axis_size(axis_name)
     c = 1 if chunks is None else chunks
     if not isinstance(c, int) or isinstance(c, bool) or c < 1:

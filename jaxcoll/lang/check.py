@@ -7,7 +7,7 @@ zero, a wait consumes one signal, lanes of a rank meet at barriers, and a barrie
 2. synchronisation: each semaphore is waited on by one lane, every wait has a signal and every signal a wait,
    every lane of a rank passes the same number of barriers, and a named channel (the connection a transfer
    uses) is driven by one lane of the sending rank, so its transfers have one order;
-3. deadlock: the lanes are run with semaphore counts. Signals only ever add, so the system is monotone and one
+3. deadlock: the lanes are run with semaphore counts (`jaxcoll.lang.stepper`). Signals only ever add, so the system is monotone and one
    greedy run decides it: if it gets stuck, every execution gets stuck, and the stuck lanes are reported;
 4. races: a happens-before relation is built from lane order, barriers and the signals each wait is
    *guaranteed* to have seen; two accesses to one chunk (at least one a write) that it leaves unordered are a
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from jaxcoll.lang import stepper
 from jaxcoll.lang.postcondition import ZERO, Postcondition, describe, expected, holds
 from jaxcoll.plan.errors import PlanError
 from jaxcoll.plan.ir import Buffer, Collective, Op, Plan, Step
@@ -109,43 +110,19 @@ def _channels(plan: Plan) -> None:
 
 def schedule(plan: Plan) -> list[Node]:
     """One execution of the plan under the executor contract, as the order its steps complete (barriers of a
-    rank complete together). Raises PlanError naming the stuck lanes if the plan can deadlock."""
-    pcs = {(r, l): 0 for r, prog in enumerate(plan.ranks) for l in range(len(prog.lanes))}
-    sems: Counter = Counter()
-    arrived: dict[int, set[int]] = defaultdict(set)  # rank -> lanes waiting at their next barrier
+    rank complete together): each lane in turn runs as far as it can, until none can go on. Raises PlanError
+    naming the stuck lanes if the plan can deadlock."""
+    run = stepper.for_plan(plan)
     order: list[Node] = []
     progress = True
     while progress:
         progress = False
-        for r, l in list(pcs):
-            pc = pcs[r, l]
-            steps = plan.ranks[r].lanes[l].steps
-            while pc < len(steps):
-                step = steps[pc]
-                if step.op is Op.WAIT:
-                    if sems[r, step.sem] == 0:
-                        break
-                    sems[r, step.sem] -= 1
-                elif step.op is Op.SIGNAL:
-                    sems[step.peer, step.sem] += 1
-                elif step.op is Op.BARRIER:
-                    arrived[r].add(l)
-                    if len(arrived[r]) < len(plan.ranks[r].lanes):
-                        break
-                    for other in sorted(arrived[r]):  # everyone is here: release the barrier
-                        opc = pc if other == l else pcs[r, other]
-                        order.append((r, other, opc))
-                        if other != l:
-                            pcs[r, other] = opc + 1
-                    arrived[r].clear()
-                    pc += 1
-                    progress = True
-                    continue
-                order.append((r, l, pc))
-                pc += 1
+        for key in run.lanes:
+            done = run.run(key)
+            if done:
+                order += [(*lane, i) for lane, i in done]
                 progress = True
-            pcs[r, l] = pc
-    stuck = [(r, l, pc) for (r, l), pc in pcs.items() if pc < len(plan.ranks[r].lanes[l].steps)]
+    stuck = [(*lane, i) for lane, i in run.unfinished()]
     if stuck:
         lines = []
         for node in stuck:

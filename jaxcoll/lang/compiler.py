@@ -18,7 +18,7 @@ Each pass is a function of its own, tested on its own (tests/test_lang_passes.py
 Every assignment pass honours what the program asked for on an operation (`lane=`, `channel=`, `sem=`) and
 assigns the rest around it; whether the result is safe is the checker's verdict, not the pass's.
 
-The passes work on the instruction list (`program.Instr`) rather than on a Plan because a Plan has already
+The passes work on the instruction list (`Instr`, which `jaxcoll.lang.program` records) rather than on a Plan because a Plan has already
 lost what dependency analysis needs: the sequential order of the program across ranks.
 """
 
@@ -28,13 +28,26 @@ import dataclasses
 import types
 from collections import defaultdict
 
+from jaxcoll.lang import named_scratch
 from jaxcoll.lang.check import check as check_plan
 from jaxcoll.lang.check import location
 from jaxcoll.lang.postcondition import stated
-from jaxcoll.lang.program import _NAMED_BASE, Instr, program
 from jaxcoll.plan.errors import PlanError
 from jaxcoll.plan.ir import Buffer, ChunkRef, Lane, Op, Plan, RankProgram, Step
 from jaxcoll.plan.validate import validate
+
+
+@dataclasses.dataclass
+class Instr:
+    """One data step of a program, before lanes and synchronisation: the rank that executes it, the step, the
+    lane asked for (None: the compiler chooses) and which instance (replica) of the program it belongs to."""
+
+    rank: int
+    step: Step
+    lane: int | None = None
+    instance: int = 0
+    channel: int | None = None  # the channel asked for (None: the compiler chooses); see Step.channel
+    sem: int | None = None  # the semaphore the step's waits use (None: the compiler chooses)
 
 
 def _map_refs(instr: Instr, f) -> Instr:
@@ -44,11 +57,11 @@ def _map_refs(instr: Instr, f) -> Instr:
 
 
 def layout_scratch(instrs: list[Instr], chunks: int, sizes: list[int]) -> tuple[list[Instr], int]:
-    """Place named scratch buffers (placeholder indices from `program`) after the plain scratch chunks, each at
+    """Place named scratch buffers (placeholder indices, `jaxcoll.lang.named_scratch`) after the plain scratch chunks, each at
     a multiple of `chunks` so chunk positions within a block are kept. `sizes[n]` is buffer n's size.
     Returns the instructions and the scratch chunks each rank needs."""
     plain = max((ref.index + ref.count for i in instrs for ref in i.step.srcs + i.step.dsts
-                 if ref.buffer is Buffer.SCRATCH and ref.index < _NAMED_BASE), default=0)
+                 if ref.buffer is Buffer.SCRATCH and not named_scratch.is_placeholder(ref.index)), default=0)
 
     def up(x: int) -> int:
         return -(-x // chunks) * chunks
@@ -59,9 +72,9 @@ def layout_scratch(instrs: list[Instr], chunks: int, sizes: list[int]) -> tuple[
         at += up(size)
 
     def place(ref: ChunkRef) -> ChunkRef:
-        if ref.buffer is Buffer.SCRATCH and ref.index >= _NAMED_BASE:
-            name, off = divmod(ref.index, _NAMED_BASE)
-            return dataclasses.replace(ref, index=bases[name - 1] + off)
+        if ref.buffer is Buffer.SCRATCH and named_scratch.is_placeholder(ref.index):
+            number, offset = named_scratch.named_place(ref.index)
+            return dataclasses.replace(ref, index=bases[number] + offset)
         return ref
 
     return [_map_refs(i, place) for i in instrs], at
@@ -320,12 +333,12 @@ def insert_sync(instrs: list[Instr], deps: list[set[int]], space, nranks: int) -
     return lanes, sems
 
 
-def compile_program(prog: program, *, check: bool = True) -> Plan:
-    """Run the passes over a recorded program and build (and check) its Plan."""
+def compile_program(prog, *, check: bool = True) -> Plan:
+    """Run the passes over a recorded `jaxcoll.lang.program` and build (and check) its Plan. (The program's
+    module imports this one, not the other way round: `prog` is read only through its public attributes.)"""
     if not prog.instrs:
         raise PlanError(f"program {prog.name!r} records no operations")
-    names = sorted(prog._scratch_names, key=prog._scratch_names.get)
-    instrs, scratch = layout_scratch(prog.instrs, prog.chunks, [prog._scratch_sizes[n] for n in names])
+    instrs, scratch = layout_scratch(prog.instrs, prog.chunks, prog.named_scratch_sizes)
     instrs = replicate(instrs, prog.instances)
     instrs = pipeline(instrs, prog.pipeline)
     k = prog.chunks * prog.instances * prog.pipeline

@@ -39,16 +39,21 @@ LOCAL = {"s": ("src",), "r": ("dst",), "rcs": ("dst",), "rrc": ("src", "dst"), "
          "rrcs": ("src", "dst"), "cpy": ("src", "dst"), "re": ("src", "dst"), "nop": ()}
 
 
-def _int(elem_name: str, elem: ET.Element, attr: str, default: int | None = None) -> int:
+def _int(elem_name: str, elem: ET.Element, attr: str, default: int | None = None, low: int | None = None) -> int:
+    """Attribute `attr` of `elem` as an integer (`default` when it is absent; None: it must be there), at least
+    `low` when that is given."""
     v = elem.get(attr)
     if v is None:
         if default is None:
             raise PlanError(f"{elem_name}: missing attribute {attr}")
         return default
     try:
-        return int(v)
+        x = int(v)
     except ValueError:
         raise PlanError(f"{elem_name}: attribute {attr}={v!r} is not an integer") from None
+    if low is not None and x < low:
+        raise PlanError(f"{elem_name}: attribute {attr}={x} must be >= {low}")
+    return x
 
 
 def _parse(path_or_text) -> ET.Element:
@@ -68,9 +73,240 @@ def _parse(path_or_text) -> ET.Element:
     return root
 
 
-def _sent(st: dict) -> tuple:
-    """The local chunk whose value a sending step sends: its src, or for rcs (receive, copy, send on) its dst."""
-    return st["src"] if "src" in LOCAL[st["type"]] else st["dst"]
+# -- reading the file ----------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Algo:
+    """What `<algo>` and its gpu 0 say about the plan as a whole."""
+
+    collective: Collective
+    nranks: int
+    in_place: bool
+    gpus: dict[int, ET.Element]  # by id
+    in_blocks: int
+    out_blocks: int
+    k: int  # chunks per block
+    root: int
+    perm: tuple[tuple[int, int], ...]
+
+    @property
+    def sizes(self) -> dict[Buffer, int]:
+        return {Buffer.INPUT: self.in_blocks * self.k, Buffer.OUTPUT: self.out_blocks * self.k}
+
+
+@dataclasses.dataclass
+class _MscclStep:
+    """One `<step>`, as read, and what matching its connection gives it."""
+
+    name: str  # the element, for messages: <gpu id=g><tb id=t><step s=i>
+    type: str
+    cnt: int
+    src: tuple[Buffer, int] | None  # (buffer, chunk offset); None where the step names none
+    dst: tuple[Buffer, int] | None
+    deps: list[tuple[int, int]]  # (tb, step) of its gpu that it follows
+    slot: ChunkRef | None = None  # a receive: the receiver's scratch chunks its matching send wrote
+    rsem: int = -1  # a receive: the semaphore it waits on
+    out: tuple[ChunkRef, ...] = ()  # a send: the receiver's scratch chunks it writes
+    ssem: tuple[int, int] | None = None  # a send: the (receiver, semaphore) it signals
+
+    @property
+    def sent(self) -> tuple | None:
+        """The local chunk whose value a sending step sends: its src, or for rcs (receive, copy, send on) its
+        dst."""
+        return self.src if "src" in LOCAL[self.type] else self.dst
+
+
+@dataclasses.dataclass
+class _Tb:
+    """One `<tb>`: it sends to one peer and receives from one, over channel `chan` (-1: no peer)."""
+
+    id: int
+    send: int
+    recv: int
+    chan: int
+    steps: list[_MscclStep]
+
+
+def _read_algo(algo: ET.Element) -> _Algo:
+    coll_name = algo.get("coll", "")
+    if coll_name not in COLLECTIVES:
+        raise PlanError(f"<algo coll={coll_name!r}>: unknown collective; expected one of {sorted(COLLECTIVES)}")
+    coll = COLLECTIVES[coll_name]
+    gpus = algo.findall("gpu")
+    n = _int("<algo>", algo, "ngpus", len(gpus))
+    if len(gpus) != n:
+        raise PlanError(f"<algo ngpus={n}> has {len(gpus)} <gpu> elements")
+    if n < 1:
+        raise PlanError("<algo ngpus=0>: an algorithm needs at least one <gpu>")
+    in_place = algo.get("inplace", "0")
+    if in_place not in ("0", "1"):
+        raise PlanError(f"<algo>: attribute inplace={in_place!r}, expected '0' or '1'")
+    by_id = {}
+    for g in gpus:
+        gid = _int("<gpu>", g, "id")
+        if not 0 <= gid < n or gid in by_id:
+            raise PlanError(f"<gpu id={gid}>: id out of range or repeated (ngpus={n})")
+        by_id[gid] = g
+    g0 = by_id[0]
+    ic0, oc0 = _int("<gpu id=0>", g0, "i_chunks", 0), _int("<gpu id=0>", g0, "o_chunks", 0)
+    if coll is Collective.CUSTOM:
+        if not ic0 or oc0 % ic0:
+            raise PlanError(f"<gpu id=0>: a custom algorithm needs o_chunks={oc0} to be a multiple of "
+                            f"i_chunks={ic0}")
+        in_blocks, out_blocks = 1, oc0 // ic0
+    else:
+        in_blocks, out_blocks = default_blocks(coll, n)
+    if oc0 and oc0 % out_blocks == 0:
+        k = oc0 // out_blocks
+    elif ic0 and ic0 % in_blocks == 0:
+        k = ic0 // in_blocks
+    else:
+        raise PlanError(f"<gpu id=0 i_chunks={ic0} o_chunks={oc0}>: no chunk count fits {coll_name} over {n} gpus")
+    root = _int("<algo>", algo, "root", 0)
+    if not 0 <= root < n:
+        raise PlanError(f"<algo root={root}>: root is out of range; it must be a gpu id in 0..{n - 1}")
+    return _Algo(coll, n, in_place == "1", by_id, in_blocks, out_blocks, k, root, _read_perm(algo, n))
+
+
+def _read_perm(algo: ET.Element, n: int) -> tuple[tuple[int, int], ...]:
+    text = algo.get("perm", "")
+    pairs = []
+    for pair in text.split():
+        try:
+            src, dst = (int(x) for x in pair.split(":"))
+        except ValueError:
+            raise PlanError(f"<algo perm={text!r}>: {pair!r} is not a pair source:destination of gpu ids") from None
+        if not (0 <= src < n and 0 <= dst < n):
+            raise PlanError(f"<algo perm={text!r}>: the pair {pair!r} names a gpu outside 0..{n - 1}")
+        pairs.append((src, dst))
+    return tuple(pairs)
+
+
+def _read_gpu(gid: int, g: ET.Element, n: int) -> list[_Tb]:
+    """The gpu's tbs in id order."""
+    tbs = [_read_tb(gid, tb, n) for tb in g.findall("tb")]
+    tbs.sort(key=lambda t: t.id)
+    if [t.id for t in tbs] != list(range(len(tbs))):
+        raise PlanError(f"<gpu id={gid}>: tb ids must be 0..{len(tbs) - 1}, got {[t.id for t in tbs]}")
+    return tbs
+
+
+def _read_tb(gid: int, tb: ET.Element, n: int) -> _Tb:
+    tname = f"<gpu id={gid}><tb id={tb.get('id')}>"
+    out = _Tb(_int(tname, tb, "id"), _int(tname, tb, "send", -1), _int(tname, tb, "recv", -1),
+              _int(tname, tb, "chan", 0, low=0), [])
+    for peer in (out.send, out.recv):
+        if peer != -1 and not 0 <= peer < n:
+            raise PlanError(f"{tname}: peer {peer} is out of range for ngpus={n}")
+        if peer == gid:
+            raise PlanError(f"{tname}: peer {peer} is the tb's own gpu; a tb sends to and receives from peers")
+    for pos, st in enumerate(tb.findall("step")):
+        out.steps.append(_read_step(f"{tname}<step s={st.get('s')}>", st, pos, out))
+    return out
+
+
+def _read_step(sname: str, st: ET.Element, pos: int, tb: _Tb) -> _MscclStep:
+    s = _int(sname, st, "s")
+    if s != pos:
+        raise PlanError(f"{sname}: steps must be numbered 0, 1, ... in order; expected s={pos}")
+    typ = st.get("type")
+    if typ not in TYPES:
+        raise PlanError(f"{sname}: unknown step type {typ!r}; supported: {sorted(TYPES)}")
+    if typ in SENDS and tb.send == -1:
+        raise PlanError(f"{sname}: a {typ} step in a tb with send=-1")
+    if typ in RECVS and tb.recv == -1:
+        raise PlanError(f"{sname}: a {typ} step in a tb with recv=-1")
+    cnt = _int(sname, st, "cnt", 1, low=0 if typ == "nop" else 1)
+    sides = {}
+    for side in ("src", "dst"):
+        letter = st.get(f"{side}buf", "i" if side == "src" else "o")
+        off = _int(sname, st, f"{side}off", -1)
+        if typ == "nop" or off < 0:
+            sides[side] = None
+            continue
+        if letter not in BUFFERS:
+            raise PlanError(f"{sname}: unknown buffer {side}buf={letter!r}; expected i, o or s")
+        sides[side] = (BUFFERS[letter], off)
+    return _MscclStep(sname, typ, cnt, sides["src"], sides["dst"], _read_deps(sname, st))
+
+
+def _read_deps(sname: str, st: ET.Element) -> list[tuple[int, int]]:
+    """The (tb, step) pairs of `depid` and `deps` (-1: none)."""
+    depid, deps_text = st.get("depid", "-1"), st.get("deps", "-1")
+    dep_ids = [x for x in depid.split(",") if x.strip()]
+    dep_steps = [x for x in deps_text.split(",") if x.strip()]
+    given = f"depid={depid!r} deps={deps_text!r}"
+    if len(dep_ids) != len(dep_steps):
+        raise PlanError(f"{sname}: {given} list different numbers of dependencies")
+    deps = []
+    for a, b in zip(dep_ids, dep_steps):
+        try:
+            a, b = int(a), int(b)
+        except ValueError:
+            raise PlanError(f"{sname}: {given} are not comma-separated integers") from None
+        if a >= 0:
+            deps.append((a, b))
+    return deps
+
+
+def _check_chunks(algo: _Algo, tbs: dict[int, list[_Tb]], scratch0: dict[int, int]) -> None:
+    """Every step's chunks lie in their buffers and every dependency names a step of its gpu."""
+    sizes = algo.sizes
+    for gid, lanes in tbs.items():
+        for tb in lanes:
+            for st in tb.steps:
+                for side in LOCAL[st.type]:
+                    where = getattr(st, side)
+                    if where is None:
+                        continue
+                    buf, off = where
+                    if buf is Buffer.SCRATCH:
+                        if off + st.cnt > scratch0[gid]:
+                            raise PlanError(f"{st.name}: {side} chunks {off}..{off + st.cnt - 1} of the "
+                                            f"scratch buffer are out of range (s_chunks holds {scratch0[gid]})")
+                    elif off + st.cnt > sizes[buf] and not (algo.in_place and buf is Buffer.INPUT and
+                                                             off + st.cnt <= sizes[Buffer.OUTPUT]):
+                        raise PlanError(f"{st.name}: {side} chunks {off}..{off + st.cnt - 1} of the "
+                                        f"{buf.value} buffer are out of range (it holds {sizes[buf]} chunks)")
+                for a, b in st.deps:
+                    if a >= len(lanes) or b >= len(lanes[a].steps):
+                        raise PlanError(f"{st.name}: depends on tb {a} step {b}, which does not exist")
+
+
+# -- connections: the n-th send meets the n-th receive --------------------------------------------------------
+Connection = tuple[int, int, int]  # (sending gpu, receiving gpu, channel)
+
+
+def _connections(tbs: dict[int, list[_Tb]]) -> dict[Connection, list[tuple[_MscclStep, _MscclStep]]]:
+    """For each connection, its (send, receive) step pairs in order. A connection has one tb at each end."""
+    senders: dict[Connection, int] = {}
+    receivers: dict[Connection, int] = {}
+    for gid, lanes in tbs.items():
+        for t, tb in enumerate(lanes):
+            for role, table, peer in (("send", senders, tb.send), ("recv", receivers, tb.recv)):
+                if peer == -1 or not any(st.type in (SENDS if role == "send" else RECVS) for st in tb.steps):
+                    continue
+                key = (gid, peer, tb.chan) if role == "send" else (peer, gid, tb.chan)
+                if key in table:
+                    raise PlanError(f"<gpu id={gid}><tb id={t}>: a second tb {role}s on channel {tb.chan} "
+                                    f"with gpu {peer}; a connection has one tb at each end")
+                table[key] = t
+    pairs: dict[Connection, list[tuple[_MscclStep, _MscclStep]]] = {}
+    for key in sorted(set(senders) | set(receivers)):
+        a, b, ch = key
+        if key not in senders or key not in receivers:
+            side = f"<gpu id={a}> sends" if key in senders else f"<gpu id={b}> receives"
+            raise PlanError(f"{side} on channel {ch} between gpu {a} and gpu {b} but the other end has no tb")
+        s_steps = [st for st in tbs[a][senders[key]].steps if st.type in SENDS]
+        r_steps = [st for st in tbs[b][receivers[key]].steps if st.type in RECVS]
+        if len(s_steps) != len(r_steps):
+            raise PlanError(f"<gpu id={a}><tb id={senders[key]}> sends {len(s_steps)} times to gpu {b} on channel "
+                            f"{ch}, but <gpu id={b}><tb id={receivers[key]}> receives {len(r_steps)} times")
+        for s_st, r_st in zip(s_steps, r_steps):
+            if s_st.cnt != r_st.cnt:
+                raise PlanError(f"{r_st.name}: receives cnt={r_st.cnt} but the matching send "
+                                f"{s_st.name} sends cnt={s_st.cnt}")
+        pairs[key] = list(zip(s_steps, r_steps))
+    return pairs
 
 
 class _ScratchPlaces:
@@ -110,8 +346,12 @@ class _ScratchPlaces:
         (sh,) = shifts
         return self.region.get(sh, 0) + off + sh
 
+    def ref(self, where: tuple, cnt: int) -> ChunkRef:
+        return ChunkRef(self.gid, where[0], self.index(where, cnt), cnt)
 
-def _scratch_places(tbs: dict, pairs: dict, k: int, scratch0: dict[int, int]) -> dict[int, _ScratchPlaces]:
+
+def _scratch_places(tbs: dict[int, list[_Tb]], pairs: dict, k: int,
+                    scratch0: dict[int, int]) -> dict[int, _ScratchPlaces]:
     """Infer the block position of every scratch chunk (union-find over the chunks each step links) and lay
     out each gpu's scratch (see `_ScratchPlaces`). Raises PlanError when one chunk would need two positions."""
     parent: dict = {}
@@ -129,15 +369,15 @@ def _scratch_places(tbs: dict, pairs: dict, k: int, scratch0: dict[int, int]) ->
 
     for gid, lanes in tbs.items():
         for tb in lanes:
-            for st in tb["steps"]:
-                sides = [st[side] for side in LOCAL[st["type"]] if st[side] is not None]
+            for st in tb.steps:
+                sides = [getattr(st, side) for side in LOCAL[st.type] if getattr(st, side) is not None]
                 if len(sides) == 2:
-                    link(gid, sides[0], gid, sides[1], st["cnt"])
+                    link(gid, sides[0], gid, sides[1], st.cnt)
     for (a, b, _), matched in pairs.items():
         for s_st, r_st in matched:
-            for side in LOCAL[r_st["type"]]:
-                if _sent(s_st) is not None and r_st[side] is not None:
-                    link(a, _sent(s_st), b, r_st[side], s_st["cnt"])
+            for side in LOCAL[r_st.type]:
+                if s_st.sent is not None and getattr(r_st, side) is not None:
+                    link(a, s_st.sent, b, getattr(r_st, side), s_st.cnt)
     fixed: dict = {}
     for node in list(parent):
         if node[1] is Buffer.SCRATCH:
@@ -155,250 +395,140 @@ def _scratch_places(tbs: dict, pairs: dict, k: int, scratch0: dict[int, int]) ->
     return {gid: _ScratchPlaces(gid, k, positions[gid], scratch0[gid]) for gid in tbs}
 
 
-def load_msccl_xml(path_or_text) -> Plan:
-    """Import an MSCCL XML algorithm (a path or the XML text) as a plan. Raises PlanError naming the element
-    for anything unsupported or malformed. The plan is structurally valid; prove it with `check`."""
-    algo = _parse(path_or_text)
-    coll_name = algo.get("coll", "")
-    if coll_name not in COLLECTIVES:
-        raise PlanError(f"<algo coll={coll_name!r}>: unknown collective; expected one of {sorted(COLLECTIVES)}")
-    coll = COLLECTIVES[coll_name]
-    gpus = algo.findall("gpu")
-    n = _int("<algo>", algo, "ngpus", len(gpus))
-    if len(gpus) != n:
-        raise PlanError(f"<algo ngpus={n}> has {len(gpus)} <gpu> elements")
-    in_place = algo.get("inplace", "0") == "1"
-    by_id = {}
-    for g in gpus:
-        gid = _int("<gpu>", g, "id")
-        if not 0 <= gid < n or gid in by_id:
-            raise PlanError(f"<gpu id={gid}>: id out of range or repeated (ngpus={n})")
-        by_id[gid] = g
-    if coll is Collective.CUSTOM:
-        ic, oc = _int("<gpu id=0>", by_id[0], "i_chunks", 0), _int("<gpu id=0>", by_id[0], "o_chunks", 0)
-        if not ic or oc % ic:
-            raise PlanError(f"<gpu id=0>: a custom algorithm needs o_chunks={oc} to be a multiple of "
-                            f"i_chunks={ic}")
-        in_blocks, out_blocks = 1, oc // ic
-    else:
-        in_blocks, out_blocks = default_blocks(coll, n)
-    g0 = by_id[0]
-    oc0, ic0 = _int("<gpu id=0>", g0, "o_chunks", 0), _int("<gpu id=0>", g0, "i_chunks", 0)
-    if oc0 and oc0 % out_blocks == 0:
-        k = oc0 // out_blocks
-    elif ic0 and ic0 % in_blocks == 0:
-        k = ic0 // in_blocks
-    else:
-        raise PlanError(f"<gpu id=0 i_chunks={ic0} o_chunks={oc0}>: no chunk count fits {coll_name} over {n} gpus")
-    sizes = {Buffer.INPUT: in_blocks * k, Buffer.OUTPUT: out_blocks * k}
-
-    # -- read every tb and step ----------------------------------------------------------------------------
-    tbs: dict[int, list[dict]] = {}
-    scratch0: dict[int, int] = {}
-    for gid, g in by_id.items():
-        s_chunks = _int(f"<gpu id={gid}>", g, "s_chunks", 0)
-        scratch0[gid] = -(-s_chunks // k) * k
-        lanes = []
-        for tb in g.findall("tb"):
-            tname = f"<gpu id={gid}><tb id={tb.get('id')}>"
-            info = {"id": _int(tname, tb, "id"), "send": _int(tname, tb, "send", -1),
-                    "recv": _int(tname, tb, "recv", -1), "chan": _int(tname, tb, "chan", 0), "steps": []}
-            for peer in (info["send"], info["recv"]):
-                if peer != -1 and not 0 <= peer < n:
-                    raise PlanError(f"{tname}: peer {peer} is out of range for ngpus={n}")
-            steps = tb.findall("step")
-            for pos, st in enumerate(steps):
-                sname = f"{tname}<step s={st.get('s')}>"
-                s = _int(sname, st, "s")
-                if s != pos:
-                    raise PlanError(f"{sname}: steps must be numbered 0, 1, ... in order; expected s={pos}")
-                typ = st.get("type")
-                if typ not in TYPES:
-                    raise PlanError(f"{sname}: unknown step type {typ!r}; supported: {sorted(TYPES)}")
-                if typ in SENDS and info["send"] == -1:
-                    raise PlanError(f"{sname}: a {typ} step in a tb with send=-1")
-                if typ in RECVS and info["recv"] == -1:
-                    raise PlanError(f"{sname}: a {typ} step in a tb with recv=-1")
-                cnt = _int(sname, st, "cnt", 1)
-                step = {"name": sname, "type": typ, "cnt": cnt}
-                for side in ("src", "dst"):
-                    letter = st.get(f"{side}buf", "i" if side == "src" else "o")
-                    off = _int(sname, st, f"{side}off", -1)
-                    if typ == "nop" or off < 0:
-                        step[side] = None
-                        continue
-                    if letter not in BUFFERS:
-                        raise PlanError(f"{sname}: unknown buffer {side}buf={letter!r}; expected i, o or s")
-                    step[side] = (BUFFERS[letter], off)
-                deps = []
-                dep_ids = [x for x in st.get("depid", "-1").split(",") if x.strip()]
-                dep_steps = [x for x in st.get("deps", "-1").split(",") if x.strip()]
-                if len(dep_ids) != len(dep_steps):
-                    raise PlanError(f"{sname}: depid and deps list different numbers of dependencies")
-                for a, b in zip(dep_ids, dep_steps):
-                    try:
-                        a, b = int(a), int(b)
-                    except ValueError:
-                        raise PlanError(f"{sname}: depid/deps are not integers") from None
-                    if a >= 0:
-                        deps.append((a, b))
-                step["deps"] = deps
-                info["steps"].append(step)
-            lanes.append(info)
-        lanes.sort(key=lambda t: t["id"])
-        if [t["id"] for t in lanes] != list(range(len(lanes))):
-            raise PlanError(f"<gpu id={gid}>: tb ids must be 0..{len(lanes) - 1}, got {[t['id'] for t in lanes]}")
-        tbs[gid] = lanes
-    # chunk ranges and dependency targets
-    scratch_need = dict(scratch0)
-    for gid, lanes in tbs.items():
-        for tb in lanes:
-            for st in tb["steps"]:
-                for side in LOCAL[st["type"]]:
-                    if st[side] is None:
-                        continue
-                    buf, off = st[side]
-                    if buf is Buffer.SCRATCH:
-                        if off + st["cnt"] > scratch0[gid]:
-                            raise PlanError(f"{st['name']}: {side} chunks {off}..{off + st['cnt'] - 1} of the "
-                                            f"scratch buffer are out of range (s_chunks holds {scratch0[gid]})")
-                    elif off + st["cnt"] > sizes[buf] and not (in_place and buf is Buffer.INPUT and
-                                                                 off + st["cnt"] <= sizes[Buffer.OUTPUT]):
-                        raise PlanError(f"{st['name']}: {side} chunks {off}..{off + st['cnt'] - 1} of the "
-                                        f"{buf.value} buffer are out of range (it holds {sizes[buf]} chunks)")
-                for a, b in st["deps"]:
-                    if a >= len(lanes) or b >= len(lanes[a]["steps"]):
-                        raise PlanError(f"{st['name']}: depends on tb {a} step {b}, which does not exist")
-    # -- connections: the n-th send meets the n-th receive -------------------------------------------------
-    senders: dict[tuple, int] = {}
-    receivers: dict[tuple, int] = {}
-    for gid, lanes in tbs.items():
-        for t, tb in enumerate(lanes):
-            for role, table, peer in (("send", senders, tb["send"]), ("recv", receivers, tb["recv"])):
-                if peer == -1 or not any(st["type"] in (SENDS if role == "send" else RECVS) for st in tb["steps"]):
-                    continue
-                key = (gid, peer, tb["chan"]) if role == "send" else (peer, gid, tb["chan"])
-                if key in table:
-                    raise PlanError(f"<gpu id={gid}><tb id={t}>: a second tb {role}s on channel {tb['chan']} "
-                                    f"with gpu {peer}; a connection has one tb at each end")
-                table[key] = t
-    pairs: dict[tuple, list[tuple[dict, dict]]] = {}
-    for key in sorted(set(senders) | set(receivers)):
-        a, b, ch = key
-        if key not in senders or key not in receivers:
-            side = f"<gpu id={a}> sends" if key in senders else f"<gpu id={b}> receives"
-            raise PlanError(f"{side} on channel {ch} between gpu {a} and gpu {b} but the other end has no tb")
-        s_steps = [st for st in tbs[a][senders[key]]["steps"] if st["type"] in SENDS]
-        r_steps = [st for st in tbs[b][receivers[key]]["steps"] if st["type"] in RECVS]
-        if len(s_steps) != len(r_steps):
-            raise PlanError(f"<gpu id={a}><tb id={senders[key]}> sends {len(s_steps)} times to gpu {b} on channel "
-                            f"{ch}, but <gpu id={b}><tb id={receivers[key]}> receives {len(r_steps)} times")
-        for s_st, r_st in zip(s_steps, r_steps):
-            if s_st["cnt"] != r_st["cnt"]:
-                raise PlanError(f"{r_st['name']}: receives cnt={r_st['cnt']} but the matching send "
-                                f"{s_st['name']} sends cnt={s_st['cnt']}")
-        pairs[key] = list(zip(s_steps, r_steps))
-    place = _scratch_places(tbs, pairs, k, scratch0)
-    scratch_need = {gid: place[gid].size for gid in tbs}
-    conn_sem: dict[tuple, int] = {}
-    sems = [0] * n
-    for key, matched in pairs.items():
-        a, b, ch = key
-        for s_st, r_st in matched:
-            pos = place[a].position(_sent(s_st))
-            base = scratch_need[b]
-            scratch_need[b] = base + -(-(pos + s_st["cnt"]) // k) * k
-            slot = ChunkRef(b, Buffer.SCRATCH, base + pos, s_st["cnt"])
-            s_st.setdefault("out", []).append(slot)
-            r_st["slot"] = slot
-        conn_sem[key] = sems[b]
+def _place_receives(pairs: dict, place: dict[int, _ScratchPlaces], k: int, sems: list[int]) -> dict[int, int]:
+    """Give every send a fresh slot in its receiver's scratch, after the places of the file's own scratch chunks
+    (so no slot is reused and no write-after-read hazard arises), and every connection a semaphore on its
+    receiver (counted in `sems`). Returns the scratch chunks each gpu then needs."""
+    scratch = {gid: p.size for gid, p in place.items()}
+    for (a, b, _), matched in pairs.items():
+        sem = sems[b]
         sems[b] += 1
         for s_st, r_st in matched:
-            s_st["ssem"] = (b, conn_sem[key])
-            r_st["rsem"] = conn_sem[key]
-    # dependencies: one semaphore per (waiting tb, signalling tb) of a gpu, signals numbered in order
-    dep_signals: dict[tuple, list[int]] = defaultdict(list)  # (gpu, from tb, to tb) -> depended step positions
-    for gid, lanes in tbs.items():
-        for t, tb in enumerate(lanes):
-            for st in tb["steps"]:
-                for a, b in st["deps"]:
-                    if a != t and b not in dep_signals[gid, a, t]:
-                        dep_signals[gid, a, t].append(b)
-    dep_sem = {}
-    for key in sorted(dep_signals):
-        dep_signals[key].sort()
-        dep_sem[key] = sems[key[0]]
-        sems[key[0]] += 1
-    # -- emit lanes -------------------------------------------------------------------------------------------
-    def ref(gid, where, cnt):
-        buf, off = where
-        return ChunkRef(gid, buf, place[gid].index(where, cnt), cnt)
+            pos = place[a].position(s_st.sent)
+            base = scratch[b]
+            scratch[b] = base + -(-(pos + s_st.cnt) // k) * k
+            r_st.slot = ChunkRef(b, Buffer.SCRATCH, base + pos, s_st.cnt)
+            s_st.out += (r_st.slot,)
+            s_st.ssem, r_st.rsem = (b, sem), sem
+    return scratch
 
-    ranks = []
-    for gid in range(n):
-        lanes_out = []
-        consumed: dict[tuple, int] = defaultdict(int)
-        for t, tb in enumerate(tbs[gid]):
-            out: list[Step] = []
-            for pos, st in enumerate(tb["steps"]):
-                for a, b in st["deps"]:
-                    if a == t:
-                        if b >= pos:
-                            raise PlanError(f"{st['name']}: depends on a later step {b} of its own tb")
-                        continue
-                    key = (gid, a, t)
-                    m = dep_signals[key].index(b) + 1
-                    while consumed[key] < m:
-                        out.append(Step(Op.WAIT, sem=dep_sem[key]))
-                        consumed[key] += 1
-                typ, cnt = st["type"], st["cnt"]
-                if typ in RECVS:
-                    out.append(Step(Op.WAIT, sem=st["rsem"]))
-                need = LOCAL[typ]
-                for side in need:
-                    if st[side] is None:
-                        raise PlanError(f"{st['name']}: a {typ} step needs {side}buf and {side}off")
-                src = ref(gid, st["src"], cnt) if "src" in need else None
-                dst = ref(gid, st["dst"], cnt) if "dst" in need else None
-                slot = st.get("slot")
-                fwd = tuple(st.get("out", ()))
-                if typ == "s":
-                    out.append(Step(Op.PUT, (src,), fwd))
-                elif typ == "r":
-                    out.append(Step(Op.COPY, (slot,), (dst,)))
-                elif typ == "rcs":
-                    out.append(Step(Op.PUT, (slot,), (dst,) + fwd))
-                elif typ == "rrc":
-                    out.append(Step(Op.REDUCE, (src, slot), (dst,)))
-                elif typ == "rrs":
-                    out.append(Step(Op.REDUCE_PUT, (src, slot), fwd))
-                elif typ == "rrcs":
-                    out.append(Step(Op.REDUCE_PUT, (src, slot), (dst,) + fwd))
-                elif typ == "cpy":
-                    out.append(Step(Op.COPY, (src,), (dst,)))
-                elif typ == "re":
-                    out.append(Step(Op.REDUCE, (dst, src), (dst,)))
-                if typ in SENDS:  # the data step just emitted goes over the tb's channel
-                    out[-1] = dataclasses.replace(out[-1], channel=tb["chan"])
-                    out.append(Step(Op.SIGNAL, peer=st["ssem"][0], sem=st["ssem"][1]))
-                for key in sorted(k2 for k2 in dep_signals if k2[0] == gid and k2[1] == t):
-                    if pos in dep_signals[key]:
-                        out.append(Step(Op.SIGNAL, peer=gid, sem=dep_sem[key]))
-            lanes_out.append(out)
-        for key, xs in dep_signals.items():  # consume signals nobody waited for explicitly
+
+# -- dependencies within a gpu ---------------------------------------------------------------------------------
+class _Dependencies:
+    """`depid`/`deps` between tbs of a gpu as signals: one semaphore per (gpu, signalling tb, waiting tb), whose
+    signals follow the depended-on steps in their tb's order, so the n-th wait on it meets the n-th of them."""
+
+    def __init__(self, tbs: dict[int, list[_Tb]], sems: list[int]):
+        self.signals: dict[tuple[int, int, int], list[int]] = defaultdict(list)  # key -> depended step positions
+        for gid, lanes in tbs.items():
+            for t, tb in enumerate(lanes):
+                for st in tb.steps:
+                    for a, b in st.deps:
+                        if a != t and b not in self.signals[gid, a, t]:
+                            self.signals[gid, a, t].append(b)
+        self.sem = {}
+        for key in sorted(self.signals):
+            self.signals[key].sort()
+            self.sem[key] = sems[key[0]]
+            sems[key[0]] += 1
+
+    def waits_before(self, gid: int, t: int, pos: int, st: _MscclStep, consumed: dict) -> list[Step]:
+        """The waits tb t runs before its step `pos` so that the steps it depends on have signalled; `consumed`
+        counts the signals each semaphore's waits have taken so far."""
+        out = []
+        for a, b in st.deps:
+            if a == t:
+                if b >= pos:
+                    raise PlanError(f"{st.name}: depends on a later step {b} of its own tb")
+                continue
+            key = (gid, a, t)
+            m = self.signals[key].index(b) + 1
+            while consumed[key] < m:
+                out.append(Step(Op.WAIT, sem=self.sem[key]))
+                consumed[key] += 1
+        return out
+
+    def signals_after(self, gid: int, t: int, pos: int) -> list[Step]:
+        """The signals tb t sends after its step `pos`, to the tbs that depend on it."""
+        return [Step(Op.SIGNAL, peer=gid, sem=self.sem[key]) for key in sorted(self.signals)
+                if key[0] == gid and key[1] == t and pos in self.signals[key]]
+
+    def leftover_waits(self, gid: int, lanes: list[list[Step]], consumed: dict) -> None:
+        """Waits, at the end of the waiting tbs, for the signals no step waited for explicitly, so that every
+        signal has its wait."""
+        for key, xs in self.signals.items():
             if key[0] == gid:
                 while consumed[key] < len(xs):
-                    lanes_out[key[2]].append(Step(Op.WAIT, sem=dep_sem[key]))
+                    lanes[key[2]].append(Step(Op.WAIT, sem=self.sem[key]))
                     consumed[key] += 1
-        ranks.append((lanes_out,))
-    scratch = max(scratch_need.values())
-    programs = tuple(RankProgram(sizes[Buffer.INPUT], sizes[Buffer.OUTPUT], scratch, sems[g],
-                                 tuple(Lane(tuple(s)) for s in ranks[g][0])) for g in range(n))
-    root = _int("<algo>", algo, "root", 0)
-    perm = tuple(tuple(int(x) for x in p.split(":")) for p in algo.get("perm", "").split() if p)
-    return Plan(coll, n, programs, name=algo.get("name", ""), in_place=in_place, in_blocks=in_blocks,
-                out_blocks=out_blocks, protocol={"LL": "ll", "Simple": "simple"}.get(algo.get("proto"), "auto"),
-                root=root, perm=perm)
+
+
+# -- emitting the plan's steps ----------------------------------------------------------------------------------
+# The data step of each step type, from its local chunks (src, dst), the slot a receive reads and the slots a
+# send writes (fwd).
+_DATA_STEP = {
+    "s": lambda src, dst, slot, fwd: Step(Op.PUT, (src,), fwd),
+    "r": lambda src, dst, slot, fwd: Step(Op.COPY, (slot,), (dst,)),
+    "rcs": lambda src, dst, slot, fwd: Step(Op.PUT, (slot,), (dst,) + fwd),
+    "rrc": lambda src, dst, slot, fwd: Step(Op.REDUCE, (src, slot), (dst,)),
+    "rrs": lambda src, dst, slot, fwd: Step(Op.REDUCE_PUT, (src, slot), fwd),
+    "rrcs": lambda src, dst, slot, fwd: Step(Op.REDUCE_PUT, (src, slot), (dst,) + fwd),
+    "cpy": lambda src, dst, slot, fwd: Step(Op.COPY, (src,), (dst,)),
+    "re": lambda src, dst, slot, fwd: Step(Op.REDUCE, (dst, src), (dst,)),
+}
+
+
+def _lane(gid: int, t: int, tb: _Tb, place: _ScratchPlaces, deps: _Dependencies, consumed: dict) -> list[Step]:
+    """The plan's steps for tb t of gpu `gid`: per MSCCL step, the waits for its dependencies and its
+    receive, its data step, and the signals of its send and of the tbs that depend on it."""
+    out: list[Step] = []
+    for pos, st in enumerate(tb.steps):
+        out += deps.waits_before(gid, t, pos, st, consumed)
+        if st.type in RECVS:
+            out.append(Step(Op.WAIT, sem=st.rsem))
+        need = LOCAL[st.type]
+        for side in need:
+            if getattr(st, side) is None:
+                raise PlanError(f"{st.name}: a {st.type} step needs {side}buf and {side}off")
+        if st.type in _DATA_STEP:
+            src = place.ref(st.src, st.cnt) if "src" in need else None
+            dst = place.ref(st.dst, st.cnt) if "dst" in need else None
+            out.append(_DATA_STEP[st.type](src, dst, st.slot, st.out))
+        if st.type in SENDS:  # the data step just emitted goes over the tb's channel
+            out[-1] = dataclasses.replace(out[-1], channel=tb.chan)
+            out.append(Step(Op.SIGNAL, peer=st.ssem[0], sem=st.ssem[1]))
+        out += deps.signals_after(gid, t, pos)
+    return out
+
+
+def load_msccl_xml(path_or_text) -> Plan:
+    """Import an MSCCL XML algorithm (a path or the XML text) as a plan. Raises PlanError naming the element
+    and attribute for anything unsupported or malformed. The plan is structurally valid; prove it with
+    `check`."""
+    root = _parse(path_or_text)
+    algo = _read_algo(root)
+    k, n = algo.k, algo.nranks
+    tbs = {gid: _read_gpu(gid, g, n) for gid, g in algo.gpus.items()}
+    scratch0 = {gid: -(-_int(f"<gpu id={gid}>", g, "s_chunks", 0, low=0) // k) * k for gid, g in algo.gpus.items()}
+    _check_chunks(algo, tbs, scratch0)
+    pairs = _connections(tbs)
+    place = _scratch_places(tbs, pairs, k, scratch0)
+    sems = [0] * n
+    scratch = _place_receives(pairs, place, k, sems)
+    deps = _Dependencies(tbs, sems)
+    ranks = []
+    for gid in range(n):
+        consumed: dict = defaultdict(int)
+        lanes = [_lane(gid, t, tb, place[gid], deps, consumed) for t, tb in enumerate(tbs[gid])]
+        deps.leftover_waits(gid, lanes, consumed)
+        ranks.append(lanes)
+    sizes, chunks = algo.sizes, max(scratch.values())
+    programs = tuple(RankProgram(sizes[Buffer.INPUT], sizes[Buffer.OUTPUT], chunks, sems[g],
+                                 tuple(Lane(tuple(s)) for s in ranks[g])) for g in range(n))
+    return Plan(algo.collective, n, programs, name=root.get("name", ""), in_place=algo.in_place,
+                in_blocks=algo.in_blocks, out_blocks=algo.out_blocks,
+                protocol={"LL": "ll", "Simple": "simple"}.get(root.get("proto"), "auto"), root=algo.root,
+                perm=algo.perm)
 
 
 # -- export -------------------------------------------------------------------------------------------------

@@ -2,51 +2,30 @@
 summary (steps per rank, bytes per link). `jaxcoll plan show FILE` is the command-line face of this module.
 
 Time is counted in rounds: in each round every lane runs its ready signals and waits, then at most one data
-step, so a step's round is the earliest it can run when every data step takes one unit.
+step (on `jaxcoll.lang.stepper`, lanes in rank order), so a step's round is the earliest it can run when every
+data step takes one unit.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 
+from jaxcoll.lang import stepper
 from jaxcoll.plan.ir import Buffer, Op, Plan
 
 
 def rounds(plan: Plan) -> dict[tuple[int, int, int], int]:
     """The round of every data step (see the module docstring). Steps of a stuck plan are left out."""
-    pcs = {(r, l): 0 for r, prog in enumerate(plan.ranks) for l in range(len(prog.lanes))}
-    sems: Counter = Counter()
-    arrived: dict[int, set] = defaultdict(set)
+    run = stepper.for_plan(plan)
     when: dict[tuple[int, int, int], int] = {}
     t = 0
     while True:
         progress = False
-        for (r, l) in pcs:
+        for (r, l) in run.lanes:
             steps = plan.ranks[r].lanes[l].steps
-            did_data = False
-            while pcs[r, l] < len(steps):
-                i = pcs[r, l]
-                s = steps[i]
-                if s.op is Op.WAIT:
-                    if sems[r, s.sem] == 0:
-                        break
-                    sems[r, s.sem] -= 1
-                elif s.op is Op.SIGNAL:
-                    sems[s.peer, s.sem] += 1
-                elif s.op is Op.BARRIER:
-                    arrived[r].add(l)
-                    if len(arrived[r]) < len(plan.ranks[r].lanes):
-                        break
-                    for other in arrived[r]:
-                        if other != l:
-                            pcs[r, other] += 1
-                    arrived[r] = set()
-                else:
-                    if did_data:
-                        break
+            for (rr, ll), i in run.run((r, l), data_steps=1):
+                if (rr, ll) == (r, l) and steps[i].op.is_data:
                     when[r, l, i] = t
-                    did_data = True
-                pcs[r, l] = i + 1
                 progress = True
         if not progress:
             return when

@@ -30,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from jaxcoll.lang import named_scratch
+from jaxcoll.lang.compiler import Instr, compile_program
 from jaxcoll.plan.errors import PlanError
 from jaxcoll.plan.ir import Buffer, ChunkRef, Collective, Op, Plan, Step, default_blocks
 
@@ -37,19 +39,6 @@ _BUFFERS = {"input": "input", "in": "input", "i": "input", "output": "output", "
             "scratch": "scratch", "s": "scratch"}
 
 _current: list["program"] = []
-
-
-@dataclasses.dataclass
-class Instr:
-    """One data step of a program, before lanes and synchronisation: the rank that executes it, the step, the
-    lane asked for (None: the compiler chooses) and which instance (replica) of the program it belongs to."""
-
-    rank: int
-    step: Step
-    lane: int | None = None
-    instance: int = 0
-    channel: int | None = None  # the channel asked for (None: the compiler chooses); see Step.channel
-    sem: int | None = None  # the semaphore the step's waits use (None: the compiler chooses)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +136,7 @@ class program:
         self.max_lanes = max_lanes
         self.fuse = fuse
         self.instrs: list[Instr] = []
-        self._scratch_names: dict[str, int] = {}  # name -> base (in chunks, before instances/pipeline)
+        self._scratch_names: dict[str, int] = {}  # name -> buffer number, in order of first use
         self._scratch_sizes: dict[str, int] = {}
         self._plan: Plan | None = None
 
@@ -176,11 +165,13 @@ class program:
         return Chunk(self, rank, buffer, index, size)
 
     def _scratch_slot(self, rank: int, name: str, index: int, size: int) -> int:
-        # Named buffers are laid out after the plain "scratch" chunks when compiling (their sizes are known only
-        # then); until then a ref carries the placeholder index _NAMED_BASE * (id + 1) + index, which
-        # `compiler.layout_scratch` rewrites.
-        ids = self._scratch_names.setdefault(name, len(self._scratch_names))
-        return _NAMED_BASE * (ids + 1) + index
+        # laid out when compiling, once every buffer's size is known (`jaxcoll.lang.named_scratch`)
+        return named_scratch.placeholder(self._scratch_names.setdefault(name, len(self._scratch_names)), index)
+
+    @property
+    def named_scratch_sizes(self) -> list[int]:
+        """The chunks each named scratch buffer takes, by buffer number (`jaxcoll.lang.named_scratch`)."""
+        return [self._scratch_sizes[name] for name in sorted(self._scratch_names, key=self._scratch_names.get)]
 
     def _record(self, rank: int, step: Step, lane: int | None, channel: int | None = None,
                 sem: int | None = None, *, what: str = "") -> None:
@@ -199,9 +190,6 @@ class program:
     def plan(self, *, check: bool = True) -> Plan:
         """Compile the recorded operations into a Plan and (by default) prove it with `jaxcoll.lang.check`."""
         if self._plan is None:
-            from jaxcoll.lang.compiler import compile_program
             self._plan = compile_program(self, check=check)
         return self._plan
 
-
-_NAMED_BASE = 1 << 20  # placeholder offset of named scratch buffers until the compiler lays them out

@@ -256,6 +256,7 @@ class RankProgram:
 
 
 ZERO = ("zero",)  # a contribution term: the chunk holds zeros (a zero step wrote it)
+# The reductions a call can apply, in the order of their codes (jaxcoll.plan.abi.REDUCE_OP_CODES).
 REDUCE_OPS = ("sum", "max", "min")
 
 

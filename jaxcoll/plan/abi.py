@@ -1,0 +1,26 @@
+"""The custom call's binary interface (docs/plan-ir.md, "The custom call"): the names and codes that the lowering
+writes into a jaxcoll custom call and the native handlers read back, spelled once for Python.
+
+csrc/abi.hpp spells the same table for C++; the native module reports its copy (`jaxcoll._jaxcoll.abi()`) and
+tests/test_abi.py holds the two together, so neither side can drift alone. The reductions' names are the plan IR's
+(`jaxcoll.plan.ir.REDUCE_OPS`, also the words of a plan file's `expect`) and the targets' are its collectives':
+this module only numbers and prefixes them.
+"""
+
+from __future__ import annotations
+
+from jaxcoll.plan.ir import REDUCE_OPS, Collective
+
+# The `reduce_op` attribute (s32): a reduction's position in REDUCE_OPS. Never renumber: compiled programs carry it.
+REDUCE_OP_CODES = {name: code for code, name in enumerate(REDUCE_OPS)}
+
+TARGET_PREFIX = "jaxcoll_"
+
+
+def target_name(collective: Collective | str) -> str:
+    """The FFI target of a plan's collective: "jaxcoll_" + its name (registered for every platform jaxcoll runs on)."""
+    return TARGET_PREFIX + Collective(collective).value
+
+
+# Every FFI target, in the order of the collectives' wire codes.
+TARGETS = tuple(target_name(c) for c in Collective)

@@ -1,0 +1,53 @@
+"""The custom call's interface is one table: the C++ side (csrc/abi.hpp, as compiled into the native module) says
+what the Python side (jaxcoll.plan.abi) says, and the lowering writes what both say."""
+
+import re
+
+import numpy as np
+import pytest
+
+import jaxcoll
+from jaxcoll import _jaxcoll, runtime
+from jaxcoll.algorithms import direct
+from jaxcoll.plan import Collective, abi, encode
+from sharded import put, sharded
+
+
+def test_reduce_op_codes_are_the_documented_ones():
+    # docs/plan-ir.md, "The custom call": compiled programs carry these codes, so they never change.
+    assert abi.REDUCE_OP_CODES == {"sum": 0, "max": 1, "min": 2}
+
+
+def test_native_reduce_op_codes_are_the_python_table():
+    assert dict(_jaxcoll.abi()["reduce_ops"]) == abi.REDUCE_OP_CODES
+
+
+def test_native_targets_are_the_python_table():
+    assert list(_jaxcoll.abi()["targets"]) == list(abi.TARGETS)
+    assert abi.TARGETS == tuple("jaxcoll_" + c.value for c in Collective)
+
+
+def test_every_target_is_registered_for_each_platform():
+    assert set(_jaxcoll.registrations()) == set(abi.TARGETS)
+    if _jaxcoll.with_cuda:
+        assert set(_jaxcoll.cuda_registrations()) == set(abi.TARGETS)
+
+
+@pytest.mark.parametrize("code", [-1, len(abi.REDUCE_OP_CODES)])
+@pytest.mark.parametrize("executor", ["cpu", "cuda"])
+def test_a_reduce_op_code_outside_the_table_is_refused_naming_it(code, executor):
+    # The CUDA runner checks its arguments before it touches a GPU, so a CUDA build tests it without one.
+    if executor == "cuda" and not _jaxcoll.with_cuda:
+        pytest.skip("jaxcoll was built without the CUDA executor")
+    run = runtime.run_words if executor == "cpu" else runtime.run_words_cuda
+    xs = [np.ones(4, np.float32), np.ones(4, np.float32)]
+    with pytest.raises(ValueError, match=rf"reduce_op must be 0 \(sum\), 1 \(max\) or 2 \(min\), got {code}"):
+        run(encode(direct.all_reduce(2)), xs, (4,), reduce_op=code)
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_the_lowering_writes_the_table_target_and_code(op):
+    x = put(np.zeros((8, 4), np.float32), "2x4")
+    text = sharded(lambda v: jaxcoll.all_reduce(v, "y", op=op), "2x4").lower(x).as_text()
+    calls = re.findall(r'stablehlo.custom_call @(\w+)\(.*?reduce_op = (-?\d+) : i32', text)
+    assert calls == [("jaxcoll_all_reduce", str({"sum": 0, "max": 1, "min": 2}[op]))]
