@@ -41,12 +41,9 @@ class Format:
     name = ""
     block_size = 1
 
-    def code_bytes(self) -> int:
-        raise NotImplementedError
-
     def wire_bytes(self, n: int) -> int:
         """Bytes on the wire for `n` elements (codes and scales)."""
-        return n * self.code_bytes()
+        raise NotImplementedError
 
     def encode(self, x):
         """(codes, scales) of float32 `x`, encoded along its last axis, in dtypes the runtime moves."""
@@ -54,9 +51,6 @@ class Format:
 
     def decode(self, codes, scales):
         """float32 values of (codes, scales)."""
-        raise NotImplementedError
-
-    def code_dtype(self):
         raise NotImplementedError
 
 
@@ -67,11 +61,8 @@ class Bf16(Format):
     name = "bf16"
     block_size = 1
 
-    def code_bytes(self) -> int:
-        return 2
-
-    def code_dtype(self):
-        return jnp.bfloat16
+    def wire_bytes(self, n: int) -> int:
+        return 2 * n
 
     def encode(self, x):
         return x.astype(jnp.bfloat16), None
@@ -83,7 +74,8 @@ class Bf16(Format):
 
 @dataclasses.dataclass(frozen=True)
 class _Blocked(Format):
-    """A format with one float32 scale per block of `block_size` elements: s = absmax / code_max."""
+    """A format with one float32 scale per block of `block_size` elements, s = absmax / code_max; a subclass
+    says how a scaled value in [-code_max, code_max] becomes a code (`round`) and back (`values`)."""
 
     block_size: int = 256
     code_max = 1.0
@@ -92,9 +84,6 @@ class _Blocked(Format):
         b = self.block_size
         if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
             raise ValueError(f"{type(self).__name__}: block_size={b!r} must be a positive integer")
-
-    def code_bytes(self) -> int:
-        return 1
 
     def wire_bytes(self, n: int) -> int:
         return n + 4 * (n // self.block_size)
@@ -129,9 +118,6 @@ class Int8(_Blocked):
     name = "int8"
     code_max = 127.0
 
-    def code_dtype(self):
-        return jnp.int8
-
     def round(self, y):
         return jnp.round(y).astype(jnp.int8)
 
@@ -151,9 +137,6 @@ class Fp8(_Blocked):
     # with integer operations on float32's bits: XLA:CPU's conversions to and from float8_e4m3fn ran 3x slower
     # than the whole int8 path here. tests/test_compress_formats.py holds them to ml_dtypes' conversion.
     _REBIAS = (127 - 7) << 3  # float32's exponent bias to e4m3's, in units of e4m3's mantissa
-
-    def code_dtype(self):
-        return jnp.uint8
 
     def round(self, y):
         """e4m3 bits of y (|y| <= 448), rounded to nearest even."""
