@@ -127,7 +127,8 @@ def test_topk_through_all_reduce_and_its_derivative():
 
 @pytest.mark.parametrize("kw,message", [(dict(k=0), "k=0 is out of range"), (dict(k=641), "k=641 is out of range"),
                                         (dict(fraction=1.5), "fraction=1.5 is out of range"),
-                                        (dict(k=3, fraction=0.1), "exactly one of k and fraction")])
+                                        (dict(k=3, fraction=0.1), "exactly one of k and fraction"),
+                                        (dict(k=3, threshold=-1.0), "threshold=-1.0 must be None or a number")])
 def test_k_out_of_range_is_refused(kw, message):
     with pytest.raises(ValueError, match=message):
         run_topk(np.ones((8, 640), np.float32), "1d8", "i", **kw)

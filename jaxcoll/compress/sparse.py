@@ -54,6 +54,9 @@ class TopK:
             raise ValueError(f"TopK: fraction={self.fraction!r} is out of range; it must be in (0, 1]")
         if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer))):
             raise ValueError(f"TopK: k={self.k!r} must be an integer")
+        if self.threshold is not None and not (isinstance(self.threshold, (float, int, np.floating, np.integer))
+                                               and not isinstance(self.threshold, bool) and self.threshold >= 0):
+            raise ValueError(f"TopK: threshold={self.threshold!r} must be None or a number >= 0")
 
     def slots(self, api_name: str, elements: int) -> int:
         """k for a leaf of `elements` elements; ValueError naming k when it is out of [1, elements]."""
@@ -196,7 +199,7 @@ def topk_leaf(x, axes: tuple, topk: TopK, api_name: str):
         return result.reshape(v.shape).astype(v.dtype), residual.reshape(v.shape).astype(v.dtype)
 
     f = jax.custom_jvp(compressed)
-    # The residual's tangent: what is not summed stays (straight-through: all of dx travels, none stays).
+    # Straight-through: the whole tangent is summed exactly, so none of it stays in the residual.
     f.defjvp(lambda primals, tangents: (f(*primals), (exact(tangents[0], axes), jnp.zeros_like(tangents[0]))))
     return f(x)
 
