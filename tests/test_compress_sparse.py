@@ -205,3 +205,21 @@ def test_topk_and_adasum_under_vmap_and_scan_match_a_loop():
 
     f = jax.jit(jax.shard_map(body, mesh=mesh("1d8"), in_specs=P("i"), out_specs=P("i")))
     assert np.all(np.asarray(f(put(x, "1d8"))) == 0)
+
+
+def jnp_adasum(gs):
+    """The recursive formula in jax.numpy on a stacked (N, L) array: a reference to differentiate."""
+    if gs.shape[0] == 1:
+        return gs[0]
+    h = gs.shape[0] // 2
+    a, b = jnp_adasum(gs[:h]), jnp_adasum(gs[h:])
+    dot = a @ b
+    return (1 - dot / (2 * (a @ a))) * a + (1 - dot / (2 * (b @ b))) * b
+
+
+def test_adasum_gradient_is_the_formulas():
+    x = np.random.default_rng(7).standard_normal((8, 24)).astype(np.float32) + 0.5
+    w = jnp.linspace(-1.0, 1.0, 24)
+    grad = sharded(jax.grad(lambda v: jnp.sum(w * jaxcoll.adasum(v[0], "i"))), "1d8")(put(x, "1d8"))
+    want = jax.grad(lambda xs: jnp.sum(w * jnp_adasum(xs)))(jnp.asarray(x))
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(want), rtol=1e-4, atol=1e-5)
