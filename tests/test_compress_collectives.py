@@ -179,3 +179,19 @@ def test_other_ops_and_plans_with_a_block_compression_are_refused():
         trace(lambda v: jaxcoll.all_reduce(v, "i", op="max", compression="int8"), x)
     with pytest.raises(ValueError, match="algorithm='ring' cannot be combined"):
         trace(lambda v: jaxcoll.all_reduce(v, "i", algorithm="ring", compression="int8"), x)
+
+
+def test_pytrees_and_shard_map_without_check_vma():
+    x = inputs(8, (2 * B,))
+    tree = {"a": x, "b": x[:, :B] * 2}
+
+    def body(t):
+        return {"int8": jaxcoll.all_reduce(t, "i", compression=Int8(B)),
+                "topk": jaxcoll.all_reduce(t, "i", compression=jaxcoll.compress.TopK(k=4))}
+
+    for check_vma in (True, False):
+        out = sharded(per_rank(body), "1d8", check_vma=check_vma)({k: put(v, "1d8") for k, v in tree.items()})
+        for leaf in ("a", "b"):
+            y = np.asarray(out["int8"][leaf])[0]
+            assert np.all(np.abs(y - tree[leaf].astype(np.float64).sum(0)) <= all_reduce_bound(tree[leaf], "int8"))
+            assert np.asarray(out["topk"][leaf]).shape == tree[leaf].shape
