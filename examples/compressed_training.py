@@ -7,8 +7,9 @@ devices; prints the final losses against the exact run's and plots the curves.
 The task is a teacher-student regression (a fixed random 2-layer tanh network labels Gaussian inputs); the
 student is a 2-layer MLP trained with plain SGD (momentum on top of top-k with error feedback diverged here,
 lr 0.05, momentum 0.9: the loss grew to 1e10 in 300 steps; DGC's momentum correction is the known remedy).
-Each step is jit(shard_map(...)) over the "data" axis: every rank computes its batch's gradients, `jaxcoll.optax.compressed_sync` averages them over the ranks
-(sent compressed, its residual in the optimizer state), and every rank applies the same update.
+Each step is jit(shard_map(...)) over the "data" axis: every rank computes its batch's gradients,
+`jaxcoll.optax.compressed_sync` averages them over the ranks (sent compressed, its residual in the optimizer
+state), and every rank applies the same update.
 """
 
 from __future__ import annotations
