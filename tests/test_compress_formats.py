@@ -6,6 +6,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, strategies as st
+from hypothesis.extra import numpy as hnp
 
 import compress_reference as ref
 from jaxcoll.compress import Bf16, Fp8, Int8, quantize
@@ -129,3 +131,19 @@ def test_fp8_codes_are_e4m3_bits_rounded_to_nearest_even():
     back = np.asarray(jax.jit(fmt.values)(jnp.arange(256, dtype=jnp.uint8)))
     both = np.isfinite(values)
     np.testing.assert_array_equal(back[both], values[both])
+
+
+_BIG = float(np.float32(3e38))  # below bf16's largest finite value (3.39e38), above which bf16 rounds to inf
+_TINY = float(np.float32(1e-36))
+_mixed = st.one_of(st.floats(min_value=-_BIG, max_value=_BIG, width=32),
+                   st.floats(min_value=-_TINY, max_value=_TINY, width=32),  # subnormals and near-zero scales
+                   st.sampled_from([0.0, -0.0]), st.floats(min_value=-1.0, max_value=1.0, width=32))
+
+
+@given(x=hnp.arrays(np.float32, (2 * BLOCK,), elements=_mixed), name=st.sampled_from(["int8", "fp8", "bf16"]))
+def test_any_finite_input_stays_within_the_bound(x, name):
+    fmt = dict(FORMATS)[name]
+    y = run(x, fmt)
+    err = np.abs(y.astype(np.float64) - x.astype(np.float64))
+    assert np.all(err <= ref.bound(x, name, BLOCK))
+    np.testing.assert_allclose(y, ref.roundtrip(x, name, BLOCK), rtol=2.0 ** -20, atol=0)
