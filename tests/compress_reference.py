@@ -1,10 +1,12 @@
-"""numpy references of the compressed wire formats and of their error bounds, written from the formulas of
-docs/compression.md (jaxcoll/compress/formats.py), independently of the jax code they check."""
+"""numpy references of the compressed wire formats and of their error bounds, of the sparse all-reduce and of
+Adasum, written from the descriptions in docs/compression.md, independently of the jax code they check."""
 
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+
+from jaxcoll.compress.sparse import Layout
 
 TINY = np.float32(2.0 ** -126)
 CODE_MAX = {"int8": 127.0, "fp8": 448.0}
@@ -63,3 +65,53 @@ def bound(x, fmt, block=256):
     e = np.where(small, absmax, e)
     e = np.where(np.isfinite(absmax), e, np.nan)
     return e.reshape(np.shape(x))
+
+
+def numpy_select(rows, threshold=None):
+    """Per row: the first entry of largest magnitude, magnitudes compared as their float32 bits floored at
+    2^-126 with the low b mantissa bits dropped (b = bits for the positions of a row); its index and value."""
+    g = rows.shape[-1]
+    bits = max(1, (g - 1).bit_length())
+    magnitude = np.maximum(np.abs(rows).view(np.int32), 0x00800000) & ~((1 << bits) - 1)
+    index = np.argmax(magnitude, axis=-1)  # the first of the largest
+    value = np.take_along_axis(rows, index[..., None], -1)[..., 0]
+    if threshold is not None:
+        index = np.where(np.abs(value) >= threshold, index, g)
+        value = np.where(index < g, value, 0).astype(np.float32)
+    return index, value
+
+
+def numpy_topk(x, k, threshold=None):
+    """Reference of the sparse all-reduce on x (N, L): (result, residuals), from the module's description:
+    per group of ceil(L/k) elements each rank selects an entry (numpy_select), the owner sums the selections in
+    rank order in float32 and selects again; kept entries leave the residuals."""
+    n, length = x.shape
+    lay = Layout.of(length, k, n)
+    g = lay.size
+    blocks = np.zeros((n, lay.groups * g), np.float32)
+    blocks[:, :length] = x
+    blocks = blocks.reshape(n, lay.groups, g)
+    index = np.stack([numpy_select(blocks[r], threshold)[0] for r in range(n)])
+    dense = np.zeros((lay.groups, g), np.float32)
+    for r in range(n):
+        rows = np.nonzero(index[r] < g)[0]
+        dense[rows, index[r, rows]] += blocks[r, rows, index[r, rows]]
+    kept, _ = numpy_select(dense)
+    result = np.zeros_like(dense)
+    result[np.arange(lay.groups), kept] = dense[np.arange(lay.groups), kept]
+    residual = blocks.copy()
+    for r in range(n):
+        rows = np.nonzero(index[r] == kept)[0]
+        residual[r, rows, kept[rows]] = 0
+    return result.reshape(-1)[:length], residual.reshape(n, -1)[:, :length]
+
+
+def numpy_adasum(gs):
+    """The recursive pairwise formula over halves, in float64."""
+    if len(gs) == 1:
+        return gs[0]
+    a, b = numpy_adasum(gs[:len(gs) // 2]), numpy_adasum(gs[len(gs) // 2:])
+    dot = a @ b
+    ca = 1 - dot / (2 * (a @ a)) if a @ a > 0 else 1.0
+    cb = 1 - dot / (2 * (b @ b)) if b @ b > 0 else 1.0
+    return ca * a + cb * b

@@ -308,6 +308,31 @@ def case_large() -> str:
     return "segments grow"
 
 
+def case_compressed() -> str:
+    """Compressed all_reduce (int8, top-k) and Adasum over an axis across the processes: within the int8 bound of
+    the numpy sum, equal to the numpy references of top-k and Adasum, the same on every rank."""
+    import compress_reference as ref
+
+    from jaxcoll.compress import Int8, TopK
+    mesh = mesh_1d()
+    n = mesh.devices.size
+    x_np = np.random.default_rng(4).standard_normal((n, 512)).astype(np.float32)
+    x = put(x_np, mesh)
+    rows = lambda fn: np.concatenate([v for _, v in sorted(local_values(run(fn, mesh, x)).items())])  # noqa: E731
+
+    int8 = rows(lambda v: jaxcoll.all_reduce(v, "i", compression=Int8(64)))
+    flat = x_np.astype(np.float64)
+    decoded = np.stack([ref.roundtrip(v, "int8", 64) for v in x_np]).sum(0)
+    bound = sum(ref.bound(v, "int8", 64) for v in x_np) + ref.bound(decoded, "int8", 64) + n * 2.0 ** -23 * np.abs(
+        x_np).sum(0)
+    assert np.all(np.abs(int8 - flat.sum(0)) <= bound) and np.all(int8 == int8[0])
+    topk = rows(lambda v: jaxcoll.all_reduce(v, "i", compression=TopK(k=16)))
+    np.testing.assert_array_equal(topk[0], ref.numpy_topk(x_np, 16)[0])
+    ada = rows(lambda v: jaxcoll.adasum(v, "i"))
+    np.testing.assert_allclose(ada[0], ref.numpy_adasum([v.astype(np.float64) for v in x_np]), rtol=2e-5, atol=2e-5)
+    return f"int8, top-k and adasum across processes, hosts {jaxcoll.distributed.world().hosts}"
+
+
 def case_segments_private() -> str:
     """Every shared-memory segment jaxcoll made in this process is owner-only (0600)."""
     mesh = mesh_1d()

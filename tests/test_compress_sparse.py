@@ -8,48 +8,10 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import jaxcoll
+from compress_reference import numpy_adasum, numpy_topk
 from jaxcoll.compress import TopK, topk_all_reduce
 from jaxcoll.compress.sparse import Layout
 from sharded import mesh, per_rank, put, sharded
-
-
-def numpy_select(rows, threshold=None):
-    """Per row: the first entry of largest magnitude, magnitudes compared as their float32 bits floored at
-    2^-126 with the low b mantissa bits dropped (b = bits for the positions of a row); its index and value."""
-    g = rows.shape[-1]
-    bits = max(1, (g - 1).bit_length())
-    magnitude = np.maximum(np.abs(rows).view(np.int32), 0x00800000) & ~((1 << bits) - 1)
-    index = np.argmax(magnitude, axis=-1)  # the first of the largest
-    value = np.take_along_axis(rows, index[..., None], -1)[..., 0]
-    if threshold is not None:
-        index = np.where(np.abs(value) >= threshold, index, g)
-        value = np.where(index < g, value, 0).astype(np.float32)
-    return index, value
-
-
-def numpy_topk(x, k, threshold=None):
-    """Reference of the sparse all-reduce on x (N, L): (result, residuals), from the module's description:
-    per group of ceil(L/k) elements each rank selects an entry (numpy_select), the owner sums the selections in
-    rank order in float32 and selects again; kept entries leave the residuals."""
-    n, length = x.shape
-    lay = Layout.of(length, k, n)
-    g = lay.size
-    blocks = np.zeros((n, lay.groups * g), np.float32)
-    blocks[:, :length] = x
-    blocks = blocks.reshape(n, lay.groups, g)
-    index = np.stack([numpy_select(blocks[r], threshold)[0] for r in range(n)])
-    dense = np.zeros((lay.groups, g), np.float32)
-    for r in range(n):
-        rows = np.nonzero(index[r] < g)[0]
-        dense[rows, index[r, rows]] += blocks[r, rows, index[r, rows]]
-    kept, _ = numpy_select(dense)
-    result = np.zeros_like(dense)
-    result[np.arange(lay.groups), kept] = dense[np.arange(lay.groups), kept]
-    residual = blocks.copy()
-    for r in range(n):
-        rows = np.nonzero(index[r] == kept)[0]
-        residual[r, rows, kept[rows]] = 0
-    return result.reshape(-1)[:length], residual.reshape(n, -1)[:, :length]
 
 
 def run_topk(x, mesh_name, axis, **kw):
@@ -143,17 +105,6 @@ def test_topk_refuses_integers_and_other_collectives():
 
 
 # -- Adasum ----------------------------------------------------------------------------------------------------
-
-def numpy_adasum(gs):
-    """The recursive pairwise formula over halves, in float64."""
-    if len(gs) == 1:
-        return gs[0]
-    a, b = numpy_adasum(gs[:len(gs) // 2]), numpy_adasum(gs[len(gs) // 2:])
-    dot = a @ b
-    ca = 1 - dot / (2 * (a @ a)) if a @ a > 0 else 1.0
-    cb = 1 - dot / (2 * (b @ b)) if b @ b > 0 else 1.0
-    return ca * a + cb * b
-
 
 @pytest.mark.parametrize("mesh_name", ["1d2", "1d4", "1d8"])
 def test_adasum_equals_the_recursive_formula(mesh_name):

@@ -75,7 +75,7 @@ def test_calls_shared_with_helper_threads_give_the_same_results():
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-@pytest.mark.parametrize("case", ["algorithms", "dtypes", "synthesized", "large", "replace"])
+@pytest.mark.parametrize("case", ["algorithms", "dtypes", "synthesized", "large", "replace", "compressed"])
 def test_across_two_processes(case, transport):
     assert_all_ok(job(case, **TRANSPORTS[transport]), case)
 
