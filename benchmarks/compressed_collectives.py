@@ -119,7 +119,7 @@ def profile(size: int, reps: int = 9):
     g = lay.size
     rows["top-k: select per group"] = cpu_ms(lambda v: [sparse._select(r, None) for r in sparse._grouped(v, lay)], x)
     index, value = sparse._select(sparse._grouped(x, lay)[0], None)
-    rows["top-k: write the dense result"] = cpu_ms(lambda i, v: sparse._scatter(i, v, g).reshape(-1), index, value)
+    rows["top-k: write the dense result"] = cpu_ms(lambda i, v: sparse._dense(i, v, g, e), index, value)
     return rows
 
 
