@@ -6,7 +6,7 @@ transform.py: the public function and context; interpreter.py: the evaluation of
 collectives.py: which jax.lax primitive becomes which jaxcoll call; options.py, report.py: what they say.
 """
 
-from jaxcoll.replace.interpreter import ReplacementError, ReplacementWarning
+from jaxcoll.replace.collectives import ReplacementError, ReplacementWarning
 from jaxcoll.replace.report import Entry, Report
 from jaxcoll.replace.transform import replace_collectives, replacing_collectives
 
