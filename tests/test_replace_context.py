@@ -1,0 +1,324 @@
+"""jaxcoll.replacing_collectives, the context form of the transform: inside the block every jax.lax collective
+that JAX lowers runs on jaxcoll, in programs that were never transformed (the backward pass included); after it
+the same programs compile to XLA's collectives again.
+
+Every comparison is with the same program compiled outside the block, by XLA. Inputs are small integers held in
+float32, so sums are exact whatever the reduction order and the comparisons are bitwise.
+"""
+
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from jaxcoll import _jax
+from jaxcoll.replace import ReplacementError, ReplacementWarning, replace_collectives, replacing_collectives
+from jaxcoll.replace.lowering import primitives
+from sharded import MESH_AXES, all_axes, group_size, mesh, put, small_ints
+
+XLA_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+                   "collective-broadcast")
+
+
+def xla_collectives(text: str) -> list[str]:
+    return [op for op in XLA_COLLECTIVES if re.search(rf"\b{op}(-start|-done)?\(", text)]
+
+
+def jaxcoll_calls(text: str) -> set[str]:
+    return set(re.findall(r'custom_call_target="(jaxcoll_\w+)"', text))
+
+
+def compiled(program, *args) -> str:
+    return program.lower(*args).compile().as_text()
+
+
+def spmd(fn, mesh_name, *, check_vma=True):
+    """jit(shard_map(fn)) with every input and output split over all mesh axes along the leading dimension."""
+    spec = P(all_axes(mesh_name))
+    return jax.jit(jax.shard_map(fn, mesh=mesh(mesh_name), in_specs=spec, out_specs=spec, check_vma=check_vma))
+
+
+def ints(shape, mesh_name, dtype=np.float32, seed=0):
+    return put(small_ints(np.random.default_rng(seed), shape, dtype), mesh_name)
+
+
+def first_rank(fn):
+    """fn on each rank's block with its leading unit dimension dropped and put back."""
+    return lambda v: jax.tree.map(lambda y: y[None], fn(v[0]))
+
+
+def _cases():
+    n = lambda mesh_name, axis: group_size(mesh_name, axis)  # noqa: E731
+    return {
+        "psum": lambda a, mn: lambda v: lax.psum(v, a),
+        "pmean": lambda a, mn: lambda v: lax.pmean(v, a),
+        "pmax": lambda a, mn: lambda v: lax.pmax(v, a),
+        "pmin": lambda a, mn: lambda v: lax.pmin(v, a),
+        "all_gather": lambda a, mn: lambda v: lax.all_gather(v, a),
+        "all_gather_axis1_tiled": lambda a, mn: lambda v: lax.all_gather(v, a, axis=1, tiled=True),
+        "all_gather_invariant": lambda a, mn: lambda v: lax.all_gather(v, a, tiled=True, to="invarying"),
+        "psum_scatter_tiled": lambda a, mn: lambda v: lax.psum_scatter(v, a, scatter_dimension=1, tiled=True),
+        "psum_scatter": lambda a, mn: lambda v: lax.psum_scatter(
+            jnp.broadcast_to(v[:1], (n(mn, a), *v.shape[1:])), a),
+        "all_to_all_tiled": lambda a, mn: lambda v: lax.all_to_all(v, a, 1, 0, tiled=True),
+        "all_to_all": lambda a, mn: lambda v: lax.all_to_all(
+            jnp.broadcast_to(v[:1], (n(mn, a), *v.shape[1:])), a, 0, 1),
+        "ppermute": lambda a, mn: lambda v: lax.ppermute(
+            v, a, [(i, (i + 1) % n(mn, a)) for i in range(n(mn, a))]),
+    }
+
+
+CASES = _cases()
+
+
+# -- values and the compiled program --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mesh_name,axis_name", [m for m in MESH_AXES if m[0] in ("1d8", "2x4")])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_collective_gives_lax_results_and_compiles_to_jaxcoll_in_the_block(case, mesh_name, axis_name):
+    if case.startswith("ppermute") and isinstance(axis_name, tuple) and axis_name != all_axes(mesh_name) and \
+            getattr(jax.config, "jax_raise_on_ppermute_sort_diff", False):
+        pytest.skip("lax.ppermute refuses a tuple of axes out of mesh order on this JAX")
+    x = ints((8, 8, 8), mesh_name)
+    program = spmd(first_rank(CASES[case](axis_name, mesh_name)), mesh_name)
+    expected = program(x)
+    assert xla_collectives(compiled(program, x))
+    with replacing_collectives() as report:
+        got = program(x)
+        text = compiled(program, x)
+    np.testing.assert_array_equal(got, expected)
+    assert xla_collectives(text) == [] and jaxcoll_calls(text)
+    assert report.entries and not report.left_to_xla, report
+
+
+def test_every_collective_of_one_program_and_xla_again_after_the_block():
+    x = ints((8, 8, 8), "2x4")
+
+    def fn(v):
+        a = lax.pmean(v, "y")
+        b = lax.all_gather(v, "x", axis=1, tiled=True)
+        c = lax.psum_scatter(b, ("x", "y"), scatter_dimension=1, tiled=True)
+        d = lax.all_to_all(v, "y", 1, 2, tiled=True)
+        e = lax.ppermute(v, "x", [(0, 1), (1, 0)])
+        g = lax.pmax(v, "x") + lax.pmin(v, "y")
+        return (a + e + g).sum() + c.sum() + d.sum() + v * 0
+    program = spmd(fn, "2x4")
+    expected = program(x)  # compiled before the block: the block must not run this executable
+    before = compiled(program, x)
+    with replacing_collectives():
+        got = program(x)
+        inside = compiled(program, x)
+    after_value, after = program(x), compiled(program, x)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(after_value, expected)
+    assert xla_collectives(inside) == []
+    assert jaxcoll_calls(inside) == {"jaxcoll_all_reduce", "jaxcoll_all_gather", "jaxcoll_reduce_scatter",
+                                     "jaxcoll_all_to_all", "jaxcoll_ppermute"}
+    for text in (before, after):
+        assert set(xla_collectives(text)) == {"all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                                              "collective-permute"} and not jaxcoll_calls(text)
+
+
+def test_pbroadcast_which_xla_cpu_cannot_lower_runs_in_the_block():
+    x = ints((8, 4), "1d8")
+    program = spmd(lambda v: lax.pbroadcast(v, "i", 5), "1d8")
+    with pytest.raises(NotImplementedError):
+        program.lower(x)
+    with replacing_collectives():
+        got = program(x)
+    np.testing.assert_array_equal(got, np.broadcast_to(np.asarray(x)[5], (8, 4)))
+    with pytest.raises(NotImplementedError):  # jax's lack of a CPU rule is back too
+        program.lower(x)
+
+
+def test_without_check_vma_and_eagerly_without_jit():
+    x = ints((8, 4), "2x4")
+    fn = lambda v: lax.psum(v, "y") + lax.all_gather(v, "x", tiled=True)[:1] + lax.pmean(v, ("x", "y"))  # noqa
+    program = jax.shard_map(fn, mesh=mesh("2x4"), in_specs=P(("x", "y")), out_specs=P(("x", "y")),
+                            check_vma=False)
+    expected = jax.jit(program)(x)
+    with replacing_collectives() as report:
+        got = program(x)
+    np.testing.assert_array_equal(got, expected)
+    assert sorted(e.primitive for e in report.replaced) == ["all_gather", "psum", "psum"]
+
+
+def test_collectives_inside_scan_cond_and_remat():
+    x = ints((8, 4), "1d8")
+
+    def fn(v):
+        step = jax.checkpoint(lambda c: c + lax.psum(c, "i"))
+        v, _ = lax.scan(lambda c, _: (step(c), None), v, None, length=2)
+        return lax.cond(v.sum() > 0, lambda u: lax.pmax(u, "i"), lambda u: lax.pmin(u, "i"), v)
+    program = spmd(fn, "1d8")
+    expected = program(x)
+    with replacing_collectives() as report:
+        got, text = program(x), compiled(program, x)
+    np.testing.assert_array_equal(got, expected)
+    assert xla_collectives(text) == []
+    assert {e.collective for e in report.replaced} == {"psum", "pmax", "pmin"}
+
+
+# -- the backward pass --------------------------------------------------------------------------------------------
+
+def test_grad_runs_its_transposed_psum_on_jaxcoll():
+    x = ints((8, 4), "2x4")
+    w = jnp.asarray(small_ints(np.random.default_rng(1), (4,), np.float32))
+
+    def loss(w):
+        body = lambda v, w: lax.psum(jnp.sum(v * w), ("x", "y"))  # noqa: E731 (w invariant: its cotangent is psummed)
+        return jax.shard_map(body, mesh=mesh("2x4"), in_specs=(P(("x", "y")), P()), out_specs=P())(x, w)
+    grad = jax.jit(jax.grad(loss))
+    expected = grad(w)
+    assert xla_collectives(compiled(grad, w)) == ["all-reduce"]
+    with replacing_collectives() as report:
+        got, text = grad(w), compiled(grad, w)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(got, np.asarray(x).sum(axis=0))  # d/dw of sum(x * w)
+    assert xla_collectives(text) == [] and jaxcoll_calls(text) == {"jaxcoll_all_reduce"}
+    psum, = report.replaced  # the forward psum's result is not used: only the transposed one is left
+    assert (psum.collective, psum.axes, int(np.prod(psum.shape))) == ("psum", ("x", "y"), 4)
+
+
+# -- options, nesting, restoring ----------------------------------------------------------------------------------
+
+def _psum_and_gather(v):
+    return lax.psum(v, "i") + lax.all_gather(v, "i", tiled=True)[:1]
+
+
+def test_collectives_option_leaves_the_others_to_xla_and_the_report_says_so():
+    x = ints((8, 4), "1d8")
+    program = spmd(_psum_and_gather, "1d8")
+    expected = program(x)
+    with replacing_collectives(collectives=["all_gather"]) as report:
+        got, text = program(x), compiled(program, x)
+    np.testing.assert_array_equal(got, expected)
+    assert xla_collectives(text) == ["all-reduce"] and jaxcoll_calls(text) == {"jaxcoll_all_gather"}
+    left, = report.left_to_xla
+    assert left.collective == "psum" and left.reason == "psum is not in collectives="
+
+
+def test_algorithm_option_and_the_report_table(capsys):
+    x = ints((8, 4), "1d8")
+    program = spmd(_psum_and_gather, "1d8")
+    with replacing_collectives(algorithm="ring", report=True) as report:
+        program(x)
+        assert capsys.readouterr().out == ""  # printed when the block ends
+    assert {(e.collective, e.algorithm) for e in report.replaced} == {("psum", "ring"), ("all_gather", "ring")}
+    printed = capsys.readouterr().out
+    assert "jaxcoll.replacing_collectives: 2 collectives replaced, 0 left to XLA" in printed
+    assert re.search(r"psum .*test_replace_context\.py:\d+.* jaxcoll\.all_reduce .* ring", printed), printed
+
+
+def test_nested_blocks_the_innermost_decides_and_each_end_restores_the_outer():
+    x = ints((8, 4), "1d8")
+    program = spmd(_psum_and_gather, "1d8")
+    expected = program(x)
+    with replacing_collectives(collectives=["psum"]) as outer:
+        outer_text = compiled(program, x)
+        with replacing_collectives(collectives=["all_gather"]) as inner:
+            inner_text = compiled(program, x)
+            np.testing.assert_array_equal(program(x), expected)
+        again = compiled(program, x)
+    after = compiled(program, x)
+    assert xla_collectives(outer_text) == ["all-gather"] and jaxcoll_calls(outer_text) == {"jaxcoll_all_reduce"}
+    assert xla_collectives(inner_text) == ["all-reduce"] and jaxcoll_calls(inner_text) == {"jaxcoll_all_gather"}
+    assert xla_collectives(again) == ["all-gather"] and jaxcoll_calls(again) == {"jaxcoll_all_reduce"}
+    assert xla_collectives(after) == ["all-reduce", "all-gather"] and not jaxcoll_calls(after)
+    assert {e.collective for e in outer.replaced} == {"psum"}
+    assert {e.collective for e in inner.replaced} == {"all_gather"}
+
+
+def _rules():
+    """Every rule jax holds for the replaced primitives, as it holds them."""
+    saved = {name: _jax.LoweringRules(p) for name, p in primitives().items()}
+    return {name: (s.default, s.platforms) for name, s in saved.items()}
+
+
+def test_an_exception_in_the_block_restores_jaxs_rules_exactly():
+    x = ints((8, 4), "1d8")
+    program = spmd(_psum_and_gather, "1d8")
+    rules = _rules()
+    assert {"psum", "psum_invariant", "all_gather", "reduce_scatter", "ppermute", "pbroadcast"} <= set(rules)
+    with pytest.raises(ZeroDivisionError):
+        with replacing_collectives():
+            assert _rules() != rules
+            program(x)
+            1 / 0
+    assert _rules() == rules
+    text = compiled(program, x)
+    assert xla_collectives(text) == ["all-reduce", "all-gather"] and not jaxcoll_calls(text)
+
+
+def test_transforms_traced_in_the_block_take_its_options():
+    x = ints((8, 8), "1d8")
+    transformed = replace_collectives(jax.shard_map(lambda v: lax.psum(v, "i"), mesh=mesh("1d8"), in_specs=P("i"),
+                                                    out_specs=P("i")))
+    with replacing_collectives(algorithm="two_shot"):
+        jax.jit(transformed).lower(x)
+    assert {e.algorithm for e in transformed.report.replaced} == {"two_shot"}
+
+
+# -- what jaxcoll cannot run -------------------------------------------------------------------------------------
+
+def _index_groups(v):
+    return lax.psum(v, "i", axis_index_groups=[[0, 1, 2, 3], [4, 5, 6, 7]])
+
+
+def test_what_jaxcoll_cannot_run_falls_back_to_xla_with_a_warning_and_a_report_row():
+    x = ints((8, 4), "1d8")
+    program = spmd(_index_groups, "1d8", check_vma=False)
+    expected = program(x)
+    with pytest.warns(ReplacementWarning, match=r"lax\.psum .*axis_index_groups="):
+        with replacing_collectives() as report:
+            got, text = program(x), compiled(program, x)
+    np.testing.assert_array_equal(got, expected)
+    assert xla_collectives(text) == ["all-reduce"]
+    left, = report.left_to_xla
+    assert left.collective == "psum" and "axis_index_groups" in left.reason
+
+
+def test_a_dtype_the_runtime_lacks_falls_back_and_strict_refuses_it_naming_it():
+    x = ints((8, 4), "1d8", np.int16)
+    program = spmd(_psum_and_gather, "1d8")
+    expected = program(x)
+    with pytest.warns(ReplacementWarning, match="dtype='int16'"):
+        with replacing_collectives() as report:
+            got = program(x)
+    np.testing.assert_array_equal(got, expected)
+    assert {e.collective for e in report.left_to_xla} == {"psum", "all_gather"}
+    with pytest.raises(ReplacementError, match=r"lax\.psum .*dtype='int16'"):
+        with replacing_collectives(strict=True):
+            program(x)
+    assert xla_collectives(compiled(program, x)) == ["all-reduce", "all-gather"]  # the error restored the rules
+
+
+def test_a_collective_jaxcoll_lacks_keeps_jaxs_lowering_with_a_warning():
+    x = ints((8, 8), "1d8")
+
+    def fn(v):
+        sizes = jnp.ones((8,), jnp.int32)
+        offsets = jnp.arange(8, dtype=jnp.int32)
+        return lax.ragged_all_to_all(v[0], jnp.zeros_like(v[0]), offsets, sizes, offsets, sizes, axis_name="i")[None]
+    program = spmd(fn, "1d8")
+    with pytest.warns(ReplacementWarning, match="ragged_all_to_all.*left to XLA: primitive='ragged_all_to_all'"):
+        with replacing_collectives() as report:
+            program.lower(x)
+    left, = report.left_to_xla
+    assert left.collective == "ragged_all_to_all"
+    with pytest.raises(ReplacementError, match="ragged_all_to_all.* cannot run on jaxcoll"):
+        with replacing_collectives(strict=True):
+            program.lower(x)
+
+
+def test_no_warning_when_everything_is_replaced():
+    x = ints((8, 4), "1d8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReplacementWarning)
+        with replacing_collectives():
+            spmd(_psum_and_gather, "1d8")(x)
