@@ -136,6 +136,21 @@ def test_pbroadcast_which_xla_cpu_cannot_lower_runs_in_the_block():
         program.lower(x)
 
 
+def test_psum_of_a_tuple_and_of_an_invariant_value_and_other_dtypes():
+    def fn(v):
+        a, b = lax.psum((v, 2 * v), ("x", "y"))
+        c = lax.psum(jnp.ones((), v.dtype), "y")  # an invariant value: N equal copies summed
+        return a + b + c, lax.pmax(v, "x"), lax.all_gather(v, ("x", "y"), tiled=True)
+    for dtype in (np.float32, np.int32, np.int8, jnp.bfloat16):
+        x = ints((8, 4), "2x4", dtype)
+        program = spmd(fn, "2x4")
+        expected = program(x)
+        with replacing_collectives() as report:
+            got, text = program(x), compiled(program, x)
+        jax.tree.map(np.testing.assert_array_equal, got, expected)
+        assert xla_collectives(text) == [] and not report.left_to_xla, (dtype, report)
+
+
 def test_without_check_vma_and_eagerly_without_jit():
     x = ints((8, 4), "2x4")
     fn = lambda v: lax.psum(v, "y") + lax.all_gather(v, "x", tiled=True)[:1] + lax.pmean(v, ("x", "y"))  # noqa
