@@ -307,7 +307,7 @@ def test_a_dtype_the_runtime_lacks_falls_back_and_strict_refuses_it_naming_it():
             got = program(x)
     np.testing.assert_array_equal(got, expected)
     assert {e.collective for e in report.left_to_xla} == {"psum", "all_gather"}
-    with pytest.raises(ReplacementError, match=r"lax\.psum .*dtype='int16'"):
+    with pytest.raises(ReplacementError, match=r"replacing_collectives\(strict=True\): lax\.psum .*dtype='int16'"):
         with replacing_collectives(strict=True):
             program(x)
     assert xla_collectives(compiled(program, x)) == ["all-reduce", "all-gather"]  # the error restored the rules

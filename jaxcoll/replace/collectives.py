@@ -144,21 +144,22 @@ def label(primitive: str) -> str:
 
 
 def replacement(options: Options, primitive: str, params: dict, avals, where: str,
-                record: Callable[[Entry], None], platforms: tuple = ()) -> Callable | None:
+                record: Callable[[Entry], None], platforms: tuple = (),
+                api: str = "replace_collectives") -> Callable | None:
     """How one call of `primitive` (a key of RULES or UNSUPPORTED) with `params` on operands of types `avals` runs.
 
     A function from the operands to the list of results, binding jaxcoll's collective; or None when the call
     stays XLA's: its collective is not in `options.collectives`, or jaxcoll cannot run it as asked (then a
     ReplacementWarning names the collective, the argument and the value; ReplacementError instead when
     `options.strict`). `record` gets the report's Entry either way; `where` says where the call is;
-    `platforms`, where known (at lowering), those the program is lowered for.
+    `platforms`, where known (at lowering), those the program is lowered for; `api` the name messages give.
     """
     aval = avals[0] if avals else None
     entry = dict(primitive=primitive, where=where, shape=tuple(aval.shape) if aval is not None else (),
                  dtype=np.dtype(aval.dtype).name if aval is not None else "")
     if primitive in UNSUPPORTED:
         axes = _names(params.get("axes", params.get("axis_name", ())))
-        _fall_back(options, record, dict(entry, collective=primitive, axes=axes),
+        _fall_back(options, record, api, dict(entry, collective=primitive, axes=axes),
                    f"lax {primitive} over axis_name={axes}", f"primitive={primitive!r}: {UNSUPPORTED[primitive]}")
         return None
     rule = RULES[primitive]
@@ -170,21 +171,21 @@ def replacement(options: Options, primitive: str, params: dict, avals, where: st
     try:
         check(rule, params, avals, algorithm, platforms)
     except Unsupported as e:
-        _fall_back(options, record, entry, f"lax.{entry['collective']} ({primitive}) over axis_name={entry['axes']}",
-                   f"{e.argument}={e.value!r}: {e.reason}")
+        call = f"lax.{entry['collective']} ({primitive}) over axis_name={entry['axes']}"
+        _fall_back(options, record, api, entry, call, f"{e.argument}={e.value!r}: {e.reason}")
         return None
     record(Entry(**entry, replaced=True, jaxcoll=rule.jaxcoll,
                  algorithm=algorithm if isinstance(algorithm, str) else (algorithm.name or "plan")))
     return lambda *operands: [rule.run(x, params, algorithm) for x in operands]
 
 
-def _fall_back(options: Options, record, entry: dict, call: str, reason: str) -> None:
+def _fall_back(options: Options, record, api: str, entry: dict, call: str, reason: str) -> None:
     """The warning that `call` runs on XLA, naming it and the reason, and its report row; ReplacementError when
     strict."""
     where = f" in {entry['where']}" if entry["where"] else ""
     if options.strict:
-        raise ReplacementError(f"replace_collectives(strict=True): {call}{where} cannot run on jaxcoll: {reason}")
-    warnings.warn(f"replace_collectives: {call}{where} left to XLA: {reason}", ReplacementWarning, stacklevel=3)
+        raise ReplacementError(f"{api}(strict=True): {call}{where} cannot run on jaxcoll: {reason}")
+    warnings.warn(f"{api}: {call}{where} left to XLA: {reason}", ReplacementWarning, stacklevel=3)
     record(Entry(**entry, replaced=False, reason=reason))
 
 

@@ -96,7 +96,7 @@ def _rule(block: Block, name: str, original):
     def rule(ctx, *args, **params):
         platforms = tuple(ctx.platforms or ctx.module_context.platforms)
         run = collectives.replacement(block.options, name, params, ctx.avals_in, _where(ctx), block.report.add,
-                                      platforms=platforms)
+                                      platforms=platforms, api="replacing_collectives")
         if run is not None:
             return mlir.lower_fun(run, multiple_results=True)(ctx, *args)
         if original is None:
