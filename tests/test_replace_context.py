@@ -337,3 +337,15 @@ def test_no_warning_when_everything_is_replaced():
         warnings.simplefilter("error", ReplacementWarning)
         with replacing_collectives():
             spmd(_psum_and_gather, "1d8")(x)
+
+
+def test_a_program_lowered_for_a_platform_jaxcoll_lacks_keeps_xlas_collectives():
+    x = ints((8, 4), "1d8")
+    program = spmd(lambda v: lax.psum(v, "i"), "1d8")
+    with pytest.warns(ReplacementWarning, match="platform='tpu'"):
+        with replacing_collectives() as report:
+            exported = jax.export.export(program, platforms=["tpu"])(x)  # lowered, not compiled: no TPU needed
+    text = exported.mlir_module()
+    assert "stablehlo.all_reduce" in text and "@jaxcoll_" not in text
+    left, = report.left_to_xla
+    assert left.collective == "psum" and left.reason.startswith("platform='tpu'")
