@@ -29,6 +29,7 @@ from jaxcoll.replace import collectives
 from jaxcoll.replace.options import Options
 from jaxcoll.replace.report import Report
 
+
 def primitives() -> dict:
     """The jax.lax collective primitives whose lowering the block replaces, by jaxpr name: those of
     collectives.RULES but pvary (a cast that lowers to nothing), and those of collectives.UNSUPPORTED (lowered by
