@@ -6,6 +6,7 @@ Every comparison is with the same program compiled outside the block, by XLA. In
 float32, so sums are exact whatever the reduction order and the comparisons are bitwise.
 """
 
+import logging
 import re
 import warnings
 
@@ -122,6 +123,23 @@ def test_every_collective_of_one_program_and_xla_again_after_the_block():
     for text in (before, after):
         assert set(xla_collectives(text)) == {"all-reduce", "all-gather", "reduce-scatter", "all-to-all",
                                               "collective-permute"} and not jaxcoll_calls(text)
+
+
+def test_a_jit_function_recompiles_on_entering_and_on_leaving_the_block(caplog):
+    x = ints((8, 4), "1d8")
+    program = spmd(lambda v: lax.psum(v, "i"), "1d8")
+    program(x)
+
+    def call_compiles() -> bool:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING), jax.log_compiles():
+            program(x)
+        return any("Compiling" in r.getMessage() for r in caplog.records)
+    assert not call_compiles()  # the control: called again, a jit function runs the executable it has
+    with replacing_collectives() as report:
+        assert call_compiles() and len(report.entries) == 1  # the call lowered its psum again, in the block
+        assert not call_compiles() and len(report.entries) == 1  # then keeps the executable compiled in it
+    assert call_compiles()
 
 
 def test_pbroadcast_which_xla_cpu_cannot_lower_runs_in_the_block():
