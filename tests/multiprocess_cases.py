@@ -268,8 +268,9 @@ def case_loops() -> str:
 
 
 def case_replace() -> str:
-    """A program written with jax.lax collectives, through jaxcoll.replace_collectives, over an axis across the
-    processes and one inside them: values and gradient as XLA's (gloo), every collective replaced."""
+    """A program written with jax.lax collectives, through jaxcoll.replace_collectives and in a
+    jaxcoll.replacing_collectives block, over an axis across the processes and one inside them: values and
+    gradient as XLA's (gloo), every collective replaced."""
     mesh = mesh_2d("x")
     rng = np.random.default_rng(3)
     x_np = small_ints(rng, (mesh.devices.size * 4, 8), np.float32)
@@ -293,8 +294,19 @@ def case_replace() -> str:
     grad_want = local_values(run(jax.grad(loss(program)), mesh, x))
     for index, value in grad_got.items():
         np.testing.assert_allclose(value, grad_want[index], rtol=1e-5, atol=1e-6, err_msg=f"grad at {index}")
+    # The context form: the untransformed program and its gradient, lowered in the block.
+    with jaxcoll.replacing_collectives() as report:
+        got = local_values(run(program, mesh, x))
+        grad_got = local_values(run(jax.grad(loss(program)), mesh, x))
+    for index, value in got.items():
+        np.testing.assert_array_equal(value, want[index], err_msg=f"values in the block at {index}")
+    for index, value in grad_got.items():
+        np.testing.assert_allclose(value, grad_want[index], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"grad in the block at {index}")
+    assert report.entries and not report.left_to_xla, report
     replaced = sorted({e.collective for e in transformed.report.replaced})
-    return f"replaced {replaced}, values and gradient as XLA's, hosts {jaxcoll.distributed.world().hosts}"
+    return f"replaced {replaced}, values and gradient as XLA's (transform and block), " \
+           f"hosts {jaxcoll.distributed.world().hosts}"
 
 
 def case_large() -> str:
