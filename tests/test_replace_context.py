@@ -2,7 +2,8 @@
 that JAX lowers runs on jaxcoll, in programs that were never transformed (the backward pass included); after it
 the same programs compile to XLA's collectives again.
 
-Every comparison is with the same program compiled outside the block, by XLA. Inputs are small integers held in
+Every comparison is with the same program compiled outside the block, by XLA (for pbroadcast, which XLA:CPU
+cannot lower, with the program replace_cases.xla_reference gives). Inputs are small integers held in
 float32, so sums are exact whatever the reduction order and the comparisons are bitwise.
 """
 
@@ -20,61 +21,18 @@ from jax.sharding import PartitionSpec as P
 from jaxcoll import _jax
 from jaxcoll.replace import ReplacementError, ReplacementWarning, replace_collectives, replacing_collectives
 from jaxcoll.replace.lowering import primitives
-from sharded import MESH_AXES, all_axes, group_size, mesh, put, small_ints
-
-XLA_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-                   "collective-broadcast")
-
-
-def xla_collectives(text: str) -> list[str]:
-    return [op for op in XLA_COLLECTIVES if re.search(rf"\b{op}(-start|-done)?\(", text)]
-
-
-def jaxcoll_calls(text: str) -> set[str]:
-    return set(re.findall(r'custom_call_target="(jaxcoll_\w+)"', text))
+from replace_cases import (CASES, every_collective, first_rank, gathered_row, ints, jaxcoll_calls, skip_reason, spmd,
+                           xla_collectives, xla_reference)
+from sharded import MESH_AXES, mesh, small_ints
 
 
 def compiled(program, *args) -> str:
     return program.lower(*args).compile().as_text()
 
 
-def spmd(fn, mesh_name, *, check_vma=True):
-    """jit(shard_map(fn)) with every input and output split over all mesh axes along the leading dimension."""
-    spec = P(all_axes(mesh_name))
-    return jax.jit(jax.shard_map(fn, mesh=mesh(mesh_name), in_specs=spec, out_specs=spec, check_vma=check_vma))
-
-
-def ints(shape, mesh_name, dtype=np.float32, seed=0):
-    return put(small_ints(np.random.default_rng(seed), shape, dtype), mesh_name)
-
-
-def first_rank(fn):
-    """fn on each rank's block with its leading unit dimension dropped and put back."""
-    return lambda v: jax.tree.map(lambda y: y[None], fn(v[0]))
-
-
-def _cases():
-    n = lambda mesh_name, axis: group_size(mesh_name, axis)  # noqa: E731
-    return {
-        "psum": lambda a, mn: lambda v: lax.psum(v, a),
-        "pmean": lambda a, mn: lambda v: lax.pmean(v, a),
-        "pmax": lambda a, mn: lambda v: lax.pmax(v, a),
-        "pmin": lambda a, mn: lambda v: lax.pmin(v, a),
-        "all_gather": lambda a, mn: lambda v: lax.all_gather(v, a),
-        "all_gather_axis1_tiled": lambda a, mn: lambda v: lax.all_gather(v, a, axis=1, tiled=True),
-        "all_gather_invariant": lambda a, mn: lambda v: lax.all_gather(v, a, tiled=True, to="invarying"),
-        "psum_scatter_tiled": lambda a, mn: lambda v: lax.psum_scatter(v, a, scatter_dimension=1, tiled=True),
-        "psum_scatter": lambda a, mn: lambda v: lax.psum_scatter(
-            jnp.broadcast_to(v[:1], (n(mn, a), *v.shape[1:])), a),
-        "all_to_all_tiled": lambda a, mn: lambda v: lax.all_to_all(v, a, 1, 0, tiled=True),
-        "all_to_all": lambda a, mn: lambda v: lax.all_to_all(
-            jnp.broadcast_to(v[:1], (n(mn, a), *v.shape[1:])), a, 0, 1),
-        "ppermute": lambda a, mn: lambda v: lax.ppermute(
-            v, a, [(i, (i + 1) % n(mn, a)) for i in range(n(mn, a))]),
-    }
-
-
-CASES = _cases()
+def jit_spmd(fn, mesh_name, *, check_vma=True):
+    """jit(shard_map(fn)), every input and output split over all mesh axes along the leading dimension."""
+    return jax.jit(spmd(fn, mesh_name, check_vma=check_vma))
 
 
 # -- values and the compiled program --------------------------------------------------------------------------
@@ -82,13 +40,12 @@ CASES = _cases()
 @pytest.mark.parametrize("mesh_name,axis_name", [m for m in MESH_AXES if m[0] in ("1d8", "2x4")])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_each_collective_gives_lax_results_and_compiles_to_jaxcoll_in_the_block(case, mesh_name, axis_name):
-    if case.startswith("ppermute") and isinstance(axis_name, tuple) and axis_name != all_axes(mesh_name) and \
-            getattr(jax.config, "jax_raise_on_ppermute_sort_diff", False):
-        pytest.skip("lax.ppermute refuses a tuple of axes out of mesh order on this JAX")
+    if skip_reason(case, mesh_name, axis_name):
+        pytest.skip(skip_reason(case, mesh_name, axis_name))
     x = ints((8, 8, 8), mesh_name)
-    program = spmd(first_rank(CASES[case](axis_name, mesh_name)), mesh_name)
-    expected = program(x)
-    assert xla_collectives(compiled(program, x))
+    program = jit_spmd(first_rank(CASES[case](axis_name, mesh_name)), mesh_name)
+    xla = jit_spmd(first_rank(xla_reference(case, mesh_name, axis_name)), mesh_name)
+    expected = xla(x)
     with replacing_collectives() as report:
         got = program(x)
         text = compiled(program, x)
@@ -99,16 +56,8 @@ def test_each_collective_gives_lax_results_and_compiles_to_jaxcoll_in_the_block(
 
 def test_every_collective_of_one_program_and_xla_again_after_the_block():
     x = ints((8, 8, 8), "2x4")
-
-    def fn(v):
-        a = lax.pmean(v, "y")
-        b = lax.all_gather(v, "x", axis=1, tiled=True)
-        c = lax.psum_scatter(b, ("x", "y"), scatter_dimension=1, tiled=True)
-        d = lax.all_to_all(v, "y", 1, 2, tiled=True)
-        e = lax.ppermute(v, "x", [(0, 1), (1, 0)])
-        g = lax.pmax(v, "x") + lax.pmin(v, "y")
-        return (a + e + g).sum() + c.sum() + d.sum() + v * 0
-    program = spmd(fn, "2x4")
+    fn = every_collective(gathered_row)  # XLA:CPU cannot lower pbroadcast, and this program compiles outside too
+    program = jit_spmd(fn, "2x4")
     expected = program(x)  # compiled before the block: the block must not run this executable
     before = compiled(program, x)
     with replacing_collectives():
@@ -127,7 +76,7 @@ def test_every_collective_of_one_program_and_xla_again_after_the_block():
 
 def test_a_jit_function_recompiles_on_entering_and_on_leaving_the_block(caplog):
     x = ints((8, 4), "1d8")
-    program = spmd(lambda v: lax.psum(v, "i"), "1d8")
+    program = jit_spmd(lambda v: lax.psum(v, "i"), "1d8")
     program(x)
 
     def call_compiles() -> bool:
@@ -144,7 +93,7 @@ def test_a_jit_function_recompiles_on_entering_and_on_leaving_the_block(caplog):
 
 def test_pbroadcast_which_xla_cpu_cannot_lower_runs_in_the_block():
     x = ints((8, 4), "1d8")
-    program = spmd(lambda v: lax.pbroadcast(v, "i", 5), "1d8")
+    program = jit_spmd(lambda v: lax.pbroadcast(v, "i", 5), "1d8")
     with pytest.raises(NotImplementedError):
         program.lower(x)
     with replacing_collectives():
@@ -161,7 +110,7 @@ def test_psum_of_a_tuple_and_of_an_invariant_value_and_other_dtypes():
         return a + b + c, lax.pmax(v, "x"), lax.all_gather(v, ("x", "y"), tiled=True)
     for dtype in (np.float32, np.int32, np.int8, jnp.bfloat16):
         x = ints((8, 4), "2x4", dtype)
-        program = spmd(fn, "2x4")
+        program = jit_spmd(fn, "2x4")
         expected = program(x)
         with replacing_collectives() as report:
             got, text = program(x), compiled(program, x)
@@ -188,7 +137,7 @@ def test_collectives_inside_scan_cond_and_remat():
         step = jax.checkpoint(lambda c: c + lax.psum(c, "i"))
         v, _ = lax.scan(lambda c, _: (step(c), None), v, None, length=2)
         return lax.cond(v.sum() > 0, lambda u: lax.pmax(u, "i"), lambda u: lax.pmin(u, "i"), v)
-    program = spmd(fn, "1d8")
+    program = jit_spmd(fn, "1d8")
     expected = program(x)
     with replacing_collectives() as report:
         got, text = program(x), compiled(program, x)
@@ -226,7 +175,7 @@ def _psum_and_gather(v):
 
 def test_collectives_option_leaves_the_others_to_xla_and_the_report_says_so():
     x = ints((8, 4), "1d8")
-    program = spmd(_psum_and_gather, "1d8")
+    program = jit_spmd(_psum_and_gather, "1d8")
     expected = program(x)
     with replacing_collectives(collectives=["all_gather"]) as report:
         got, text = program(x), compiled(program, x)
@@ -238,7 +187,7 @@ def test_collectives_option_leaves_the_others_to_xla_and_the_report_says_so():
 
 def test_algorithm_option_and_the_report_table(capsys):
     x = ints((8, 4), "1d8")
-    program = spmd(_psum_and_gather, "1d8")
+    program = jit_spmd(_psum_and_gather, "1d8")
     with replacing_collectives(algorithm="ring", report=True) as report:
         program(x)
         assert capsys.readouterr().out == ""  # printed when the block ends
@@ -250,7 +199,7 @@ def test_algorithm_option_and_the_report_table(capsys):
 
 def test_nested_blocks_the_innermost_decides_and_each_end_restores_the_outer():
     x = ints((8, 4), "1d8")
-    program = spmd(_psum_and_gather, "1d8")
+    program = jit_spmd(_psum_and_gather, "1d8")
     expected = program(x)
     with replacing_collectives(collectives=["psum"]) as outer:
         outer_text = compiled(program, x)
@@ -275,7 +224,7 @@ def _rules():
 
 def test_an_exception_in_the_block_restores_jaxs_rules_exactly():
     x = ints((8, 4), "1d8")
-    program = spmd(_psum_and_gather, "1d8")
+    program = jit_spmd(_psum_and_gather, "1d8")
     rules = _rules()
     assert {"psum", "psum_invariant", "all_gather", "reduce_scatter", "ppermute", "pbroadcast"} <= set(rules)
     with pytest.raises(ZeroDivisionError):
@@ -305,7 +254,7 @@ def _index_groups(v):
 
 def test_what_jaxcoll_cannot_run_falls_back_to_xla_with_a_warning_and_a_report_row():
     x = ints((8, 4), "1d8")
-    program = spmd(_index_groups, "1d8", check_vma=False)
+    program = jit_spmd(_index_groups, "1d8", check_vma=False)
     expected = program(x)
     with pytest.warns(ReplacementWarning, match=r"lax\.psum .*axis_index_groups="):
         with replacing_collectives() as report:
@@ -318,7 +267,7 @@ def test_what_jaxcoll_cannot_run_falls_back_to_xla_with_a_warning_and_a_report_r
 
 def test_a_dtype_the_runtime_lacks_falls_back_and_strict_refuses_it_naming_it():
     x = ints((8, 4), "1d8", np.int16)
-    program = spmd(_psum_and_gather, "1d8")
+    program = jit_spmd(_psum_and_gather, "1d8")
     expected = program(x)
     with pytest.warns(ReplacementWarning, match="dtype='int16'"):
         with replacing_collectives() as report:
@@ -338,7 +287,7 @@ def test_a_collective_jaxcoll_lacks_keeps_jaxs_lowering_with_a_warning():
         sizes = jnp.ones((8,), jnp.int32)
         offsets = jnp.arange(8, dtype=jnp.int32)
         return lax.ragged_all_to_all(v[0], jnp.zeros_like(v[0]), offsets, sizes, offsets, sizes, axis_name="i")[None]
-    program = spmd(fn, "1d8")
+    program = jit_spmd(fn, "1d8")
     with pytest.warns(ReplacementWarning, match="ragged_all_to_all.*left to XLA: primitive='ragged_all_to_all'"):
         with replacing_collectives() as report:
             program.lower(x)
@@ -354,12 +303,12 @@ def test_no_warning_when_everything_is_replaced():
     with warnings.catch_warnings():
         warnings.simplefilter("error", ReplacementWarning)
         with replacing_collectives():
-            spmd(_psum_and_gather, "1d8")(x)
+            jit_spmd(_psum_and_gather, "1d8")(x)
 
 
 def test_a_program_lowered_for_a_platform_jaxcoll_lacks_keeps_xlas_collectives():
     x = ints((8, 4), "1d8")
-    program = spmd(lambda v: lax.psum(v, "i"), "1d8")
+    program = jit_spmd(lambda v: lax.psum(v, "i"), "1d8")
     with pytest.warns(ReplacementWarning, match="platform='tpu'"):
         with replacing_collectives() as report:
             exported = jax.export.export(program, platforms=["tpu"])(x)  # lowered, not compiled: no TPU needed
