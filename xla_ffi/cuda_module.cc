@@ -15,6 +15,7 @@
 #include "csrc/cuda/emulate.hpp"
 #include "csrc/plan.hpp"
 #include "xla_ffi/cuda_handler.hpp"
+#include "xla_ffi/cuda_network.hpp"
 
 namespace nb = nanobind;
 
@@ -79,8 +80,19 @@ void add_bindings(nb::module_& m) {
       bundle["execute"] = nb::capsule(reinterpret_cast<void*>(&execute));
       out[name.c_str()] = bundle;
     }
+    nb::dict network;
+    network["prepare"] = nb::capsule(reinterpret_cast<void*>(&network::prepare));
+    network["execute"] = nb::capsule(reinterpret_cast<void*>(&network::execute));
+    out[kNetworkTarget] = network;
     return out;
   }, "FFI target name -> {stage: capsule}, for jax.ffi.register_ffi_target(platform='CUDA').");
+
+  m.def("network_steps", [] {
+    std::string why;
+    const bool ok = network::available(&why);
+    return std::make_tuple(ok, why);
+  }, "(available, why not): whether this module was built with XLA's FFI collectives extension, which the "
+     "network steps of collectives across GPU hosts need.");
 
   m.def("cuda_device_count", [] {
     std::string why;
