@@ -13,6 +13,7 @@
 
 #include "csrc/abi.hpp"
 #include "csrc/cuda/emulate.hpp"
+#include "csrc/cuda/slot_exchange.hpp"
 #include "csrc/plan.hpp"
 #include "xla_ffi/cuda_handler.hpp"
 #include "xla_ffi/cuda_network.hpp"
@@ -86,6 +87,32 @@ void add_bindings(nb::module_& m) {
     out[kNetworkTarget] = network;
     return out;
   }, "FFI target name -> {stage: capsule}, for jax.ffi.register_ffi_target(platform='CUDA').");
+
+  m.def("cuda_exchange_offers",
+        [](int64_t callsite, int32_t group, std::vector<int32_t> processes, uint64_t fingerprint, int32_t protocol,
+           int32_t most_blocks, std::vector<int32_t> ranks, std::vector<std::string> buses, double timeout_s) {
+          cuda::SlotOffer offer;
+          offer.fingerprint = fingerprint;
+          offer.protocol = protocol;
+          offer.most_blocks = most_blocks;
+          offer.ranks = std::move(ranks);
+          offer.slots.assign(offer.ranks.size(), cuda::IpcHandle{});
+          offer.buses = std::move(buses);
+          std::unique_ptr<cuda::SlotExchange> x;
+          Status st;
+          {
+            nb::gil_scoped_release release;
+            st = cuda::SlotExchange::exchange(callsite, group, processes, offer, timeout_s, x);
+          }
+          if (!st.ok()) throw std::runtime_error(st.message());
+          return x->blocks();
+        },
+        nb::arg("callsite"), nb::arg("group"), nb::arg("processes"), nb::arg("fingerprint"), nb::arg("protocol"),
+        nb::arg("most_blocks"), nb::arg("ranks"), nb::arg("buses"), nb::arg("timeout_s"),
+        "The exchange a CUDA group spanning processes runs at setup (csrc/cuda/slot_exchange.hpp), with empty slot "
+        "handles: publish this process's offer, gather and check its peers'; returns the agreed blocks per lane. "
+        "For tests: its checks run before any CUDA call, so they run without a GPU (the last step, registering the "
+        "error record with CUDA, then fails naming the driver).");
 
   m.def("network_steps", [] {
     std::string why;

@@ -281,10 +281,13 @@ std::string group_failure(const DeviceGroup& g) {
   for (const auto& l : g.launchers)
     if (l) any = l.get();
   if (!any) return "the group failed before any rank of this process was set up";
+  const std::string head = std::string(collective_name(g.plan.collective)) + " on the CUDA executor: ";
   if (static_cast<Failure>(rec.code) == Failure::kProcessGone && g.exchange)
-    return std::string(collective_name(g.plan.collective)) + " on the CUDA executor: " +
-           g.exchange->describe_process(rec.peer) + " has exited (or was killed) while this group ran; its peers "
-           "cannot complete the call: restart the job";
+    return head + g.exchange->describe_process(rec.peer) + " has exited (or was killed) while this group ran; its "
+           "peers cannot complete the call: restart the job";
+  if (static_cast<Failure>(rec.code) == Failure::kPeerFailed && g.exchange)
+    return head + g.exchange->describe_process(rec.peer) + " failed to set up this group: " +
+           g.exchange->peer_failure(rec.peer);
   std::string what = any->describe_failure(rec);
   if (g.exchange && rec.rank >= 0 && rec.rank < g.plan.nranks)
     what += "; rank " + std::to_string(rec.rank) + " runs in " + g.exchange->describe_process(g.processes[rec.rank]);

@@ -384,6 +384,9 @@ std::string Launcher::describe_failure(const ErrorRecord& rec) const {
       what = rank + " waited for rank " + std::to_string(rec.peer) + " to finish the call before last (" +
              std::to_string(e - 1) + "), and it never did";
       break;
+    case Failure::kPeerFailed:
+      what = "process " + std::to_string(rec.peer) + " (hosting " + rank + ") failed to set up the group";
+      break;
     case Failure::kProcessGone:
       what = "the process hosting " + rank + " (process " + std::to_string(rec.peer) + ") exited while the group ran";
       break;

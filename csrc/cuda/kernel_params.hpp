@@ -53,6 +53,7 @@ enum class Failure : uint32_t {
   kMeeting = 6,      // a block of the same lane never reached a meeting
   kPrevious = 7,     // packet protocol: a peer had not finished the call before last
   kProcessGone = 8,  // claimed by the host, not a kernel: the process hosting rank `rank` (peer = process) exited
+  kPeerFailed = 9,   // claimed by the host: process `peer` failed to set up the group
 };
 
 struct ErrorRecord {

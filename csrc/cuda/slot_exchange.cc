@@ -40,7 +40,9 @@ struct OfferHeader {
   int32_t most_blocks = 0;
   int32_t nranks = 0;  // entries used
   OfferEntry entries[kMaxRanks];
-  std::atomic<uint32_t> ready{0};  // set (release) once the fields above are written
+  std::atomic<uint32_t> ready{0};   // set (release) once the fields above are written
+  std::atomic<uint32_t> failed{0};  // set (release) when this process's setup failed after publishing: `message`
+  char message[512] = {};
 };
 
 constexpr size_t kRecordOffset = (sizeof(OfferHeader) + kPage - 1) / kPage * kPage;
@@ -66,7 +68,7 @@ struct SlotExchange::Segments {
 };
 
 SlotExchange::~SlotExchange() {
-  if (record_) unwatch_processes(record_);
+  if (record_) unwatch(this);
   if (registered_) cudaHostUnregister(registered_);
 }
 
@@ -79,8 +81,33 @@ std::string SlotExchange::describe_process(int32_t p) const {
   return "process " + std::to_string(p) + " (" + pid + "ranks " + rank_list(ranks) + " of this group)";
 }
 
+// Offers of setups that failed after publishing: kept mapped (and named) for the life of the process, so a peer
+// that has not read the offer yet finds it and reads why, instead of waiting out the timeout for it.
+namespace {
+std::mutex failed_mu;
+auto* failed_offers = new std::vector<SharedSegment>();  // never destroyed: lives as long as the process
+}  // namespace
+
 Status SlotExchange::exchange(int64_t callsite, int32_t group, const std::vector<int32_t>& processes,
                               const SlotOffer& mine, double timeout_s, std::unique_ptr<SlotExchange>& out) {
+  std::unique_ptr<SlotExchange> x;
+  Status st = run_exchange(callsite, group, processes, mine, timeout_s, x);
+  if (st.ok()) {
+    out = std::move(x);
+    return st;
+  }
+  if (x && x->segments_ && x->segments_->mine.mapped()) {
+    auto* h = static_cast<OfferHeader*>(x->segments_->mine.data());
+    std::strncpy(h->message, st.message().c_str(), sizeof(h->message) - 1);
+    h->failed.store(1, std::memory_order_release);
+    std::lock_guard<std::mutex> lock(failed_mu);
+    failed_offers->push_back(std::move(x->segments_->mine));
+  }
+  return st;
+}
+
+Status SlotExchange::run_exchange(int64_t callsite, int32_t group, const std::vector<int32_t>& processes,
+                                  const SlotOffer& mine, double timeout_s, std::unique_ptr<SlotExchange>& out) {
   const World* w = world();
   if (!w)
     return Status::Error("this group spans processes, but jaxcoll's multi-process runtime is not set up in this "
@@ -89,7 +116,8 @@ Status SlotExchange::exchange(int64_t callsite, int32_t group, const std::vector
   if (mine.ranks.size() != mine.slots.size() || mine.ranks.size() != mine.buses.size() ||
       mine.ranks.size() > size_t(kMaxRanks))
     return Status::Error("malformed slot offer");
-  auto x = std::unique_ptr<SlotExchange>(new SlotExchange());
+  out.reset(new SlotExchange());
+  SlotExchange* x = out.get();
   x->segments_ = std::make_unique<Segments>();
   x->processes_ = processes;
   x->handles_.resize(processes.size());
@@ -140,6 +168,8 @@ Status SlotExchange::exchange(int64_t callsite, int32_t group, const std::vector
           return Status::Error(x->describe_process(p) + " published a GPU offer of " + std::to_string(seg.size()) +
                                " bytes, not " + std::to_string(kSegmentBytes) + ": it runs another jaxcoll build");
       }
+      // A peer whose own setup failed still published first: its offer is taken, and the agreement below, or
+      // the watchdog once the group runs, reports it.
       const auto* o = static_cast<const OfferHeader*>(seg.data());
       if (o->ready.load(std::memory_order_acquire)) offers[p] = o;
     }
@@ -173,6 +203,9 @@ Status SlotExchange::exchange(int64_t callsite, int32_t group, const std::vector
                            protocol_name(static_cast<Protocol>(o->protocol)) + ", this process " +
                            protocol_name(static_cast<Protocol>(mine.protocol)) +
                            ": set JAXCOLL_CUDA_LL_BYTES alike in every process");
+    if (o->failed.load(std::memory_order_acquire))
+      return Status::Error(x->describe_process(p) + " failed to set up this group: " +
+                           std::string(o->message, strnlen(o->message, sizeof(o->message))));
     x->blocks_ = std::min(x->blocks_, o->most_blocks);
     for (int32_t i = 0; i < o->nranks; ++i) {
       const OfferEntry& e = o->entries[i];
@@ -204,10 +237,7 @@ Status SlotExchange::exchange(int64_t callsite, int32_t group, const std::vector
   if (device_view != record_page)  // the kernel and the host read one pointer: unified addressing makes them equal
     return Status::Error("the error record's device address differs from its host address (no unified addressing)");
   x->record_ = reinterpret_cast<ErrorRecord*>(record_page);
-  std::vector<int32_t> rank_of_process(w->nprocesses(), -1);
-  for (size_t r = processes.size(); r-- > 0;) rank_of_process[processes[r]] = static_cast<int32_t>(r);
-  watch_processes(x->record_, std::move(rank_of_process));
-  out = std::move(x);
+  watch(x);
   return {};
 }
 
@@ -215,14 +245,10 @@ Status SlotExchange::exchange(int64_t callsite, int32_t group, const std::vector
 
 namespace {
 
-struct Watched {
-  std::vector<int32_t> rank_of_process;
-};
-
 struct Watchdog {
   std::mutex mu;
   std::condition_variable changed;
-  std::map<ErrorRecord*, Watched> records;
+  std::vector<const SlotExchange*> groups;
   bool running = false;
 };
 
@@ -231,48 +257,61 @@ Watchdog& watchdog() {
   return *d;
 }
 
-// Claim `rec` for process p's exit, as a kernel claims it for a timeout (kernel.cuh, fail): the claim word first,
-// then the fields, then the code with release; a record another rank already claimed keeps its first cause.
-void claim_process_gone(ErrorRecord* rec, int32_t process, int32_t rank) {
+// Claim `rec` from the host, as a kernel claims it for a timeout (kernel.cuh, fail): the claim word first, then
+// the fields, then the code with release; a record another rank already claimed keeps its first cause.
+void claim(ErrorRecord* rec, Failure why, int32_t process, int32_t rank) {
   uint32_t expected = 0;
   if (!__atomic_compare_exchange_n(&rec->claim, &expected, 1u, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) return;
   rec->rank = rank;
   rec->lane = rec->step = rec->sem = rec->buffer = -1;
   rec->peer = process;
   rec->have = rec->need = rec->epoch = 0;
-  __atomic_store_n(&rec->code, static_cast<uint32_t>(Failure::kProcessGone), __ATOMIC_RELEASE);
-}
-
-void run_watchdog() {
-  Watchdog& d = watchdog();
-  std::unique_lock<std::mutex> lock(d.mu);
-  while (!d.records.empty()) {
-    for (auto& [rec, watched] : d.records)
-      for (int32_t p = 0; p < int32_t(watched.rank_of_process.size()); ++p)
-        if (watched.rank_of_process[p] >= 0 && !process_alive(p))
-          claim_process_gone(rec, p, watched.rank_of_process[p]);
-    d.changed.wait_for(lock, std::chrono::milliseconds(50));  // the CPU path's pidfd poll interval
-  }
-  d.running = false;
+  __atomic_store_n(&rec->code, static_cast<uint32_t>(why), __ATOMIC_RELEASE);
 }
 
 }  // namespace
 
-void watch_processes(ErrorRecord* record, std::vector<int32_t> rank_of_process) {
+void SlotExchange::watch(const SlotExchange* x) {
   Watchdog& d = watchdog();
   std::lock_guard<std::mutex> lock(d.mu);
-  d.records[record] = Watched{std::move(rank_of_process)};
+  d.groups.push_back(x);
   if (!d.running) {
     d.running = true;
     std::thread(run_watchdog).detach();
   }
 }
 
-void unwatch_processes(ErrorRecord* record) {
+void SlotExchange::unwatch(const SlotExchange* x) {
   Watchdog& d = watchdog();
   std::lock_guard<std::mutex> lock(d.mu);
-  d.records.erase(record);
+  d.groups.erase(std::remove(d.groups.begin(), d.groups.end(), x), d.groups.end());
   d.changed.notify_all();
+}
+
+void SlotExchange::run_watchdog() {
+  Watchdog& d = watchdog();
+  std::unique_lock<std::mutex> lock(d.mu);
+  while (!d.groups.empty()) {
+    for (const SlotExchange* x : d.groups) {
+      const World* w = world();
+      for (int32_t r = 0; w && r < int32_t(x->processes_.size()); ++r) {
+        const int32_t p = x->processes_[r];
+        if (p == w->process || (r > 0 && x->processes_[r - 1] == p)) continue;
+        if (!process_alive(p)) claim(x->record_, Failure::kProcessGone, p, r);
+        else if (!x->peer_failure(p).empty()) claim(x->record_, Failure::kPeerFailed, p, r);
+      }
+    }
+    d.changed.wait_for(lock, std::chrono::milliseconds(50));  // the CPU path's pidfd poll interval
+  }
+  d.running = false;
+}
+
+std::string SlotExchange::peer_failure(int32_t process) const {
+  auto it = segments_->peers.find(process);
+  if (it == segments_->peers.end() || !it->second.mapped()) return {};
+  const auto* o = static_cast<const OfferHeader*>(it->second.data());
+  if (!o->failed.load(std::memory_order_acquire)) return {};
+  return std::string(o->message, strnlen(o->message, sizeof(o->message)));
 }
 
 }  // namespace jaxcoll::cuda

@@ -7,8 +7,10 @@
 // its GPUs hold. Every process reads every peer's offer, checks that they agree, and maps the peers' slots.
 //
 // The group's error record lives in the offer segment of the group's first process (the process of rank 0),
-// registered with CUDA in every process, so a kernel that gives up on any GPU stops every rank's kernel, and a
-// process that exits is reported into it by the survivors' watchdogs (`watch_processes`).
+// registered with CUDA in every process, so a kernel that gives up on any GPU stops every rank's kernel. While the
+// group lives, a watchdog thread claims the record when a peer process exits (its pidfd, world.hpp) or reports
+// that its own setup failed: every rank's kernel then stops within one poll of the record instead of timing out,
+// and the next call names the process.
 #pragma once
 
 #include <cstdint>
@@ -38,8 +40,9 @@ class SlotExchange {
 
   // Publish this process's offer for (callsite, group), whose ranks live in processes[r] (job process indices),
   // then wait until every other process of the group has published its own (the first process's segment also
-  // holds the error record) and check that they agree. A peer that exits is named at once; one that never
-  // publishes, after `timeout_s`. Needs the job (world.hpp).
+  // holds the error record) and check that they agree. A peer that exits, or whose own setup failed, is named at
+  // once; one that never publishes, after `timeout_s`. A setup that fails after publishing says why in its offer
+  // (kept for the life of the process), so its peers fail with its message too. Needs the job (world.hpp).
   static Status exchange(int64_t callsite, int32_t group, const std::vector<int32_t>& processes,
                          const SlotOffer& mine, double timeout_s, std::unique_ptr<SlotExchange>& out);
 
@@ -52,10 +55,19 @@ class SlotExchange {
 
   // "process 1 (pid N, ranks [2, 3] of this group)".
   std::string describe_process(int32_t process) const;
+  // Why process p's setup of this group failed (its offer says so), or an empty string.
+  std::string peer_failure(int32_t process) const;
   const std::vector<int32_t>& processes() const { return processes_; }
 
  private:
   SlotExchange() = default;
+  // exchange() less the failure report: leaves what it made in `out`, also when it fails.
+  static Status run_exchange(int64_t callsite, int32_t group, const std::vector<int32_t>& processes,
+                             const SlotOffer& mine, double timeout_s, std::unique_ptr<SlotExchange>& out);
+  // The watchdog (one thread for every group of the process, started with the first).
+  static void watch(const SlotExchange* x);
+  static void unwatch(const SlotExchange* x);
+  static void run_watchdog();
   struct Segments;
   std::unique_ptr<Segments> segments_;
   std::vector<int32_t> processes_;
@@ -64,12 +76,5 @@ class SlotExchange {
   ErrorRecord* record_ = nullptr;
   void* registered_ = nullptr;  // the host pages registered with CUDA (unregistered on destruction)
 };
-
-// Watch the processes of a group while it lives: when one of them exits (world.hpp's process_alive), claim the
-// group's error record for it, so every rank's kernel stops within one poll of the record instead of timing
-// out, and the next call names the process. `rank_of_process[p]` is a rank of process p (-1 for processes
-// outside the group). A record is watched until unwatch_processes.
-void watch_processes(ErrorRecord* record, std::vector<int32_t> rank_of_process);
-void unwatch_processes(ErrorRecord* record);
 
 }  // namespace jaxcoll::cuda
