@@ -1,88 +1,251 @@
-"""CUDA executor benchmark on ONE GPU (issue 5's speed targets): every rank of an 8-rank group emulated on the
-device, timed against a device-to-device cudaMemcpy measured in the same run. Prints a markdown table for
-docs/benchmarks.md.
+"""CUDA executor benchmark on ONE GPU: issue 14's three speed targets, side by side in one run. Prints markdown
+tables (tools/gpu_round.sh collects them into bench.md; they go to docs/benchmarks.md with the GPU model).
 
-    PYTHONPATH=. python benchmarks/cuda.py [--device 0] [--iters 20] [--ranks 8]
+    PYTHONPATH=. python benchmarks/cuda.py [--device 0] [--iters 20] [--ranks 8] [--parts bulk,packet,fused]
+                                           [--quick]
 
-Rows:
-- bulk protocol, all_reduce (two_shot and ring) with 256 MiB per rank, all_gather (direct and ring) gathering
-  256 MiB per rank (32 MiB inputs at 8 ranks, the nccl-tests convention). "traffic" is the bytes every data
-  step of every rank reads and writes per call (computed from the plan) divided by the time; the copy's
-  traffic is twice the bytes copied per second (each byte read and written once). Target: >= 85 %.
-- packet (LL) protocol, direct all_reduce of 8 KiB per rank: microseconds per call, back-to-back launches and
-  one CUDA graph replaying all calls. Target: < 10 us.
+Parts:
+- bulk: the bulk protocol, every rank of an 8-rank group emulated on the device. all_reduce (two_shot, ring)
+  with 256 MiB in and out per rank, all_gather (direct, ring) gathering 256 MiB per rank (32 MiB in at 8 ranks,
+  the nccl-tests convention). "traffic" is the bytes every data step of every rank reads and writes per call
+  (computed from the plan) divided by the time; a device-to-device cudaMemcpy of 256 MiB measured in the same
+  run moves twice its bytes copied (each byte read once, written once). Goal: traffic >= 85 % of the copy's.
+- packet: the packet (LL) protocol, direct all_reduce of 8 KiB per rank at 8 ranks: microseconds per call,
+  back-to-back launches and one CUDA graph replaying all calls. Goal: < 10 us.
+- fused: on the one-GPU mesh, all_gather_matmul and matmul_reduce_scatter (jaxcoll.fused; the one-rank group's
+  collective runs on jaxcoll's executor) against one plain jnp.dot of the same shapes, timed in shuffled rounds
+  in the same process. "of GEMM" is the median over rounds of dot time / fused time. Goal: >= 90 %.
+
+--quick shrinks every size and count (a smoke test of the program: its numbers mean nothing). The timing source
+is an argument of main(), so tests/test_bench_cuda.py checks the argument handling and the tables without a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import subprocess
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from jaxcoll import algorithms, runtime
-from jaxcoll.plan import Collective, encode
+from jaxcoll.plan import Collective, Plan, encode
 
 MiB = 1 << 20
+KiB = 1 << 10
+PARTS = ("bulk", "packet", "fused")
+# Issue 14's goals.
+BULK_GOAL = 0.85  # of the device-to-device copy's traffic
+PACKET_GOAL_S = 10e-6  # per call
+FUSED_GOAL = 0.90  # of the plain GEMM's rate
 
 
-def gpu_name(device: int) -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", f"--id={device}"],
-                             capture_output=True, text=True, timeout=30)
-        return out.stdout.strip() or "unknown GPU"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown GPU"
+@dataclass(frozen=True)
+class Sizes:
+    """What each part moves or multiplies: the issue's sizes, or --quick's."""
+    bulk_bytes: int = 256 * MiB  # a rank's larger buffer; also the reference copy
+    packet_bytes: int = 8 * KiB
+    packet_iters: int = 200  # at least: per-call times of a few microseconds need many calls
+    gemm: tuple[int, int, int] = (8192, 8192, 8192)  # M, K, N
+    gemm_dtype: str = "bfloat16"
+    chunks: tuple[int, ...] = (1, 4)
+    rounds: int = 10
 
 
-def time_plan(plan, per_rank_input_bytes: int, *, iters: int, graph: bool, protocol: str, device: int,
-              dtype=np.float32) -> dict:
-    esize = np.dtype(dtype).itemsize
-    elements = per_rank_input_bytes // esize
-    elements -= elements % plan.in_blocks
-    out_elements = elements // plan.in_blocks * plan.out_blocks
-    return runtime._jaxcoll.cuda_time(encode(plan), np.dtype(dtype).name, elements, out_elements, 0, iters, graph,
-                                      protocol, 0, device)
+QUICK = Sizes(bulk_bytes=1 * MiB, packet_iters=4, gemm=(256, 128, 64), chunks=(1, 2), rounds=2)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", type=int, default=0)
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--ranks", type=int, default=8)
-    args = ap.parse_args()
-    usable, why = runtime.cuda_status()
-    if not usable:
-        raise SystemExit(f"benchmarks/cuda.py needs a GPU: {why}")
-    n = args.ranks
-    copy_bytes = 256 * MiB
-    copy_bw = runtime._jaxcoll.cuda_memcpy_bandwidth(copy_bytes, args.iters, args.device)
-    copy_traffic = 2 * copy_bw
-    print(f"GPU {args.device}: {gpu_name(args.device)}; {n} emulated ranks; cudaMemcpy D2D of 256 MiB: "
-          f"{copy_bw / 1e9:.1f} GB/s copied ({copy_traffic / 1e9:.1f} GB/s of traffic)\n")
+# ---------------------------------------------------------------------------------------------------------------
+# Timing sources
+# ---------------------------------------------------------------------------------------------------------------
+class CudaTimer:
+    """Times on the GPU: the emulated harness's device timing (CUDA events) and JAX programs on `device`."""
 
-    print("| collective | algorithm | protocol | size per rank | blocks/lane | time | traffic GB/s | vs copy |")
-    print("|---|---|---|---|---|---|---|---|")
-    rows = [(Collective.ALL_REDUCE, "two_shot", 256 * MiB), (Collective.ALL_REDUCE, "ring", 256 * MiB),
-            (Collective.ALL_GATHER, "direct", 256 * MiB // n), (Collective.ALL_GATHER, "ring", 256 * MiB // n)]
-    for collective, name, in_bytes in rows:
-        plan = algorithms.builtin(collective, name, n)
-        r = time_plan(plan, in_bytes, iters=args.iters, graph=False, protocol="bulk", device=args.device)
-        traffic = r["traffic_bytes"] / r["seconds_per_call"]
-        size = f"{in_bytes // MiB} MiB in" if collective is Collective.ALL_REDUCE else f"{in_bytes * n // MiB} MiB out"
-        print(f"| {collective.value} | {name} | {r['protocol']} | {size} | {r['blocks_per_lane']} | "
-              f"{r['seconds_per_call'] * 1e3:.2f} ms | {traffic / 1e9:.1f} | {100 * traffic / copy_traffic:.0f} % |")
+    def __init__(self, device: int):
+        self.index = device
 
-    print("\n| collective | algorithm | protocol | size per rank | launch | time per call |")
-    print("|---|---|---|---|---|---|")
-    plan = algorithms.builtin(Collective.ALL_REDUCE, "direct", n)
-    for graph in (False, True):
+    @property
+    def device(self):
+        """jax's device of the same index (asked only by the fused part: the others need no JAX backend)."""
+        import jax
+        return jax.devices("cuda")[self.index]
+
+    def name(self) -> str:
         try:
-            r = time_plan(plan, 8 << 10, iters=max(args.iters, 200), graph=graph, protocol="ll", device=args.device)
-            t = f"{r['seconds_per_call'] * 1e6:.1f} us"
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", f"--id={self.index}"],
+                                 capture_output=True, text=True, timeout=30)
+            return out.stdout.strip() or "unknown GPU"
+        except (OSError, subprocess.TimeoutExpired):
+            return "unknown GPU"
+
+    def copy_bandwidth(self, nbytes: int, iters: int) -> float:
+        """Bytes copied per second by one device-to-device cudaMemcpy of `nbytes` (best of `iters`)."""
+        return runtime._jaxcoll.cuda_memcpy_bandwidth(nbytes, iters, self.index)
+
+    def plan(self, plan: Plan, input_elements: int, output_elements: int, *, iters: int, graph: bool,
+             protocol: str) -> dict:
+        """{seconds_per_call, protocol, blocks_per_lane, traffic_bytes} of float32 calls of `plan`."""
+        return runtime._jaxcoll.cuda_time(encode(plan), "float32", input_elements, output_elements, 0, iters, graph,
+                                          protocol, 0, self.index)
+
+    def rounds(self, fns: dict[str, Callable], args: tuple, rounds: int) -> dict[str, np.ndarray]:
+        """Per-round seconds of each fn: every round runs each fn once, in a shuffled order, so machine noise hits
+        them alike and a ratio can be taken within a round (benchmarks/fused.py's `measure`)."""
+        from fused import measure  # benchmarks/ is the script's own folder
+        return measure(fns, args, rounds)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The parts
+# ---------------------------------------------------------------------------------------------------------------
+def elements(plan: Plan, larger_buffer_bytes: int, itemsize: int = 4) -> tuple[int, int]:
+    """(input, output) elements of a rank whose larger buffer holds `larger_buffer_bytes`."""
+    block = larger_buffer_bytes // itemsize // max(plan.in_blocks, plan.out_blocks)
+    return block * plan.in_blocks, block * plan.out_blocks
+
+
+def size_label(nbytes: int) -> str:
+    return f"{nbytes // MiB} MiB" if nbytes >= MiB else f"{nbytes // KiB} KiB"
+
+
+def goal_cell(met: bool) -> str:
+    return "met" if met else "**missed**"
+
+
+def bulk_table(timer, n: int, sizes: Sizes, iters: int) -> list[str]:
+    copy_bw = timer.copy_bandwidth(sizes.bulk_bytes, iters)
+    copy_traffic = 2 * copy_bw
+    lines = [f"Device-to-device cudaMemcpy of {size_label(sizes.bulk_bytes)}: {copy_bw / 1e9:.1f} GB/s copied "
+             f"({copy_traffic / 1e9:.1f} GB/s of traffic).", "",
+             f"| collective | algorithm | protocol | per rank | blocks/lane | time | traffic GB/s | of copy "
+             f"| goal >= {BULK_GOAL:.0%} |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for collective, name in ((Collective.ALL_REDUCE, "two_shot"), (Collective.ALL_REDUCE, "ring"),
+                             (Collective.ALL_GATHER, "direct"), (Collective.ALL_GATHER, "ring")):
+        plan = algorithms.builtin(collective, name, n)
+        ins, outs = elements(plan, sizes.bulk_bytes)
+        r = timer.plan(plan, ins, outs, iters=iters, graph=False, protocol="bulk")
+        traffic = r["traffic_bytes"] / r["seconds_per_call"]
+        share = traffic / copy_traffic
+        per_rank = f"{size_label(ins * 4)} in, {size_label(outs * 4)} out"
+        lines.append(f"| {collective.value} | {name} | {r['protocol']} | {per_rank} | {r['blocks_per_lane']} | "
+                     f"{r['seconds_per_call'] * 1e3:.2f} ms | {traffic / 1e9:.1f} | {share:.0%} | "
+                     f"{goal_cell(share >= BULK_GOAL)} |")
+    return lines
+
+
+def packet_table(timer, n: int, sizes: Sizes, iters: int) -> list[str]:
+    lines = [f"| collective | algorithm | protocol | per rank | launch | time per call | goal < "
+             f"{PACKET_GOAL_S * 1e6:.0f} us |", "|---|---|---|---|---|---|---|"]
+    plan = algorithms.builtin(Collective.ALL_REDUCE, "direct", n)
+    ins, outs = elements(plan, sizes.packet_bytes)
+    for graph in (False, True):
+        launch = "CUDA graph replay" if graph else "back to back"
+        try:
+            r = timer.plan(plan, ins, outs, iters=max(iters, sizes.packet_iters), graph=graph, protocol="ll")
+            t, goal = f"{r['seconds_per_call'] * 1e6:.1f} us", goal_cell(r["seconds_per_call"] < PACKET_GOAL_S)
         except RuntimeError as e:  # e.g. a driver that cannot capture cooperative launches
-            t = f"failed: {e}"
-        print(f"| all_reduce | direct | ll | 8 KiB | {'CUDA graph replay' if graph else 'back to back'} | {t} |")
+            t, goal = f"failed: {e}".replace("|", "/").replace("\n", " "), "-"
+        lines.append(f"| all_reduce | direct | ll | {size_label(sizes.packet_bytes)} | {launch} | {t} | {goal} |")
+    return lines
+
+
+def fused_programs(device, sizes: Sizes):
+    """{row: (variants, args, flops)}: for each fused op and chunk count, the op and one plain jnp.dot of the
+    same shapes, as jitted functions of (x, w) on a one-device mesh of `device`."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from jaxcoll import fused
+    from jaxcoll.lowering import custom_call
+
+    custom_call.lower_single_rank_groups = True  # the one-rank group's collective runs on jaxcoll's executor
+    m, k, n = sizes.gemm
+    mesh = jax.make_mesh((1,), ("i",), devices=[device])
+    rng = np.random.default_rng(0)
+    dtype = jnp.dtype(sizes.gemm_dtype)
+    x = jax.device_put(rng.standard_normal((m, k), np.float32).astype(dtype), NamedSharding(mesh, P("i")))
+    w = jax.device_put(rng.standard_normal((k, n), np.float32).astype(dtype), NamedSharding(mesh, P()))
+    dot = jax.jit(jnp.dot)
+    ops = {"all_gather_matmul": lambda c: (lambda x, w: fused.all_gather_matmul(x, w, "i", chunks=c)),
+           "matmul_reduce_scatter": lambda c: (lambda x, w: fused.matmul_reduce_scatter(x, w, "i", chunks=c))}
+    out = {}
+    for op, make in ops.items():
+        for c in sizes.chunks:
+            f = jax.jit(jax.shard_map(make(c), mesh=mesh, in_specs=(P("i"), P()), out_specs=P("i")))
+            out[(op, c)] = ({"fused": f, "dot": dot}, (x, w), 2 * m * k * n)
+    return out
+
+
+def fused_table(timer, sizes: Sizes) -> list[str]:
+    m, k, n = sizes.gemm
+    lines = [f"| op | dtype | M x K x N | chunks | fused | jnp.dot | fused TFLOP/s | of GEMM | goal >= "
+             f"{FUSED_GOAL:.0%} |", "|---|---|---|---|---|---|---|---|---|"]
+    try:
+        device = timer.device
+    except (RuntimeError, IndexError) as e:  # jaxcoll's executor runs, but jax has no such CUDA device
+        return lines + [f"| jax has no CUDA device here: {e} |".replace("\n", " ")]
+    for (op, chunks), (fns, args, flops) in fused_programs(device, sizes).items():
+        # The op must compute the product it is timed against (bf16 products of normal numbers: loose).
+        np.testing.assert_allclose(np.asarray(fns["fused"](*args), np.float32),
+                                   np.asarray(fns["dot"](*args), np.float32), rtol=5e-2, atol=5e-2 * np.sqrt(k),
+                                   err_msg=f"{op} (chunks={chunks}) and jnp.dot differ")
+        t = timer.rounds(fns, args, sizes.rounds)
+        fused_s, dot_s = float(np.median(t["fused"])), float(np.median(t["dot"]))
+        share = float(np.median(t["dot"] / t["fused"]))
+        lines.append(f"| {op} | {sizes.gemm_dtype} | {m} x {k} x {n} | {chunks} | {fused_s * 1e3:.3f} ms | "
+                     f"{dot_s * 1e3:.3f} ms | {flops / fused_s / 1e12:.1f} | {share:.0%} | "
+                     f"{goal_cell(share >= FUSED_GOAL)} |")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The program
+# ---------------------------------------------------------------------------------------------------------------
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", type=int, default=0, help="CUDA device index")
+    ap.add_argument("--iters", type=int, default=20, help="timed calls per bulk row (>= 1)")
+    ap.add_argument("--ranks", type=int, default=8, help="emulated ranks of the bulk and packet parts (2..16)")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of: {', '.join(PARTS)}")
+    ap.add_argument("--quick", action="store_true", help="small sizes and counts: a smoke test, not a measurement")
+    args = ap.parse_args(argv)
+    if args.iters < 1:
+        ap.error(f"--iters must be at least 1, got {args.iters}")
+    if not 2 <= args.ranks <= 16:
+        ap.error(f"--ranks must be 2..16 (one launch holds every emulated rank), got {args.ranks}")
+    if args.device < 0:
+        ap.error(f"--device must be at least 0, got {args.device}")
+    args.parts = [p for p in args.parts.split(",") if p]
+    unknown = [p for p in args.parts if p not in PARTS]
+    if unknown or not args.parts:
+        ap.error(f"--parts: {', '.join(unknown) or repr('')} is not a part; the parts are {', '.join(PARTS)}")
+    return args
+
+
+def main(argv=None, timer=None) -> None:
+    args = parse_args(argv)
+    if timer is None:
+        usable, why = runtime.cuda_status()
+        if not usable:
+            raise SystemExit(f"benchmarks/cuda.py needs a GPU: {why}")
+        timer = CudaTimer(args.device)
+    sizes = QUICK if args.quick else Sizes()
+    quick = " (--quick: small sizes, the numbers mean nothing)" if args.quick else ""
+    print(f"GPU {args.device}: {timer.name()}; {args.ranks} emulated ranks{quick}")
+    for part in PARTS:
+        if part not in args.parts:
+            continue
+        print(f"\n#### {part}\n", flush=True)
+        if part == "bulk":
+            lines = bulk_table(timer, args.ranks, sizes, args.iters)
+        elif part == "packet":
+            lines = packet_table(timer, args.ranks, sizes, args.iters)
+        else:
+            lines = fused_table(timer, sizes)
+        print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":

@@ -180,21 +180,40 @@ def cuda_status() -> tuple[bool, str]:
 
 def run_words_cuda(words: np.ndarray, inputs: Sequence[np.ndarray], output_shape: Sequence[int],
                    reduce_op: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, protocol: str = "auto",
-                   blocks_per_lane: int = 0, calls: int = 1, device: int = 0) -> tuple[list[np.ndarray], dict]:
+                   blocks_per_lane: int = 0, calls: int = 1, device: int = 0,
+                   input_offsets: Sequence[int] | None = None,
+                   output_offsets: Sequence[int] | None = None) -> tuple[list[np.ndarray], dict]:
     """`run_words` on the CUDA executor with every rank emulated on ONE GPU (`device`): the group's slots share
     the device and one launch holds every rank's thread blocks. `protocol` is "auto", "ll" or "bulk";
     `calls` > 1 runs the call repeatedly on the same group (its counters advance as under XLA). Returns the
     outputs and {"protocol", "blocks_per_lane", "traffic_bytes"} of the run. RuntimeError names a failing
-    step (a timeout reports the rank, lane, step and semaphore)."""
+    step (a timeout reports the rank, lane, step and semaphore).
+
+    `input_offsets` / `output_offsets` (one count of elements per rank, default all 0) start each rank's
+    device buffers that many elements past an aligned base: the unaligned addresses XLA's sliced buffers may
+    have, and peers whose addresses no one vector peel aligns."""
     words = np.ascontiguousarray(words, dtype=np.int32).ravel()
     inputs, dtype, shape = _rank_inputs(inputs, "run_words_cuda")
+    offsets = {name: _rank_offsets(value, len(inputs), name)
+               for name, value in (("input_offsets", input_offsets), ("output_offsets", output_offsets))}
     outputs = [np.empty(tuple(output_shape), dtype) for _ in inputs]
     info = _jaxcoll.cuda_emulate(words, [x.reshape(-1).view(np.uint8) for x in inputs],
                                  [y.reshape(-1).view(np.uint8) for y in outputs], dtype.name,
                                  int(np.prod(shape, dtype=np.int64)), int(np.prod(output_shape, dtype=np.int64)),
                                  int(reduce_op), float(timeout_s), protocol, int(blocks_per_lane), int(device),
-                                 int(calls))
+                                 int(calls), **offsets)
     return outputs, dict(info)
+
+
+def _rank_offsets(offsets: Sequence[int] | None, nranks: int, name: str) -> list[int]:
+    """One element offset >= 0 per rank (None: none), checked before the harness allocates."""
+    if offsets is None:
+        return []
+    offsets = list(offsets)
+    if len(offsets) != nranks or not all(isinstance(o, (int, np.integer)) and o >= 0 for o in offsets):
+        raise ValueError(f"run_words_cuda: {name} must be one whole number >= 0 per rank ({nranks}), "
+                         f"got {offsets!r}")
+    return [int(o) for o in offsets]
 
 
 def run_plan_cuda(plan: Plan, inputs: Sequence[np.ndarray], op: str = "sum", timeout_s: float = DEFAULT_TIMEOUT_S,

@@ -1,6 +1,9 @@
 """The CUDA executor, driven through the emulated-rank harness: every rank of a group on ONE GPU, one launch
-holding all ranks' thread blocks, peers through ordinary device pointers. Every built-in plan, language-written
-and synthesized plans run for N = 2..8, every dtype and reduction, both protocols, against numpy.
+holding all ranks' thread blocks, peers through ordinary device pointers. Built-in plans (N = 2..8), every plan
+the synthesizer weighs on the 8-rank presets, and language-written plans run with every dtype and reduction, both
+protocols, sizes from one element to 256 MiB per rank (the 256 MiB cases marked `large`), odd sizes and buffers at
+misaligned offsets, against numpy. The cases and references are tests/cuda_cases.py, checked on the CPU executor
+by test_cuda_cases.py.
 
 Tests that need a GPU skip with the reason when jaxcoll was built without CUDA or no CUDA device is usable;
 the plan-layout tests need only a CUDA build."""
@@ -11,11 +14,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import cuda_cases as cases
+from cuda_cases import DTYPES, PROTOCOLS
 from jaxcoll import algorithms, runtime
-from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step, encode
-from jaxcoll.plan import abi
+from jaxcoll.plan import Buffer, ChunkRef, Lane, Op, Plan, RankProgram, Step, encode
 from jaxcoll.plan.ir import Collective as C
-from test_lang_plans import example_plans
 
 IN, OUT, SCR = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 TIMEOUT_S = 30.0
@@ -24,91 +27,15 @@ _usable, _why = runtime.cuda_status()
 needs_gpu = pytest.mark.skipif(not _usable, reason=_why or "CUDA executor usable")
 needs_cuda_build = pytest.mark.skipif(not getattr(runtime._jaxcoll, "with_cuda", False),
                                       reason="jaxcoll was built without the CUDA executor")
+# The 256 MiB cases: the GPU round runs them as a step of their own (`-m large`), with its own time limit.
+large = pytest.mark.large
 
-DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.uint32,
-          np.bool_]
-OPS = ["sum", "max", "min"]
-PROTOCOLS = ["ll", "bulk"]
-REDUCING = {C.ALL_REDUCE, C.REDUCE_SCATTER}
+BUILTIN = cases.builtin_plans()
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# References (numpy): the collective's definition, with sums that are exact in every reduction order
-# ---------------------------------------------------------------------------------------------------------------
-def inputs_for(n: int, elements: int, dtype, seed: int = 0) -> list[np.ndarray]:
-    """Floats are small integers, so every partial sum is exact in float16/bfloat16 and the order in which a
-    plan reduces cannot change the result; integers span their whole range (sums wrap)."""
-    rng = np.random.default_rng(seed)
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return [rng.random(elements) < 0.5 for _ in range(n)]
-    if np.issubdtype(dtype, np.integer):
-        info = np.iinfo(dtype)
-        return [rng.integers(info.min, info.max, elements, dtype=dtype, endpoint=True) for _ in range(n)]
-    return [rng.integers(-8, 9, elements).astype(dtype) for _ in range(n)]
-
-
-def reduce_ranks(xs: list[np.ndarray], op: str) -> np.ndarray:
-    stack = np.stack(xs)
-    if stack.dtype == np.bool_:
-        return np.logical_and.reduce(stack) if op == "min" else np.logical_or.reduce(stack)
-    if op == "sum":
-        if np.issubdtype(stack.dtype, np.integer):
-            return np.add.reduce(stack, axis=0, dtype=stack.dtype)  # wraps, as the executor does
-        return np.add.reduce(stack.astype(np.float64), axis=0).astype(stack.dtype)
-    return (np.maximum if op == "max" else np.minimum).reduce(stack, axis=0)
-
-
-def expected(plan: Plan, xs: list[np.ndarray], op: str) -> list[np.ndarray]:
-    n = plan.nranks
-    c = plan.collective
-    if c is C.ALL_REDUCE:
-        return [reduce_ranks(xs, op)] * n
-    if c is C.ALL_GATHER:
-        return [np.concatenate(xs)] * n
-    if c is C.REDUCE_SCATTER:
-        return list(np.split(reduce_ranks(xs, op), n))
-    if c is C.ALL_TO_ALL:
-        blocks = [np.split(x, n) for x in xs]
-        return [np.concatenate([blocks[p][r] for p in range(n)]) for r in range(n)]
-    if c is C.BROADCAST:
-        return [xs[plan.root]] * n
-    if c is C.PPERMUTE:
-        out = [np.zeros_like(xs[0]) for _ in range(n)]
-        for src, dst in plan.perm:
-            out[dst] = xs[src]
-        return out
-    raise AssertionError(f"no reference for {c}")
-
-
-def run_and_compare(plan: Plan, elements: int, dtype, op: str = "sum", protocol: str = "auto", calls: int = 1,
-                    blocks_per_lane: int = 0, seed: int = 0) -> dict:
-    xs = inputs_for(plan.nranks, elements, dtype, seed)
-    outs, info = runtime.run_words_cuda(encode(plan), xs, runtime.output_shape(plan, xs[0].shape),
-                                        abi.REDUCE_OP_CODES[op], TIMEOUT_S, protocol, blocks_per_lane, calls)
-    for r, (got, want) in enumerate(zip(outs, expected(plan, xs, op))):
-        np.testing.assert_array_equal(got, want, err_msg=f"rank {r} of {plan.name or plan.collective.value} "
-                                                         f"({np.dtype(dtype).name}, {op}, {info})")
-    return info
-
-
-def builtin_plans():
-    """(id, plan) for every built-in algorithm of every collective, N = 2..8."""
-    out = []
-    for collective, names in algorithms.BUILTINS.items():
-        for name in names:
-            for n in range(2, 9):
-                if collective is C.BROADCAST:
-                    plan = algorithms.builtin(collective, name, n, root=n // 2)
-                elif collective is C.PPERMUTE:
-                    plan = algorithms.builtin(collective, name, n, perm=tuple((r, (r + 1) % n) for r in range(n - 1)))
-                else:
-                    plan = algorithms.builtin(collective, name, n)
-                out.append((f"{collective.value}-{name}-{n}", plan))
-    return out
-
-
-BUILTIN = builtin_plans()
+def run_and_compare(plan: Plan, elements: int, dtype, op: str = "sum", protocol: str = "auto", **kw) -> dict:
+    return cases.run_and_compare(runtime.run_words_cuda, plan, elements, dtype, op, protocol, timeout_s=TIMEOUT_S,
+                                 **kw)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -154,21 +81,40 @@ def test_cuda_status_gives_a_reason_when_unusable():
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("name,plan", BUILTIN, ids=[i for i, _ in BUILTIN])
 def test_builtin_plans_match_numpy_for_every_dtype_and_op(name, plan, protocol):
-    ops = OPS if plan.collective in REDUCING else ["sum"]
     for dtype in DTYPES:
-        for op in ops:
+        for op in cases.ops_for(plan):
             # 37 elements per block: uneven chunks, unaligned vectors, scalar tails.
             run_and_compare(plan, plan.in_blocks * 37, dtype, op, protocol)
 
 
+ODD = cases.builtin_plans(sizes=(3, 8))
+
+
 @needs_gpu
-@pytest.mark.parametrize("elements", [1, 8, 4096, (1 << 20) + 3])
+@pytest.mark.parametrize("block", cases.ODD_BLOCK_ELEMENTS)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-@pytest.mark.parametrize("algorithm", ["direct", "two_shot", "ring"])
-def test_all_reduce_sizes_from_one_element_to_a_mebibyte(algorithm, protocol, elements):
-    plan = algorithms.builtin(C.ALL_REDUCE, algorithm, 8)
+@pytest.mark.parametrize("name,plan", ODD, ids=[i for i, _ in ODD])
+def test_builtin_plans_at_sizes_from_one_element_to_a_mebibyte(name, plan, protocol, block):
+    elements = plan.in_blocks * block
     run_and_compare(plan, elements, np.float32, "sum", protocol)
-    run_and_compare(plan, elements, ml_dtypes.bfloat16, "max", protocol)
+    run_and_compare(plan, elements, ml_dtypes.bfloat16, cases.ops_for(plan)[-1], protocol)  # min where it reduces
+    run_and_compare(plan, elements, np.float16, "sum", protocol, seed=1)
+
+
+MISALIGNED_DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int8]
+FIVE = cases.builtin_plans(sizes=(5,))
+
+
+@needs_gpu
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("name,plan", FIVE, ids=[i for i, _ in FIVE])
+def test_buffers_at_misaligned_offsets_match_numpy(name, plan, protocol):
+    """Every rank's input and output start a different number of elements past a 16-byte boundary: no one peel
+    aligns them all, so steps between ranks take the kernel's element-by-element path."""
+    for i, dtype in enumerate(MISALIGNED_DTYPES):
+        offsets = cases.misaligned_offsets(plan.nranks, dtype, seed=i)
+        for block in (1, 1001):
+            run_and_compare(plan, plan.in_blocks * block, dtype, cases.ops_for(plan)[0], protocol, offsets=offsets)
 
 
 @needs_gpu
@@ -176,8 +122,9 @@ def test_all_reduce_sizes_from_one_element_to_a_mebibyte(algorithm, protocol, el
 @pytest.mark.parametrize("algorithm", ["two_shot", "ring"])
 def test_many_blocks_per_lane_split_every_step(algorithm, blocks):
     plan = algorithms.builtin(C.ALL_REDUCE, algorithm, 4)
-    info = run_and_compare(plan, 4 * 100_003, np.float32, "sum", "bulk", blocks_per_lane=blocks)
-    assert info["blocks_per_lane"] == blocks
+    for offsets in (None, cases.misaligned_offsets(4, np.float32)):  # each block's share: vectors, then elements
+        info = run_and_compare(plan, 4 * 100_003, np.float32, "sum", "bulk", blocks_per_lane=blocks, offsets=offsets)
+        assert info["blocks_per_lane"] == blocks
 
 
 @needs_gpu
@@ -189,25 +136,59 @@ def test_repeated_calls_advance_the_monotonic_semaphores(protocol):
     run_and_compare(plan, 5 * 1000, np.int32, "sum", protocol, calls=5)
 
 
+LANGUAGE = cases.language_plans()
+
+
 @needs_gpu
-@pytest.mark.parametrize("name,plan", example_plans(), ids=[i for i, _ in example_plans()])
+@pytest.mark.parametrize("name,plan", LANGUAGE, ids=[i for i, _ in LANGUAGE])
 def test_language_plans_match_numpy(name, plan):
-    if plan.collective not in (C.ALL_REDUCE, C.ALL_GATHER, C.REDUCE_SCATTER, C.ALL_TO_ALL):
-        pytest.skip(f"{name} is a custom collective with no numpy reference here")
     for protocol in ("auto", "bulk"):
         run_and_compare(plan, plan.in_blocks * 37, np.float32, "sum", protocol)
         run_and_compare(plan, plan.in_blocks * 1000, ml_dtypes.bfloat16, "sum", protocol)
+        run_and_compare(plan, plan.in_blocks * 1000, np.float16, "max", protocol)
+
+
+SYNTHESIZED = cases.synthesized_cases()
 
 
 @needs_gpu
-@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "reduce_scatter"])
-@pytest.mark.parametrize("nbytes", [1 << 12, 1 << 24])
-def test_synthesized_plans_match_numpy(collective, nbytes):
-    from jaxcoll.synth import synthesize
-    from jaxcoll.topology import preset
-    plan = synthesize(preset("dgx-h100"), collective, nbytes)
-    run_and_compare(plan, plan.in_blocks * 257, np.float32, "sum")
-    run_and_compare(plan, plan.in_blocks * 257, np.float16, "max")
+@pytest.mark.parametrize("preset,collective,candidate", SYNTHESIZED, ids=["-".join(c) for c in SYNTHESIZED])
+def test_synthesized_plans_of_the_8_rank_presets_match_numpy(preset, collective, candidate):
+    """Every plan the synthesizer weighs on each 8-rank preset (rings, trees, forests, direct...), so a plan it
+    picks at any size has run."""
+    plan = cases.synthesized_plan(preset, collective, candidate)
+    for protocol in ("auto", "bulk"):
+        run_and_compare(plan, plan.in_blocks * 257, np.float32, "sum", protocol)
+        run_and_compare(plan, plan.in_blocks * 257, np.float16, "max", protocol)
+        run_and_compare(plan, plan.in_blocks * 4099, ml_dtypes.bfloat16, "sum", protocol)
+
+
+# The 256 MiB cases: (collective, algorithm, protocol, dtype, op). all_reduce and all_to_all move 256 MiB in and
+# out per rank, all_gather gathers 256 MiB (32 MiB in at 8 ranks), reduce_scatter reduces 256 MiB.
+LARGE = [(C.ALL_REDUCE, "ring", "bulk", np.float32, "sum"), (C.ALL_REDUCE, "two_shot", "bulk", np.float32, "sum"),
+         (C.ALL_REDUCE, "direct", "bulk", ml_dtypes.bfloat16, "max"), (C.ALL_REDUCE, "direct", "ll", np.float32, "sum"),
+         (C.ALL_GATHER, "direct", "bulk", np.float32, "sum"), (C.ALL_GATHER, "ring", "bulk", np.float16, "sum"),
+         (C.REDUCE_SCATTER, "ring", "bulk", np.float32, "sum"), (C.ALL_TO_ALL, "direct", "bulk", np.int32, "sum")]
+
+
+@needs_gpu
+@large
+@pytest.mark.parametrize("collective,algorithm,protocol,dtype,op", LARGE,
+                         ids=[f"{c.value}-{a}-{p}-{np.dtype(d).name}" for c, a, p, d, _ in LARGE])
+def test_256_mib_per_rank_at_8_ranks_matches_numpy(collective, algorithm, protocol, dtype, op):
+    plan = algorithms.builtin(collective, algorithm, 8)
+    elements = cases.elements_for_bytes(plan, cases.LARGE_BYTES, dtype)
+    info = run_and_compare(plan, elements, dtype, op, protocol)
+    assert info["protocol"] == protocol
+
+
+@needs_gpu
+@large
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_odd_size_near_256_mib_at_misaligned_offsets_matches_numpy(protocol):
+    plan = algorithms.builtin(C.ALL_REDUCE, "ring", 8)
+    elements = cases.elements_for_bytes(plan, cases.LARGE_BYTES, np.float32) - 5
+    run_and_compare(plan, elements, np.float32, "sum", protocol, offsets=cases.misaligned_offsets(8, np.float32))
 
 
 @needs_gpu
@@ -221,13 +202,26 @@ def test_in_place_plans_are_staged():
     run_and_compare(plan, 999, np.float32, "sum")
 
 
-@needs_gpu
-def test_a_wait_that_is_never_signalled_times_out_naming_the_semaphore():
+def never_signalled_plan() -> Plan:
+    """Rank 0 waits on a semaphore that no rank signals: the peer that never arrives."""
     steps0 = (Step(Op.WAIT, sem=0), Step(Op.COPY, (ChunkRef(0, IN, 0),), (ChunkRef(0, OUT, 0),)))
     steps1 = (Step(Op.COPY, (ChunkRef(1, IN, 0),), (ChunkRef(1, OUT, 0),)),)
-    plan = Plan(C.CUSTOM, 2, (RankProgram(1, 1, 0, 1, (Lane(steps0),)), RankProgram(1, 1, 0, 0, (Lane(steps1),))))
+    return Plan(C.CUSTOM, 2, (RankProgram(1, 1, 0, 1, (Lane(steps0),)), RankProgram(1, 1, 0, 0, (Lane(steps1),))))
+
+
+@needs_gpu
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_wait_that_is_never_signalled_times_out_naming_the_semaphore(protocol):
     with pytest.raises(RuntimeError) as info:
-        runtime.run_words_cuda(encode(plan), [np.ones(4, np.float32)] * 2, (4,), timeout_s=0.5, protocol="bulk")
+        runtime.run_words_cuda(encode(never_signalled_plan()), [np.ones(4, np.float32)] * 2, (4,), timeout_s=0.5,
+                               protocol=protocol)
     message = str(info.value)
     assert "rank 0, lane 0, step 0 (wait)" in message and "semaphore 0" in message
     assert "JAXCOLL_TIMEOUT" in message
+
+
+def test_bad_offsets_are_refused_naming_the_argument():
+    plan = algorithms.builtin(C.ALL_REDUCE, "ring", 2)
+    for bad in ([0], [0, -1], [0, 1.5]):
+        with pytest.raises(ValueError, match=r"input_offsets must be one whole number >= 0 per rank \(2\)"):
+            runtime.run_words_cuda(encode(plan), [np.ones(4, np.float32)] * 2, (4,), input_offsets=bad)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -25,8 +26,8 @@ WHEELS_SCRIPT = ROOT / "tools" / "gpu_round_wheels.sh"
 CHECKS = ROOT / "tools" / "gpu_round_checks.py"
 
 # The round as issue 14 lists it, in its order (an independent statement of what the script must run).
-STEPS = ["env", "prereqs", "build", "import", "harness", "memcheck", "racecheck", "synccheck", "jax",
-         "never_arrives", "bench"]
+STEPS = ["env", "prereqs", "build", "import", "harness", "harness_large", "memcheck", "racecheck", "synccheck",
+         "jax", "never_arrives", "bench"]
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
                                 reason="the round script needs bash and coreutils' timeout")
@@ -73,7 +74,7 @@ def test_help_lists_every_step_with_limits_within_the_issue_budget(tmp_path):
     assert list(limits) == STEPS
     # Issue 14's budget on the device: build <= 4 min, tests <= 4 min, sanitizer <= 2 min, bench <= 3 min.
     assert limits["build"] <= 240
-    assert limits["harness"] + limits["jax"] + limits["never_arrives"] <= 240
+    assert limits["harness"] + limits["harness_large"] + limits["jax"] + limits["never_arrives"] <= 240
     assert limits["memcheck"] + limits["racecheck"] + limits["synccheck"] <= 120
     assert limits["bench"] <= 180
     for option in ("--dry-run", "--only", "--skip", "--limit", "--total", "--compute-cap", "--report", "--out"):
@@ -130,11 +131,38 @@ def test_the_dry_run_prints_every_step_with_its_command_and_runs_nothing(tmp_pat
     assert "on failure stop" in build and "tools/build_inplace.sh" in build
     assert "-DJAXCOLL_CUDA=ON" in build and "-DCMAKE_CUDA_ARCHITECTURES=90-real" in build
     assert "tests/test_cuda.py" in lines["harness"] and "not never_signalled" in lines["harness"]
+    assert "-m 'not large'" in lines["harness"]  # the 256 MiB cases are a step of their own
+    assert "tests/test_cuda.py" in lines["harness_large"] and "-m large" in lines["harness_large"]
     assert "tests/test_cuda.py" in lines["never_arrives"] and "-k never_signalled" in lines["never_arrives"]
-    assert "tests/test_cuda_jax.py" in lines["jax"]
+    assert "tests/test_cuda_jax.py" in lines["jax"] and "not cpu" in lines["jax"]
     for tool in ("memcheck", "racecheck", "synccheck"):
         assert f"--tool {tool}" in lines[tool] and "gpu_round_checks.py sanitize" in lines[tool]
     assert "gpu_round_checks.py import" in lines["import"]
+
+
+def collected(command: str) -> set[str]:
+    """The test ids a step's pytest command selects (collected, not run)."""
+    argv = shlex.split(command)
+    argv = [sys.executable, "-m", "pytest", "--collect-only", "-q"] + [a for a in argv[3:] if a not in ("-q", "-rfEs")]
+    done = subprocess.run(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {line for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_the_test_steps_select_every_gpu_test_once(tmp_path):
+    """harness, harness_large and never_arrives split tests/test_cuda.py between them, and the jax step keeps
+    every test of tests/test_cuda_jax.py that needs a GPU."""
+    lines = dry_run_lines(tmp_path, "--compute-cap", "9.0")
+    command = {s: lines[s].split("continue", 1)[1].strip() for s in ("harness", "harness_large", "never_arrives", "jax")}
+    parts = {s: collected(command[s]) for s in ("harness", "harness_large", "never_arrives")}
+    everything = collected("python3 -m pytest tests/test_cuda.py")
+    assert all(parts.values()), parts
+    assert sum(len(p) for p in parts.values()) == len(everything) and set().union(*parts.values()) == everything
+    assert all("256_mib" in t for t in parts["harness_large"])
+    jax_tests = collected(command["jax"])
+    assert any("[cuda]" in t for t in jax_tests) and any("command_buffers" in t for t in jax_tests)
+    assert not any("[cpu]" in t for t in jax_tests)
 
 
 def test_only_and_skip_select_steps(tmp_path):
@@ -422,19 +450,23 @@ def test_the_sanitizer_cases_match_numpy_on_the_cpu_executor():
     checks = load_checks()
     seen = []
 
-    def run_cpu(words, xs, shape, reduce_op, protocol):
-        seen.append(protocol)
+    def run_cpu(words, xs, shape, reduce_op, protocol, offsets):
+        seen.append((protocol, offsets))
+        if offsets:  # the CPU executor reads inputs where they lie: each starts that many elements into an array
+            xs = [np.concatenate([np.zeros(off, x.dtype), x])[off:] for x, off in zip(xs, offsets[0])]
         return runtime.run_words(words, xs, shape, reduce_op, 30.0), {"executor": "cpu"}
 
     lines = checks.check_all_reduce(run_cpu, ranks=4, chunk_elements=7)
-    assert len(lines) == len(seen) == 3 and set(seen) == {"bulk", "ll"}
+    assert len(lines) == len(seen) == 4 and {p for p, _ in seen} == {"bulk", "ll"}
+    misaligned = [o for _, o in seen if o]
+    assert len(misaligned) == 1 and all(len(set(side)) > 1 and max(side) < 8 for side in misaligned[0])
 
 
 def test_the_sanitizer_check_names_the_rank_that_differs():
     from jaxcoll import runtime
     checks = load_checks()
 
-    def run_wrong(words, xs, shape, reduce_op, protocol):
+    def run_wrong(words, xs, shape, reduce_op, protocol, offsets):
         outs = runtime.run_words(words, xs, shape, reduce_op, 30.0)
         outs[2] = outs[2] + 1
         return outs, {}

@@ -82,7 +82,7 @@ def test_flax_lm_through_replace_collectives_compiles_to_no_xla_collective(ex):
 def test_flax_lm_under_jit_on_jaxcoll_nn_ops_matches_the_lax_loss_curve(ex, runs, lax_losses):
     losses = runs[0]["jit"][0]
     # Different summation orders (reduce-scatter + all-gather in dense_norm, the vocabulary-parallel
-    # cross-entropy) only: the curves agree to float32 rounding (measured: 2.7e-7 relative at most over 300 steps).
+    # cross-entropy) only: the curves agree to float32 rounding (measured: 5.4e-7 relative at most over 300 steps).
     np.testing.assert_allclose(losses, lax_losses, rtol=1e-5)
     assert_learns(losses, ex.Config())
 

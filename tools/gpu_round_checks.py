@@ -3,8 +3,9 @@
     python tools/gpu_round_checks.py import     jaxcoll imports on this machine's JAX, its CUDA executor is
                                                 usable, and a jaxcoll custom call compiles for XLA's "CUDA"
                                                 platform (the handler is registered there)
-    python tools/gpu_round_checks.py sanitize   all_reduce at N = 4 on the bulk protocol and on packets, two calls
-                                                each, against numpy: small enough for compute-sanitizer
+    python tools/gpu_round_checks.py sanitize   all_reduce at N = 4 on the bulk protocol and on packets, and on
+                                                bulk at misaligned offsets, two calls each, against numpy: small
+                                                enough for compute-sanitizer
 
 Each exits non-zero with a message saying what is wrong. The pieces take the device or the executor as an
 argument, so tests/test_gpu_round.py runs them on the CPU, where no GPU is."""
@@ -17,10 +18,12 @@ from typing import Callable
 
 import numpy as np
 
-# (algorithm, protocol, dtype): the two protocols' code paths. bulk: peer pointers, the entry/exit rendezvous,
-# the ring's signals and waits; ll: packets in the slots' mirrors, one-shot (direct) and multi-step (ring), 16-bit
-# elements widened to float32 and rounded once.
-SANITIZE_CASES = [("ring", "bulk", np.float32), ("direct", "ll", np.float32), ("ring", "ll", np.float16)]
+# (algorithm, protocol, dtype, misaligned): the two protocols' code paths. bulk: peer pointers, the entry/exit
+# rendezvous, the ring's signals and waits; ll: packets in the slots' mirrors, one-shot (direct) and multi-step
+# (ring), 16-bit elements widened to float32 and rounded once. misaligned: every rank's buffers at a different
+# offset below 16 bytes, where a vector access the kernel should not make is a misaligned address memcheck reports.
+SANITIZE_CASES = [("ring", "bulk", np.float32, False), ("direct", "ll", np.float32, False),
+                  ("ring", "ll", np.float16, False), ("ring", "bulk", np.float16, True)]
 
 
 def one_rank_all_reduce(device):
@@ -64,7 +67,8 @@ def import_check() -> None:
     print("a jaxcoll_all_reduce custom call compiled for the CUDA platform")
 
 
-# run(words, inputs, output_shape, reduce_op, protocol) -> (outputs, info): the executor under test.
+# run(words, inputs, output_shape, reduce_op, protocol, offsets) -> (outputs, info): the executor under test;
+# offsets is None or (input_offsets, output_offsets), elements per rank.
 Executor = Callable[[np.ndarray, list, tuple, int, str], tuple]
 
 
@@ -77,16 +81,21 @@ def check_all_reduce(run: Executor, ranks: int, chunk_elements: int) -> list[str
 
     rng = np.random.default_rng(0)
     lines = []
-    for name, protocol, dtype in SANITIZE_CASES:
+    for name, protocol, dtype, misaligned in SANITIZE_CASES:
         plan = algorithms.builtin(Collective.ALL_REDUCE, name, ranks)
+        per_vector = 16 // np.dtype(dtype).itemsize
+        offsets = ([r % per_vector for r in range(ranks)], [(3 * r + 1) % per_vector for r in range(ranks)]) \
+            if misaligned else None
         elements = plan.in_blocks * chunk_elements
         # Small integers: every partial sum is exact in float16, whatever order the plan reduces in.
         xs = [rng.integers(-8, 9, elements).astype(dtype) for _ in range(ranks)]
         want = np.add.reduce(np.stack(xs).astype(np.float64), axis=0).astype(dtype)
-        outs, info = run(encode(plan), xs, xs[0].shape, REDUCE_OP_CODES["sum"], protocol)
+        outs, info = run(encode(plan), xs, xs[0].shape, REDUCE_OP_CODES["sum"], protocol, offsets)
+        where = f" at offsets {offsets}" if offsets else ""
         for r, got in enumerate(outs):
-            np.testing.assert_array_equal(got, want, err_msg=f"rank {r}, all_reduce {name} on {protocol}")
-        lines.append(f"ok: all_reduce {name} on {protocol}, N={ranks}, {np.dtype(dtype).name} x {elements}: {info}")
+            np.testing.assert_array_equal(got, want, err_msg=f"rank {r}, all_reduce {name} on {protocol}{where}")
+        lines.append(f"ok: all_reduce {name} on {protocol}{where}, N={ranks}, {np.dtype(dtype).name} x {elements}: "
+                     f"{info}")
     return lines
 
 
@@ -97,9 +106,11 @@ def sanitize(ranks: int, chunk_elements: int, timeout_s: float) -> None:
     if not usable:
         sys.exit(f"the CUDA executor is not usable: {why}")
 
-    def run(words, xs, shape, reduce_op, protocol):
+    def run(words, xs, shape, reduce_op, protocol, offsets):
         # Two calls on one group: the second compares against counters the first advanced.
-        return runtime.run_words_cuda(words, xs, shape, reduce_op, timeout_s=timeout_s, protocol=protocol, calls=2)
+        input_offsets, output_offsets = offsets or (None, None)
+        return runtime.run_words_cuda(words, xs, shape, reduce_op, timeout_s=timeout_s, protocol=protocol, calls=2,
+                                      input_offsets=input_offsets, output_offsets=output_offsets)
 
     for line in check_all_reduce(run, ranks, chunk_elements):
         print(line)

@@ -37,7 +37,8 @@ cuda::Protocol protocol_from(const std::string& name) {
 std::unique_ptr<cuda::EmulatedGroup> emulated_group(const Words& words, const std::string& dtype_name,
                                                     int64_t input_elements, int64_t output_elements, int reduce_op,
                                                     double timeout_s, const std::string& protocol, int blocks,
-                                                    int device) {
+                                                    int device, std::vector<int64_t> input_offsets = {},
+                                                    std::vector<int64_t> output_offsets = {}) {
   Plan plan;
   if (Status st = decode_plan(std::span<const int32_t>(words.data(), words.shape(0)), plan); !st.ok())
     throw nb::value_error(("malformed jaxcoll plan: " + st.message()).c_str());
@@ -57,6 +58,8 @@ std::unique_ptr<cuda::EmulatedGroup> emulated_group(const Words& words, const st
   o.protocol = protocol_from(protocol);
   o.blocks_per_lane = blocks;
   o.timeout_s = timeout_s;
+  o.input_offsets = std::move(input_offsets);
+  o.output_offsets = std::move(output_offsets);
   std::unique_ptr<cuda::EmulatedGroup> g;
   if (Status st = cuda::EmulatedGroup::create(plan, shape, o, g); !st.ok()) throw std::runtime_error(st.message());
   return g;
@@ -147,9 +150,10 @@ void add_bindings(nb::module_& m) {
   m.def("cuda_emulate",
         [](Words words, std::vector<Bytes> inputs, std::vector<Bytes> outputs, const std::string& dtype,
            int64_t input_elements, int64_t output_elements, int reduce_op, double timeout_s,
-           const std::string& protocol, int blocks_per_lane, int device, int calls) {
+           const std::string& protocol, int blocks_per_lane, int device, int calls,
+           std::vector<int64_t> input_offsets, std::vector<int64_t> output_offsets) {
           auto g = emulated_group(words, dtype, input_elements, output_elements, reduce_op, timeout_s, protocol,
-                                  blocks_per_lane, device);
+                                  blocks_per_lane, device, std::move(input_offsets), std::move(output_offsets));
           std::vector<const void*> in;
           std::vector<void*> out;
           for (Bytes& b : inputs) in.push_back(b.data());
@@ -167,8 +171,11 @@ void add_bindings(nb::module_& m) {
         nb::arg("words"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("dtype"), nb::arg("input_elements"),
         nb::arg("output_elements"), nb::arg("reduce_op"), nb::arg("timeout_s"), nb::arg("protocol") = "auto",
         nb::arg("blocks_per_lane") = 0, nb::arg("device") = 0, nb::arg("calls") = 1,
+        nb::arg("input_offsets") = std::vector<int64_t>{}, nb::arg("output_offsets") = std::vector<int64_t>{},
         "Run a plan with every rank emulated on ONE GPU (`calls` times, same inputs) on raw byte views of "
-        "host buffers; returns the protocol and blocks per lane it ran with.");
+        "host buffers; returns the protocol and blocks per lane it ran with. `input_offsets` / "
+        "`output_offsets` (elements per rank, or empty) place each rank's device buffers that far past an "
+        "aligned base.");
 
   m.def("cuda_time",
         [](Words words, const std::string& dtype, int64_t input_elements, int64_t output_elements, int reduce_op,

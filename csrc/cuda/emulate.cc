@@ -21,6 +21,13 @@ Status EmulatedGroup::create(const Plan& plan, CallShape shape, const Options& o
   if (plan.nranks > kMaxLaunchRanks)
     return Status::Error("the emulated-rank harness runs at most " + std::to_string(kMaxLaunchRanks) +
                          " ranks in one launch, the plan has " + std::to_string(plan.nranks));
+  for (const auto* offsets : {&o.input_offsets, &o.output_offsets}) {
+    if (!offsets->empty() && offsets->size() != size_t(plan.nranks))
+      return Status::Error("the harness takes one buffer offset per rank (" + std::to_string(plan.nranks) +
+                           "), got " + std::to_string(offsets->size()));
+    for (int64_t off : *offsets)
+      if (off < 0) return Status::Error("a buffer offset must be at least 0 elements, got " + std::to_string(off));
+  }
   auto g = std::unique_ptr<EmulatedGroup>(new EmulatedGroup());
   g->plan_ = plan;
   g->options_ = o;
@@ -49,8 +56,13 @@ Status EmulatedGroup::create(const Plan& plan, CallShape shape, const Options& o
   const size_t dsize = dtype_size(shape.dtype);
   for (int32_t r = 0; r < plan.nranks; ++r) {
     DeviceMemory in, outm;
-    if (Status st = DeviceMemory::allocate(o.device, size_t(shape.input_elements) * dsize, in); !st.ok()) return st;
-    if (Status st = DeviceMemory::allocate(o.device, size_t(shape.output_elements) * dsize, outm); !st.ok()) return st;
+    const int64_t in_off = o.input_offsets.empty() ? 0 : o.input_offsets[r];
+    const int64_t out_off = o.output_offsets.empty() ? 0 : o.output_offsets[r];
+    if (Status st = DeviceMemory::allocate(o.device, size_t(shape.input_elements + in_off) * dsize, in); !st.ok())
+      return st;
+    if (Status st = DeviceMemory::allocate(o.device, size_t(shape.output_elements + out_off) * dsize, outm);
+        !st.ok())
+      return st;
     g->inputs_.push_back(std::move(in));
     g->outputs_.push_back(std::move(outm));
   }
@@ -91,12 +103,22 @@ int64_t EmulatedGroup::traffic_bytes() const {
   return jaxcoll::cuda::traffic_bytes(image_, shape_.block, dtype_size(shape_.dtype), accum_size(shape_.dtype));
 }
 
+char* EmulatedGroup::input(size_t rank) const {
+  const int64_t off = options_.input_offsets.empty() ? 0 : options_.input_offsets[rank];
+  return inputs_[rank].get() + off * int64_t(dtype_size(shape_.dtype));
+}
+
+char* EmulatedGroup::output(size_t rank) const {
+  const int64_t off = options_.output_offsets.empty() ? 0 : options_.output_offsets[rank];
+  return outputs_[rank].get() + off * int64_t(dtype_size(shape_.dtype));
+}
+
 Status EmulatedGroup::enqueue() {
   std::vector<const void*> in;
   std::vector<void*> out;
   for (size_t r = 0; r < inputs_.size(); ++r) {
-    in.push_back(inputs_[r].get());
-    out.push_back(outputs_[r].get());
+    in.push_back(input(r));
+    out.push_back(output(r));
   }
   return launcher_->enqueue(in.data(), out.data(), stream_);
 }
@@ -118,12 +140,12 @@ Status EmulatedGroup::run_host(const std::vector<const void*>& inputs, const std
   cudaSetDevice(options_.device);
   const size_t dsize = dtype_size(shape_.dtype);
   for (size_t r = 0; r < inputs.size(); ++r)
-    JAXCOLL_CUDA_TRY(cudaMemcpyAsync(inputs_[r].get(), inputs[r], size_t(shape_.input_elements) * dsize,
+    JAXCOLL_CUDA_TRY(cudaMemcpyAsync(input(r), inputs[r], size_t(shape_.input_elements) * dsize,
                                      cudaMemcpyHostToDevice, native(stream_)), "copy of an input to the device");
   Status launched = enqueue();
   if (launched.ok())
     for (size_t r = 0; r < outputs.size(); ++r)
-      JAXCOLL_CUDA_TRY(cudaMemcpyAsync(outputs[r], outputs_[r].get(), size_t(shape_.output_elements) * dsize,
+      JAXCOLL_CUDA_TRY(cudaMemcpyAsync(outputs[r], output(r), size_t(shape_.output_elements) * dsize,
                                        cudaMemcpyDeviceToHost, native(stream_)), "copy of an output to the host");
   return check(launched);
 }

@@ -19,6 +19,10 @@ class EmulatedGroup {
     Protocol protocol = Protocol::kAuto;  // kAuto: what the plan asks for, else by size
     int blocks_per_lane = 0;              // 0: chosen as for XLA's calls
     double timeout_s = 300;
+    // Elements by which rank r's input and output start past their allocation's (aligned) base, so a test
+    // reaches the kernel's element-by-element path and its vector peels as XLA's sliced buffers would. Empty:
+    // every rank at offset 0.
+    std::vector<int64_t> input_offsets, output_offsets;
   };
 
   static Status create(const Plan& plan, CallShape shape, const Options& options, std::unique_ptr<EmulatedGroup>& out);
@@ -40,6 +44,8 @@ class EmulatedGroup {
   EmulatedGroup() = default;
   Status check(Status launched);
   Status enqueue();
+  char* input(size_t rank) const;  // rank's device buffers, at their offsets
+  char* output(size_t rank) const;
 
   Plan plan_;
   PlanImage image_;

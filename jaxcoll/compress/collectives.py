@@ -7,12 +7,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import tree_util
 
-from jaxcoll.collectives.arguments import dimension
+from jaxcoll.collectives.arguments import dimension, split_dimension
 from jaxcoll.compress.adasum import adasum
 from jaxcoll.compress import quantized, sparse
 from jaxcoll.compress.formats import Bf16, check_operand, parse
 from jaxcoll.lowering import groups
-from jaxcoll.lowering.reduce_scatter import check_shape
 
 
 def _scheme(api_name: str, compression, algorithm, *, sparse_ok: bool):
@@ -60,8 +59,7 @@ def reduce_scatter(x, axis_name, *, scatter_dimension, tiled, op, algorithm, com
         leaf = jnp.asarray(leaf)
         if leaf.ndim == 0:
             raise ValueError(f"{api}: x must have rank >= 1 to be scattered, got a scalar")
-        dim = dimension(api, "scatter_dimension", scatter_dimension, leaf.ndim)
-        check_shape(leaf.shape, n, dim, bool(tiled))
+        dim = split_dimension(api, "scatter_dimension", scatter_dimension, leaf.shape, n, bool(tiled))
         check_operand(api, fmt, leaf, leaf.size // n)
         return quantized.reduce_scatter(leaf, axes, fmt, scatter_dimension=dim, tiled=bool(tiled),
                                         algorithm=algorithm)

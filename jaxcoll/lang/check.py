@@ -7,7 +7,7 @@ zero, a wait consumes one signal, lanes of a rank meet at barriers, and a barrie
 2. synchronisation: each semaphore is waited on by one lane, every wait has a signal and every signal a wait,
    every lane of a rank passes the same number of barriers, and a named channel (the connection a transfer
    uses) is driven by one lane of the sending rank, so its transfers have one order;
-3. deadlock: the lanes are run with semaphore counts. Signals only ever add, so the system is monotone and one
+3. deadlock: the lanes are run with semaphore counts (`jaxcoll.lang.stepper`). Signals only ever add, so the system is monotone and one
    greedy run decides it: if it gets stuck, every execution gets stuck, and the stuck lanes are reported;
 4. races: a happens-before relation is built from lane order, barriers and the signals each wait is
    *guaranteed* to have seen; two accesses to one chunk (at least one a write) that it leaves unordered are a

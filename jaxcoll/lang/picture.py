@@ -2,7 +2,8 @@
 summary (steps per rank, bytes per link). `jaxcoll plan show FILE` is the command-line face of this module.
 
 Time is counted in rounds: in each round every lane runs its ready signals and waits, then at most one data
-step, so a step's round is the earliest it can run when every data step takes one unit.
+step (on `jaxcoll.lang.stepper`, lanes in rank order), so a step's round is the earliest it can run when every
+data step takes one unit.
 """
 
 from __future__ import annotations

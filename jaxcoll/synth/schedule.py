@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import heapq
 from collections.abc import Hashable, Iterator, Sequence
 
-import numpy as np
-
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step, validate
+from jaxcoll.synth.list_schedule import list_schedule
 
 
 @contextlib.contextmanager
@@ -127,163 +125,7 @@ class Schedule:
 
         Returns the last pass's makespan in seconds (the last bytes landed; with "F" last, the simulated time
         of the plan at chunks of `chunk_bytes`)."""
-        from jaxcoll.sim.engine import local_passes
-        from jaxcoll.sim.sharing import Network, max_min_rates
-
-        nmoves = len(self.step)
-        lanes = sorted(set(self.move_lane), key=lambda l: repr(self.lanes[l][:2]))
-        cap = np.array([l.bandwidth_GBps for l in topology.links])
-        remote = [l for l in lanes if self.lanes[l][2] != self.lanes[l][0]]
-        rate = [float(topology.memory_bandwidth_GBps or max(cap))] * len(self.lanes)
-        latency = [0.0] * len(self.lanes)
-        if remote:
-            routes = [np.asarray(topology.route(*self.lanes[l][::2], self.lane_channel[l])) for l in remote]
-            for l, x in zip(remote, max_min_rates(routes, cap)):
-                rate[l] = float(x)
-                latency[l] = topology.path_latency_us(*self.lanes[l][::2], self.lane_channel[l]) * 1e-6
-        lane_Bps = [x * 1e9 for x in rate]
-        local = [rank == peer for rank, _, peer in self.lanes]
-        move_lane, deps_of = self.move_lane, self.deps
-        # A local move reads each source from memory; a remote one is bound by its lane's share of the links.
-        # Every ref of a step has the same chunk count (validate holds it).
-        duration = [s.dsts[0].count * chunk_bytes / lane_Bps[l] * (len(s.srcs) if local[l] else 1)
-                    for s, l in zip(self.step, move_lane)]
-        # For the shared-rate passes: bytes of each move, and its local work as the simulator charges it.
-        nbytes = [s.dsts[0].count * chunk_bytes for s in self.step]
-        mem = float(topology.memory_bandwidth_GBps or 0) * 1e9
-        work = [0.0] * nmoves
-        if mem and set(passes) & set("FB"):
-            work = []
-            for s, l, b in zip(self.step, move_lane, nbytes):
-                rank = self.lanes[l][0]
-                remote_srcs = sum(ref.rank != rank for ref in s.srcs)
-                local_dsts = sum(ref.rank == rank for ref in s.dsts)
-                work.append(local_passes(len(s.srcs), remote_srcs, local_dsts) * b / mem)
-        slack = 1e-9 * max(1.0, chunk_bytes)  # as the simulator's: transfers that end together
-        # Orders are ranks: lane queues compare ints, faster than priority tuples. `old` is the rank of each
-        # move's priority, ties by id.
-        old = np.empty(nmoves, dtype=np.int64)
-        old[sorted(range(nmoves), key=self.priority.__getitem__)] = np.arange(nmoves)
-        users: list[list[int]] = [[] for _ in range(nmoves)]
-        for i, deps in enumerate(deps_of):
-            for d in deps:
-                users[d].append(i)
-        push, pop = heapq.heappush, heapq.heappop
-
-        def run(order: np.ndarray, reverse: bool, shared: bool) -> tuple[list[float], list[float]]:
-            """(start, finish) times of one pass (in reversed time if `reverse`); among ready moves a lane starts
-            the one that comes first in `order` (a permutation of the moves). With `shared`, remote moves are
-            transfers on the simulator's own network (`jaxcoll.sim.sharing`) at the max-min fair rates of the
-            transfers in flight at the time, and local work costs what the simulator charges."""
-            by_rank = order.tolist()
-            rank_of = [0] * nmoves
-            for j, i in enumerate(by_rank):
-                rank_of[i] = j
-            after = deps_of if reverse else users  # the moves that wait for a move
-            waiting = [len(u) for u in users] if reverse else [len(deps) for deps in deps_of]
-            ready_at = [0.0] * nmoves
-            start = [0.0] * nmoves
-            finish = list(duration)  # a move's end (fixed rates: its start plus this)
-            queue: list[list[int]] = [[] for _ in self.lanes]  # per lane: heap of ranks of moves whose inputs are in
-            busy = [False] * len(self.lanes)
-            net = None
-            route = [-1] * len(self.lanes)  # a lane's route on `net`; -1: its moves take their `finish` as they are
-            if shared:
-                net = Network(topology)
-                route = [net.route(rank, peer, self.lane_channel[l]) if rank != peer else -1
-                         for l, (rank, _, peer) in enumerate(self.lanes)]
-                finish = list(work)
-            # Events by time: at[t] lists the events of time t in the order they were issued, x >= 0 for "move
-            # x's inputs arrive" and x < 0 for "lane ~x frees up"; `times` is a heap of the times that have events
-            # (a heap of (time, order, x) tuples would do the same at twice the cost). An idle lane's queue is
-            # empty (it starts whatever arrives), so an arrival at an idle lane starts at once.
-            at = {0.0: [i for i in by_rank if not waiting[i]]}
-            times = [0.0]
-
-            def done(i: int, t: float) -> None:
-                """Move i ends at t: its lane frees up, and the moves waiting for it have its bytes one route
-                latency later (in reversed time the put is the user). The events are filed here directly, not
-                through a helper: this runs once a move, in the fixed-rate passes' hot loop."""
-                l = move_lane[i]
-                events = at.get(t)
-                if events is None:
-                    at[t] = [~l]
-                    push(times, t)
-                else:
-                    events.append(~l)
-                for u in after[i]:
-                    arrive = t + latency[move_lane[u] if reverse else l]
-                    if ready_at[u] < arrive:
-                        ready_at[u] = arrive
-                    waiting[u] -= 1
-                    if not waiting[u]:
-                        t_u = ready_at[u]
-                        events = at.get(t_u)
-                        if events is None:
-                            at[t_u] = [u]
-                            push(times, t_u)
-                        else:
-                            events.append(u)
-
-            now = 0.0
-            while True:
-                if net is not None:
-                    net.reshare(now)
-                    t_flow = net.next_finish()
-                    if t_flow < float("inf") and (not times or t_flow <= times[0]):
-                        # a transfer ends: its lane goes on once the move's local work is done too (a reduce_put
-                        # streams its sources while it sends)
-                        now = max(now, t_flow)
-                        for f in net.finish(now, slack):
-                            i = f.owner
-                            finish[i] = max(now, start[i] + work[i])
-                            done(i, finish[i])
-                        continue
-                if not times:
-                    break
-                now = pop(times)
-                for x in at[now]:  # events of time `now` issued on the way are appended, and run in turn
-                    if x >= 0:
-                        l = move_lane[x]
-                        if busy[l]:
-                            push(queue[l], rank_of[x])
-                            continue
-                        i = x
-                    else:
-                        l = ~x
-                        if not queue[l]:
-                            busy[l] = False
-                            continue
-                        i = by_rank[pop(queue[l])]
-                    busy[l] = True
-                    start[i] = now
-                    if route[l] >= 0:
-                        net.start(route[l], nbytes[i], i, now)
-                    else:
-                        finish[i] += now
-                        done(i, finish[i])
-                del at[now]
-            return start, finish
-
-        time = None  # forward-time order of the previous pass: smaller is earlier
-        span = np.asarray(duration)  # each move's duration in the previous pass
-        for direction in passes:
-            if direction not in "fbFB":
-                raise ValueError(f"list_schedule passes are 'f', 'b', 'F' or 'B', got {passes!r}")
-            shared = direction in "FB"
-            if direction in "fF":
-                start, finish = run(np.lexsort((old,) if time is None else (old, time)), False, shared)
-                time = np.asarray(start)
-            else:
-                # reversed time runs from the end: moves that finish last go first
-                start, finish = run(np.lexsort((-old,) if time is None else (-old, -(time + span))), True, shared)
-                time = -np.asarray(finish)
-            span = np.asarray(finish) - np.asarray(start)
-        position = np.empty(nmoves, dtype=np.int64)
-        position[np.lexsort((old, time))] = np.arange(nmoves)
-        self.priority = position.tolist()
-        # the run ends when the last bytes have landed
-        return max((t + latency[l] for t, l in zip(finish, move_lane)), default=0.0)
+        return list_schedule(self, topology, chunk_bytes, passes)
 
     def build(self) -> Plan:
         prio, deps_of, move_lane, steps = self.priority, self.deps, self.move_lane, self.step

@@ -1,0 +1,178 @@
+"""benchmarks/cuda.py without a GPU: its arguments, and the tables it prints from a timing source that gives known
+numbers (the fused part's programs are built and run once on the CPU device): every goal column follows from
+those numbers by the issue's thresholds."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxcoll import runtime
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_cuda", ROOT / "benchmarks" / "cuda.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = load_bench()
+GB = 1e9
+
+
+class FakeTimer:
+    """Known times: a copy of 1000 GB/s; each bulk plan's traffic at a set share of the copy's 2000 GB/s of
+    traffic; the packet protocol `packet_s` back to back and a failed graph capture; the fused ops at 95 % of the
+    dot with chunks=1 and 60 % split (in the order the rows come: chunks 1, then 2, for each op)."""
+
+    device = jax.devices("cpu")[0]
+    BULK_SHARE = {("all_reduce", 0): 0.9, ("all_reduce", 1): 0.8, ("all_gather", 0): 0.85, ("all_gather", 1): 0.5}
+    FUSED_SHARE = (0.95, 0.6)
+
+    def __init__(self, packet_s=8e-6):
+        self.packet_s = packet_s
+        self.calls = []
+
+    def name(self):
+        return "Fake GPU"
+
+    def copy_bandwidth(self, nbytes, iters):
+        self.calls.append(("copy", nbytes, iters))
+        return 1000 * GB
+
+    def plan(self, plan, input_elements, output_elements, *, iters, graph, protocol):
+        self.calls.append((plan.collective.value, input_elements, output_elements, iters, graph, protocol))
+        if protocol == "ll":
+            if graph:
+                raise RuntimeError("cudaStreamEndCapture | not permitted\nhere")
+            return {"seconds_per_call": self.packet_s, "protocol": "ll", "blocks_per_lane": 1, "traffic_bytes": 1}
+        nth = sum(1 for c in self.calls if c[0] == plan.collective.value) - 1  # the first or second algorithm
+        traffic = 3 * input_elements * 4
+        return {"seconds_per_call": traffic / (self.BULK_SHARE[plan.collective.value, nth] * 2000 * GB),
+                "protocol": "bulk", "blocks_per_lane": 4, "traffic_bytes": traffic}
+
+    def rounds(self, fns, args, rounds):
+        for f in fns.values():  # the programs run: built for the CPU device, at --quick's shapes
+            jax.block_until_ready(f(*args))
+        share = self.FUSED_SHARE[sum(1 for c in self.calls if c[0] == "rounds") % 2]
+        self.calls.append(("rounds", tuple(sorted(fns)), rounds))
+        return {"dot": np.full(rounds, 1e-3), "fused": np.full(rounds, 1e-3 / share)}
+
+
+def tables(out: str) -> dict[str, list[list[str]]]:
+    """The markdown table rows (cells) under each '#### part' heading."""
+    parts = {}
+    for section in out.split("#### ")[1:]:
+        name, _, body = section.partition("\n")
+        rows = [line for line in body.splitlines() if line.startswith("|")]
+        parts[name.strip()] = [[c.strip() for c in r.strip().strip("|").split("|")] for r in rows[2:]]
+    return parts
+
+
+@pytest.fixture
+def single_rank_restored(monkeypatch):
+    from jaxcoll.lowering import custom_call
+    monkeypatch.setattr(custom_call, "lower_single_rank_groups", custom_call.lower_single_rank_groups)
+
+
+def run_main(capsys, argv, timer):
+    bench.main(argv, timer=timer)
+    return capsys.readouterr().out
+
+
+def test_bulk_rows_report_the_share_of_the_copy_and_the_85_percent_goal(capsys):
+    timer = FakeTimer()
+    out = run_main(capsys, ["--parts", "bulk", "--iters", "3"], timer)
+    assert "1000.0 GB/s copied (2000.0 GB/s of traffic)" in out
+    rows = tables(out)["bulk"]
+    assert [(r[0], r[1]) for r in rows] == [("all_reduce", "two_shot"), ("all_reduce", "ring"),
+                                           ("all_gather", "direct"), ("all_gather", "ring")]
+    assert [r[7] for r in rows] == ["90%", "80%", "85%", "50%"]
+    assert [r[8] for r in rows] == ["met", "**missed**", "met", "**missed**"]
+    # The issue's sizes: 256 MiB in and out for all_reduce, 32 MiB in and 256 MiB out for an 8-rank all_gather.
+    assert rows[0][3] == "256 MiB in, 256 MiB out" and rows[2][3] == "32 MiB in, 256 MiB out"
+    assert ("copy", 256 << 20, 3) in timer.calls
+    assert all(c[3] == 3 and c[5] == "bulk" for c in timer.calls if c[0] in ("all_reduce", "all_gather"))
+
+
+def test_packet_rows_time_8_kib_per_rank_and_report_a_failed_graph(capsys):
+    timer = FakeTimer(packet_s=12e-6)
+    out = run_main(capsys, ["--parts", "packet", "--ranks", "8"], timer)
+    rows = tables(out)["packet"]
+    assert rows[0][3] == "8 KiB" and rows[0][4] == "back to back"
+    assert rows[0][5] == "12.0 us" and rows[0][6] == "**missed**"
+    assert rows[1][4] == "CUDA graph replay" and rows[1][5].startswith("failed: cudaStreamEndCapture")
+    assert len(rows[1]) == 7  # the error's | and newline do not break the table
+    calls = [c for c in timer.calls if c[-1] == "ll"]
+    assert {c[1] for c in calls} == {2048} and all(c[3] >= 200 for c in calls)  # 8 KiB of float32, many calls
+
+
+def test_fused_rows_compare_each_op_with_one_plain_dot(capsys, single_rank_restored):
+    timer = FakeTimer()
+    out = run_main(capsys, ["--parts", "fused", "--quick"], timer)
+    rows = tables(out)["fused"]
+    m, k, n = bench.QUICK.gemm
+    assert [(r[0], r[3]) for r in rows] == [("all_gather_matmul", "1"), ("all_gather_matmul", "2"),
+                                           ("matmul_reduce_scatter", "1"), ("matmul_reduce_scatter", "2")]
+    assert all(r[2] == f"{m} x {k} x {n}" and r[1] == "bfloat16" for r in rows)
+    assert [r[7] for r in rows] == ["95%", "60%"] * 2 and [r[8] for r in rows] == ["met", "**missed**"] * 2
+    assert rows[0][4] == f"{1 / 0.95:.3f} ms" and rows[0][5] == "1.000 ms"
+    assert float(rows[0][6]) == pytest.approx(round(2 * m * k * n / (1e-3 / 0.95) / 1e12, 1))
+    assert [c[1:] for c in timer.calls if c[0] == "rounds"] == [(("dot", "fused"), bench.QUICK.rounds)] * 4
+
+
+def test_every_part_prints_in_one_run(capsys, single_rank_restored):
+    out = run_main(capsys, ["--quick"], FakeTimer())
+    assert out.startswith("GPU 0: Fake GPU; 8 emulated ranks (--quick")
+    assert list(tables(out)) == ["bulk", "packet", "fused"]
+
+
+def test_quick_shrinks_the_bulk_size(capsys):
+    timer = FakeTimer()
+    run_main(capsys, ["--parts", "bulk", "--quick"], timer)
+    assert ("copy", 1 << 20, 20) in timer.calls
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--iters", "0"], "--iters must be at least 1, got 0"),
+    (["--ranks", "1"], "--ranks must be 2..16 (one launch holds every emulated rank), got 1"),
+    (["--ranks", "17"], "got 17"),
+    (["--device", "-1"], "--device must be at least 0, got -1"),
+    (["--parts", "bulk,gemm"], "--parts: gemm is not a part; the parts are bulk, packet, fused"),
+    (["--parts", ","], "--parts: '' is not a part"),
+])
+def test_a_bad_argument_is_refused_naming_it(capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        bench.main(argv, timer=FakeTimer())
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_without_a_gpu_the_benchmark_says_why():
+    usable, why = runtime.cuda_status()
+    if usable:
+        pytest.skip("a GPU is usable here")
+    with pytest.raises(SystemExit, match=re.escape(f"benchmarks/cuda.py needs a GPU: {why}")):
+        bench.main(["--quick"])
+
+
+def test_without_a_jax_cuda_device_the_fused_part_says_so_and_the_others_run(capsys):
+    class NoJaxDevice(FakeTimer):
+        @property
+        def device(self):
+            raise RuntimeError("Unknown backend: 'cuda' requested, but no platforms\nare instances of cuda")
+
+    out = run_main(capsys, ["--quick"], NoJaxDevice())
+    parts = tables(out)
+    assert len(parts["bulk"]) == 4 and len(parts["packet"]) == 2
+    assert "| jax has no CUDA device here: Unknown backend: 'cuda' requested, but no platforms are" in out
