@@ -38,7 +38,7 @@ std::unique_ptr<cuda::EmulatedGroup> emulated_group(const Words& words, const st
                                                     int64_t input_elements, int64_t output_elements, int reduce_op,
                                                     double timeout_s, const std::string& protocol, int blocks,
                                                     int device, std::vector<int64_t> input_offsets = {},
-                                                    std::vector<int64_t> output_offsets = {}) {
+                                                    std::vector<int64_t> output_offsets = {}, bool staged = false) {
   Plan plan;
   if (Status st = decode_plan(std::span<const int32_t>(words.data(), words.shape(0)), plan); !st.ok())
     throw nb::value_error(("malformed jaxcoll plan: " + st.message()).c_str());
@@ -60,6 +60,7 @@ std::unique_ptr<cuda::EmulatedGroup> emulated_group(const Words& words, const st
   o.timeout_s = timeout_s;
   o.input_offsets = std::move(input_offsets);
   o.output_offsets = std::move(output_offsets);
+  o.staged = staged;
   std::unique_ptr<cuda::EmulatedGroup> g;
   if (Status st = cuda::EmulatedGroup::create(plan, shape, o, g); !st.ok()) throw std::runtime_error(st.message());
   return g;
@@ -151,9 +152,10 @@ void add_bindings(nb::module_& m) {
         [](Words words, std::vector<Bytes> inputs, std::vector<Bytes> outputs, const std::string& dtype,
            int64_t input_elements, int64_t output_elements, int reduce_op, double timeout_s,
            const std::string& protocol, int blocks_per_lane, int device, int calls,
-           std::vector<int64_t> input_offsets, std::vector<int64_t> output_offsets) {
+           std::vector<int64_t> input_offsets, std::vector<int64_t> output_offsets, bool staged) {
           auto g = emulated_group(words, dtype, input_elements, output_elements, reduce_op, timeout_s, protocol,
-                                  blocks_per_lane, device, std::move(input_offsets), std::move(output_offsets));
+                                  blocks_per_lane, device, std::move(input_offsets), std::move(output_offsets),
+                                  staged);
           std::vector<const void*> in;
           std::vector<void*> out;
           for (Bytes& b : inputs) in.push_back(b.data());
@@ -172,10 +174,11 @@ void add_bindings(nb::module_& m) {
         nb::arg("output_elements"), nb::arg("reduce_op"), nb::arg("timeout_s"), nb::arg("protocol") = "auto",
         nb::arg("blocks_per_lane") = 0, nb::arg("device") = 0, nb::arg("calls") = 1,
         nb::arg("input_offsets") = std::vector<int64_t>{}, nb::arg("output_offsets") = std::vector<int64_t>{},
+        nb::arg("staged") = false,
         "Run a plan with every rank emulated on ONE GPU (`calls` times, same inputs) on raw byte views of "
         "host buffers; returns the protocol and blocks per lane it ran with. `input_offsets` / "
         "`output_offsets` (elements per rank, or empty) place each rank's device buffers that far past an "
-        "aligned base.");
+        "aligned base; `staged` stages each rank's buffers in its slot (bulk protocol), as across processes.");
 
   m.def("cuda_time",
         [](Words words, const std::string& dtype, int64_t input_elements, int64_t output_elements, int reduce_op,
