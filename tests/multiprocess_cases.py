@@ -433,6 +433,95 @@ def case_wrong_token() -> str:
     return f"refused {runtime._jaxcoll.net_refused()}"
 
 
+def case_gpu_lowering() -> str:
+    """The custom calls a program over GPUs of this job lowers to (lowered for XLA's CUDA platform on these CPU
+    devices; nothing runs): one line `lowered <label> <json>` per program, read by test_multiprocess_cuda.py.
+    Run as 4 processes x 2 devices on 2 "hosts" (JAXCOLL_HOST), mesh ("x", "y") = (2, 4): x crosses the hosts, y
+    the 2 processes of a host."""
+    import json
+    import re
+
+    from jaxcoll.lowering import across_hosts
+
+    grid = np.array(jax.devices()).reshape(2, 4)  # row h: the devices of host h's two processes
+    mesh = Mesh(grid, ("x", "y"))
+    spec = P(("x", "y"))
+    x = jax.ShapeDtypeStruct((8 * 8,), np.float32, sharding=NamedSharding(mesh, spec))
+
+    def lowered(label, fn, out_spec):
+        f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=out_spec))
+        try:
+            text = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+        except Exception as e:  # the test reads the message
+            print("lowered", label, json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+            return
+        calls = []
+        for target, attrs in re.findall(r"stablehlo.custom_call @(\w+)\((.*?)\n", text):
+            call = {"target": target}
+            for name in ("processes", "groups"):
+                m = re.search(name + r" = dense<(\[[-\d, ]*\]|-?\d+)> : tensor<(\d+)x", attrs)
+                if m:  # a splat (one value for all) prints as dense<v>
+                    values = json.loads(m.group(1))
+                    call[name] = values if isinstance(values, list) else [values] * int(m.group(2))
+            calls.append(call)
+        print("lowered", label, json.dumps({"calls": calls}), flush=True)
+
+    lowered("within_host", lambda v: jaxcoll.all_reduce(v, "y"), P("x"))
+    lowered("network_missing", lambda v: jaxcoll.all_reduce(v, ("x", "y")), P())
+    # The phases as they would lower where the network steps can run (a CUDA build against a jaxlib with the
+    # collectives extension), shown here by passing the check.
+    across_hosts.check_network_steps = lambda api_name: None
+    lowered("all_reduce", lambda v: jaxcoll.all_reduce(v, ("x", "y")), P())
+    lowered("reduce_scatter", lambda v: jaxcoll.reduce_scatter(v, ("x", "y"), tiled=True), spec)
+    lowered("all_gather_rails", lambda v: jaxcoll.all_gather(v, "x", tiled=True), spec)
+    lowered("all_to_all", lambda v: jaxcoll.all_to_all(v, ("x", "y"), 0, 0, tiled=True), spec)
+    return f"hosts {jaxcoll.distributed.world().hosts}"
+
+
+def _exchange(fingerprint=7, bus_of_rank2="gpu-2", publish=True, everyone_reports=True) -> None:
+    """Process p offers ranks 2p and 2p+1 of a CUDA group over 4 ranks (csrc/cuda/slot_exchange.hpp), with empty
+    slot handles; prints `blocks N` when the exchange completes, else `error <seconds> <message>`."""
+    from jaxcoll import runtime
+    jaxcoll.distributed.connect()
+    buses = [f"gpu-{2 * PROCESS}", f"gpu-{2 * PROCESS + 1}"]
+    if PROCESS == 1:
+        buses[0] = bus_of_rank2
+    if not publish:
+        time.sleep(30)
+        os._exit(0)
+
+    def exchange():
+        blocks = runtime._jaxcoll.cuda_exchange_offers(
+            callsite=1, group=0, processes=[0, 0, 1, 1], fingerprint=fingerprint if PROCESS == 1 else 7,
+            protocol=2, most_blocks=4 - 2 * PROCESS, ranks=[2 * PROCESS, 2 * PROCESS + 1], buses=buses,
+            timeout_s=3.0)
+        print("blocks", blocks, flush=True)
+    _report(exchange, everyone_reports=everyone_reports)
+
+
+def case_exchange_agree() -> str:
+    _exchange()
+
+
+def case_exchange_different_plan() -> str:
+    _exchange(fingerprint=8)
+
+
+def case_exchange_same_gpu() -> str:
+    _exchange(bus_of_rank2="gpu-0")
+
+
+def case_exchange_never() -> str:
+    _exchange(publish=PROCESS == 0, everyone_reports=False)
+
+
+def case_exchange_exits() -> str:
+    if PROCESS == 1:
+        jaxcoll.distributed.connect()
+        os._exit(0)
+    _exchange(everyone_reports=False)
+
+
 if __name__ == "__main__":
     name = sys.argv[1]
     result = globals()[f"case_{name}"]()
