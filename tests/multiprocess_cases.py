@@ -288,8 +288,10 @@ def case_replace() -> str:
         np.testing.assert_array_equal(value, want[index], err_msg=f"values at {index}")
     assert transformed.report.entries and not transformed.report.left_to_xla, transformed.report
 
+    # A polynomial loss: on small integers every value and cotangent is exact in float32, so what differs is the
+    # collectives' doing. (Through tanh, where it saturates, jax 0.12's differently fused programs differ by ~1e-5.)
     def loss(f):
-        return lambda v: jnp.sum(jnp.tanh(f(v)) ** 2)
+        return lambda v: jnp.sum(f(v) ** 2)
     grad_got = local_values(run(jax.grad(loss(transformed)), mesh, x))
     grad_want = local_values(run(jax.grad(loss(program)), mesh, x))
     for index, value in grad_got.items():
