@@ -44,6 +44,10 @@ inline constexpr const char* kTargetPrefix = "jaxcoll_";
 
 inline std::string ffi_target(Collective c) { return std::string(kTargetPrefix) + collective_name(c); }
 
+// The network steps of a collective across GPU hosts (xla_ffi/cuda_network.hpp): one target, registered for
+// XLA's CUDA platform only; its `collective` attribute is a Collective code.
+inline constexpr const char* kNetworkTarget = "jaxcoll_network";
+
 // Every FFI target, in the order of the collectives' codes.
 inline std::array<std::string, kNumCollectives> ffi_targets() {
   std::array<std::string, kNumCollectives> names;

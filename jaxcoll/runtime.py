@@ -182,7 +182,8 @@ def run_words_cuda(words: np.ndarray, inputs: Sequence[np.ndarray], output_shape
                    reduce_op: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, protocol: str = "auto",
                    blocks_per_lane: int = 0, calls: int = 1, device: int = 0,
                    input_offsets: Sequence[int] | None = None,
-                   output_offsets: Sequence[int] | None = None) -> tuple[list[np.ndarray], dict]:
+                   output_offsets: Sequence[int] | None = None,
+                   staged: bool = False) -> tuple[list[np.ndarray], dict]:
     """`run_words` on the CUDA executor with every rank emulated on ONE GPU (`device`): the group's slots share
     the device and one launch holds every rank's thread blocks. `protocol` is "auto", "ll" or "bulk";
     `calls` > 1 runs the call repeatedly on the same group (its counters advance as under XLA). Returns the
@@ -191,7 +192,10 @@ def run_words_cuda(words: np.ndarray, inputs: Sequence[np.ndarray], output_shape
 
     `input_offsets` / `output_offsets` (one count of elements per rank, default all 0) start each rank's
     device buffers that many elements past an aligned base: the unaligned addresses XLA's sliced buffers may
-    have, and peers whose addresses no one vector peel aligns."""
+    have, and peers whose addresses no one vector peel aligns.
+
+    `staged` runs the bulk protocol as a group spanning processes does (docs/cuda.md, "Groups across
+    processes"): each rank's buffers copied into its slot around the kernel, peers reaching them by offsets."""
     words = np.ascontiguousarray(words, dtype=np.int32).ravel()
     inputs, dtype, shape = _rank_inputs(inputs, "run_words_cuda")
     offsets = {name: _rank_offsets(value, len(inputs), name)
@@ -201,7 +205,7 @@ def run_words_cuda(words: np.ndarray, inputs: Sequence[np.ndarray], output_shape
                                  [y.reshape(-1).view(np.uint8) for y in outputs], dtype.name,
                                  int(np.prod(shape, dtype=np.int64)), int(np.prod(output_shape, dtype=np.int64)),
                                  int(reduce_op), float(timeout_s), protocol, int(blocks_per_lane), int(device),
-                                 int(calls), **offsets)
+                                 int(calls), **offsets, staged=bool(staged))
     return outputs, dict(info)
 
 

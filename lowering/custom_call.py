@@ -58,18 +58,42 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
     if aval.dtype == np.bool_:  # bool travels as one byte holding 0 or 1
         wire_aval, wire_out = aval.update(dtype=np.dtype(np.uint8)), out_aval.update(dtype=np.dtype(np.uint8))
         value = _jax.convert_hlo(ctx, value, aval, wire_aval)
-    nbytes = math.prod(aval.shape) * wire_aval.dtype.itemsize
     processes = groups.process_map(ctx, axes)
-    plan = plans.choose(api_name, collective, nranks, nbytes, wire_aval.dtype, algorithm,
-                        processes=groups.process_layout(processes, nranks), **params)
-    rank, group = groups.rank_and_group(ctx, axes)
+    hosts = None
     if processes is not None:
         # Groups span processes: the job's processes must know each other before the program runs.
         from jaxcoll import distributed
-        distributed.connect()
-    call = _jax.custom_call(
-        target_name(collective),
-        result_types=[mlir.aval_to_ir_type(ctx.module_context, wire_out)],
+        hosts = distributed.connect().hosts
+    if hosts is not None and "cuda" in ctx.module_context.platforms and \
+            _spans_hosts(processes.reshape(-1, nranks), hosts):
+        # GPUs of several hosts: host-local plans and network steps on XLA's communicator (a plan's steps on the
+        # CUDA executor reach one host's GPUs only).
+        from jaxcoll.lowering import across_hosts
+        result = across_hosts.emit(ctx, value, wire_aval, wire_out, collective, axes=axes, op=op,
+                                   api_name=api_name, processes=processes, hosts=hosts, algorithm=algorithm)
+    else:
+        nbytes = math.prod(aval.shape) * wire_aval.dtype.itemsize
+        plan = plans.choose(api_name, collective, nranks, nbytes, wire_aval.dtype, algorithm,
+                            processes=groups.process_layout(processes, nranks), **params)
+        rank, group = groups.rank_and_group(ctx, axes)
+        result = call(ctx, value, wire_aval, wire_out, plan, rank, group, processes, op)
+    if wire_out is not out_aval:
+        result = _jax.convert_hlo(ctx, result, wire_out, out_aval)
+    return Blocks(ctx, result, out_aval)
+
+
+def _spans_hosts(processes_by_group: np.ndarray, hosts) -> bool:
+    """Whether some group has ranks on several hosts (`hosts[p]`: the host of process p)."""
+    host_of = np.asarray(hosts)[processes_by_group]
+    return bool((host_of != host_of[:, :1]).any())
+
+
+def call(ctx, value, aval, out_aval, plan, rank, group, processes: np.ndarray | None, op: str):
+    """One jaxcoll custom call running `plan` on `value` (of `aval`, giving `out_aval`): `rank` and `group` are this
+    device's s32 scalars, `processes` the process map of every group's ranks (None within one process)."""
+    return _jax.custom_call(
+        target_name(plan.collective),
+        result_types=[mlir.aval_to_ir_type(ctx.module_context, out_aval)],
         operands=[value, rank, group],
         backend_config={
             "plan": mlir.ir_attribute(encode(plan)),
@@ -80,11 +104,7 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
         api_version=4,
         operand_layouts=[_row_major(len(aval.shape)), (), ()],
         result_layouts=[_row_major(len(out_aval.shape))],
-    )
-    result = call.result
-    if wire_out is not out_aval:
-        result = _jax.convert_hlo(ctx, result, wire_out, out_aval)
-    return Blocks(ctx, result, out_aval)
+    ).result
 
 
 def _single_rank(x: Blocks, out_aval, collective: Collective, perm=(), **_) -> Blocks:

@@ -148,20 +148,47 @@ def process_map(ctx, axes: tuple) -> np.ndarray | None:
             f"jaxcoll collectives over axes {axes} in a job of {jax.process_count()} processes need the mesh's "
             f"devices to know which process hosts each rank, but shard_map was given an abstract mesh "
             f"({mesh}); pass a concrete mesh (jax.make_mesh or jax.sharding.Mesh)")
+    out = np.empty(devices.size, np.int32)
+    for at, _, index in _mesh_positions(mesh, axes):
+        out[index] = devices[at].process_index
+    return None if (out == out[0]).all() else out
+
+
+def _mesh_positions(mesh, axes: tuple):
+    """(mesh coordinates, row-major position, group * nranks + rank) of every device of a concrete mesh, with rank
+    and group numbered as `rank_and_group` numbers them."""
     names = tuple(mesh.axis_names)
-    shape = dict(zip(names, devices.shape))
+    shape = dict(zip(names, mesh.devices.shape))
     others = tuple(a for a in names if a not in axes)
     nranks = math.prod(shape[a] for a in axes)
-    out = np.empty(math.prod(devices.shape), np.int32)
-    for coords in np.ndindex(*devices.shape):
+    for flat, coords in enumerate(np.ndindex(*mesh.devices.shape)):
         at = dict(zip(names, coords))
         rank = group = 0
         for a in axes:
             rank = rank * shape[a] + at[a]
         for a in others:
             group = group * shape[a] + at[a]
-        out[group * nranks + rank] = devices[coords].process_index
-    return None if (out == out[0]).all() else out
+        yield coords, flat, group * nranks + rank
+
+
+def device_ids(ctx, axes: tuple) -> np.ndarray:
+    """Each rank's device as XLA numbers the program's devices: int64 [group * nranks + rank] -> the device's
+    position in the mesh's devices (row-major), which is its partition id, and so its flattened id in XLA's
+    replica groups, in a jit over that mesh (one replica)."""
+    mesh = ctx.module_context.axis_context.mesh
+    out = np.empty(mesh.devices.size, np.int64)
+    for _, flat, index in _mesh_positions(mesh, axes):
+        out[index] = flat
+    return out
+
+
+def lookup(ctx, table: np.ndarray, rank: ir.Value, group: ir.Value, nranks: int) -> ir.Value:
+    """table[group * nranks + rank] as an s32 scalar of the lowered program (a per-device value from a constant
+    table indexed by the device's rank and group)."""
+    index = hlo.add(hlo.multiply(group, _s32(nranks)), rank)
+    constant = mlir.ir_constant(np.asarray(table, np.int32))
+    picked = hlo.dynamic_slice(constant, [index], mlir.dense_int_array([1]))
+    return hlo.reshape(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)), picked)
 
 
 def process_layout(processes: np.ndarray | None, nranks: int) -> tuple[int, ...] | None:

@@ -177,14 +177,14 @@ def ops_for(plan: Plan) -> list[str]:
 
 def run_and_compare(run: Executor, plan: Plan, elements: int, dtype, op: str = "sum", protocol: str = "auto",
                     calls: int = 1, blocks_per_lane: int = 0, seed: int = 0, offsets=None,
-                    timeout_s: float = 30.0) -> dict:
+                    timeout_s: float = 30.0, staged: bool = False) -> dict:
     """Run `plan` on `run` with `elements` per rank and compare every rank's output with numpy; returns the run's
     info. `offsets` is (input_offsets, output_offsets) or None. AssertionError names the rank and the case."""
     xs = inputs_for(plan.nranks, elements, dtype, seed)
     input_offsets, output_offsets = offsets or (None, None)
     outs, info = run(encode(plan), xs, runtime.output_shape(plan, xs[0].shape), abi.REDUCE_OP_CODES[op],
                      timeout_s=timeout_s, protocol=protocol, blocks_per_lane=blocks_per_lane, calls=calls,
-                     input_offsets=input_offsets, output_offsets=output_offsets)
+                     input_offsets=input_offsets, output_offsets=output_offsets, **({"staged": True} if staged else {}))
     for r, (got, want) in enumerate(zip(outs, expected(plan, xs, op))):
         if not np.array_equal(got, want):  # the quick check first: 256 MiB per rank compares in a blink
             np.testing.assert_array_equal(got, want, err_msg=(

@@ -268,8 +268,9 @@ def case_loops() -> str:
 
 
 def case_replace() -> str:
-    """A program written with jax.lax collectives, through jaxcoll.replace_collectives, over an axis across the
-    processes and one inside them: values and gradient as XLA's (gloo), every collective replaced."""
+    """A program written with jax.lax collectives, through jaxcoll.replace_collectives and in a
+    jaxcoll.replacing_collectives block, over an axis across the processes and one inside them: values and
+    gradient as XLA's (gloo), every collective replaced."""
     mesh = mesh_2d("x")
     rng = np.random.default_rng(3)
     x_np = small_ints(rng, (mesh.devices.size * 4, 8), np.float32)
@@ -287,14 +288,27 @@ def case_replace() -> str:
         np.testing.assert_array_equal(value, want[index], err_msg=f"values at {index}")
     assert transformed.report.entries and not transformed.report.left_to_xla, transformed.report
 
+    # A polynomial loss: on small integers every value and cotangent is exact in float32, so what differs is the
+    # collectives' doing. (Through tanh, where it saturates, jax 0.12's differently fused programs differ by ~1e-5.)
     def loss(f):
-        return lambda v: jnp.sum(jnp.tanh(f(v)) ** 2)
+        return lambda v: jnp.sum(f(v) ** 2)
     grad_got = local_values(run(jax.grad(loss(transformed)), mesh, x))
     grad_want = local_values(run(jax.grad(loss(program)), mesh, x))
     for index, value in grad_got.items():
         np.testing.assert_allclose(value, grad_want[index], rtol=1e-5, atol=1e-6, err_msg=f"grad at {index}")
+    # The context form: the untransformed program and its gradient, lowered in the block.
+    with jaxcoll.replacing_collectives() as report:
+        got = local_values(run(program, mesh, x))
+        grad_got = local_values(run(jax.grad(loss(program)), mesh, x))
+    for index, value in got.items():
+        np.testing.assert_array_equal(value, want[index], err_msg=f"values in the block at {index}")
+    for index, value in grad_got.items():
+        np.testing.assert_allclose(value, grad_want[index], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"grad in the block at {index}")
+    assert report.entries and not report.left_to_xla, report
     replaced = sorted({e.collective for e in transformed.report.replaced})
-    return f"replaced {replaced}, values and gradient as XLA's, hosts {jaxcoll.distributed.world().hosts}"
+    return f"replaced {replaced}, values and gradient as XLA's (transform and block), " \
+           f"hosts {jaxcoll.distributed.world().hosts}"
 
 
 def case_large() -> str:
@@ -444,6 +458,95 @@ def case_wrong_token() -> str:
     jax.experimental.multihost_utils.sync_global_devices("token checked")
     f(x).block_until_ready()
     return f"refused {runtime._jaxcoll.net_refused()}"
+
+
+def case_gpu_lowering() -> str:
+    """The custom calls a program over GPUs of this job lowers to (lowered for XLA's CUDA platform on these CPU
+    devices; nothing runs): one line `lowered <label> <json>` per program, read by test_multiprocess_cuda.py.
+    Run as 4 processes x 2 devices on 2 "hosts" (JAXCOLL_HOST), mesh ("x", "y") = (2, 4): x crosses the hosts, y
+    the 2 processes of a host."""
+    import json
+    import re
+
+    from jaxcoll.lowering import across_hosts
+
+    grid = np.array(jax.devices()).reshape(2, 4)  # row h: the devices of host h's two processes
+    mesh = Mesh(grid, ("x", "y"))
+    spec = P(("x", "y"))
+    x = jax.ShapeDtypeStruct((8 * 8,), np.float32, sharding=NamedSharding(mesh, spec))
+
+    def lowered(label, fn, out_spec):
+        f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=out_spec))
+        try:
+            text = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+        except Exception as e:  # the test reads the message
+            print("lowered", label, json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+            return
+        calls = []
+        for target, attrs in re.findall(r"stablehlo.custom_call @(\w+)\((.*?)\n", text):
+            call = {"target": target}
+            for name in ("processes", "groups"):
+                m = re.search(name + r" = dense<(\[[-\d, ]*\]|-?\d+)> : tensor<(\d+)x", attrs)
+                if m:  # a splat (one value for all) prints as dense<v>
+                    values = json.loads(m.group(1))
+                    call[name] = values if isinstance(values, list) else [values] * int(m.group(2))
+            calls.append(call)
+        print("lowered", label, json.dumps({"calls": calls}), flush=True)
+
+    lowered("within_host", lambda v: jaxcoll.all_reduce(v, "y"), P("x"))
+    lowered("network_missing", lambda v: jaxcoll.all_reduce(v, ("x", "y")), P())
+    # The phases as they would lower where the network steps can run (a CUDA build against a jaxlib with the
+    # collectives extension), shown here by passing the check.
+    across_hosts.check_network_steps = lambda api_name: None
+    lowered("all_reduce", lambda v: jaxcoll.all_reduce(v, ("x", "y")), P())
+    lowered("reduce_scatter", lambda v: jaxcoll.reduce_scatter(v, ("x", "y"), tiled=True), spec)
+    lowered("all_gather_rails", lambda v: jaxcoll.all_gather(v, "x", tiled=True), spec)
+    lowered("all_to_all", lambda v: jaxcoll.all_to_all(v, ("x", "y"), 0, 0, tiled=True), spec)
+    return f"hosts {jaxcoll.distributed.world().hosts}"
+
+
+def _exchange(fingerprint=7, bus_of_rank2="gpu-2", publish=True, everyone_reports=True) -> None:
+    """Process p offers ranks 2p and 2p+1 of a CUDA group over 4 ranks (csrc/cuda/slot_exchange.hpp), with empty
+    slot handles; prints `blocks N` when the exchange completes, else `error <seconds> <message>`."""
+    from jaxcoll import runtime
+    jaxcoll.distributed.connect()
+    buses = [f"gpu-{2 * PROCESS}", f"gpu-{2 * PROCESS + 1}"]
+    if PROCESS == 1:
+        buses[0] = bus_of_rank2
+    if not publish:
+        time.sleep(30)
+        os._exit(0)
+
+    def exchange():
+        blocks = runtime._jaxcoll.cuda_exchange_offers(
+            callsite=1, group=0, processes=[0, 0, 1, 1], fingerprint=fingerprint if PROCESS == 1 else 7,
+            protocol=2, most_blocks=4 - 2 * PROCESS, ranks=[2 * PROCESS, 2 * PROCESS + 1], buses=buses,
+            timeout_s=3.0)
+        print("blocks", blocks, flush=True)
+    _report(exchange, everyone_reports=everyone_reports)
+
+
+def case_exchange_agree() -> str:
+    _exchange()
+
+
+def case_exchange_different_plan() -> str:
+    _exchange(fingerprint=8)
+
+
+def case_exchange_same_gpu() -> str:
+    _exchange(bus_of_rank2="gpu-0")
+
+
+def case_exchange_never() -> str:
+    _exchange(publish=PROCESS == 0, everyone_reports=False)
+
+
+def case_exchange_exits() -> str:
+    if PROCESS == 1:
+        jaxcoll.distributed.connect()
+        os._exit(0)
+    _exchange(everyone_reports=False)
 
 
 if __name__ == "__main__":

@@ -27,10 +27,14 @@ def test_native_targets_are_the_python_table():
     assert abi.TARGETS == tuple("jaxcoll_" + c.value for c in Collective)
 
 
+def test_native_network_target_is_the_python_one():
+    assert _jaxcoll.abi()["network_target"] == abi.NETWORK_TARGET == "jaxcoll_network"
+
+
 def test_every_target_is_registered_for_each_platform():
     assert set(_jaxcoll.registrations()) == set(abi.TARGETS)
-    if _jaxcoll.with_cuda:
-        assert set(_jaxcoll.cuda_registrations()) == set(abi.TARGETS)
+    if _jaxcoll.with_cuda:  # the network steps exist on XLA's CUDA platform only
+        assert set(_jaxcoll.cuda_registrations()) == set(abi.TARGETS) | {abi.NETWORK_TARGET}
 
 
 @pytest.mark.parametrize("code", [-1, len(abi.REDUCE_OP_CODES)])

@@ -191,15 +191,33 @@ def test_an_odd_size_near_256_mib_at_misaligned_offsets_matches_numpy(protocol):
     run_and_compare(plan, elements, np.float32, "sum", protocol, offsets=cases.misaligned_offsets(8, np.float32))
 
 
-@needs_gpu
-def test_in_place_plans_are_staged():
-    n = 4
+def in_place_all_reduce(n: int) -> Plan:
     ranks = []
     for r in range(n):
         step = Step(Op.READ_REDUCE, tuple(ChunkRef(p, IN, r) for p in range(n)), tuple(ChunkRef(p, OUT, r) for p in range(n)))
         ranks.append(RankProgram(n, n, 0, 0, (Lane((step,)),)))
-    plan = Plan(C.ALL_REDUCE, n, tuple(ranks), in_place=True)
-    run_and_compare(plan, 999, np.float32, "sum")
+    return Plan(C.ALL_REDUCE, n, tuple(ranks), in_place=True)
+
+
+@needs_gpu
+def test_in_place_plans_are_staged():
+    run_and_compare(in_place_all_reduce(4), 999, np.float32, "sum")
+
+
+@needs_gpu
+@pytest.mark.parametrize("name,plan", FIVE, ids=[i for i, _ in FIVE])
+def test_plans_staged_in_their_slots_as_across_processes_match_numpy(name, plan):
+    """The bulk protocol of a group spanning processes: each rank's buffers are copied into its slot around the
+    kernel and peers reach them by offsets from the slot (another process cannot address XLA's buffers)."""
+    for dtype in (np.float32, ml_dtypes.bfloat16, np.int8):
+        info = run_and_compare(plan, plan.in_blocks * 1001, dtype, cases.ops_for(plan)[-1], "bulk", staged=True,
+                               calls=2, offsets=cases.misaligned_offsets(plan.nranks, dtype))
+        assert info["protocol"] == "bulk"
+
+
+@needs_gpu
+def test_in_place_plans_staged_in_their_slots_match_numpy():
+    run_and_compare(in_place_all_reduce(4), 999, np.float32, "sum", "bulk", staged=True, calls=2)
 
 
 def never_signalled_plan() -> Plan:

@@ -20,24 +20,9 @@ import jaxcoll
 from jaxcoll import algorithms
 from jaxcoll.plan import Collective
 from jaxcoll.replace import ReplacementError, ReplacementWarning, replace_collectives, replacing_collectives
-from sharded import MESH_AXES, all_axes, group_size, mesh, put, small_ints
-
-XLA_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-                   "collective-broadcast")
-
-
-def xla_collectives(text: str) -> list[str]:
-    return [op for op in XLA_COLLECTIVES if re.search(rf"\b{op}(-start|-done)?\(", text)]
-
-
-def jaxcoll_calls(text: str) -> set[str]:
-    return set(re.findall(r'custom_call_target="(jaxcoll_\w+)"', text))
-
-
-def spmd(fn, mesh_name, *, check_vma=True):
-    """shard_map of fn with every input and output split over all mesh axes along the leading dimension."""
-    spec = P(all_axes(mesh_name))
-    return jax.shard_map(fn, mesh=mesh(mesh_name), in_specs=spec, out_specs=spec, check_vma=check_vma)
+from replace_cases import (CASES, every_collective, first_rank, gathered_row, ints, jaxcoll_calls, skip_reason, spmd,
+                           xla_collectives, xla_reference)
+from sharded import MESH_AXES, mesh, put, small_ints
 
 
 def both(fn, mesh_name, *args, check_vma=True, reference=None, **options):
@@ -50,54 +35,17 @@ def both(fn, mesh_name, *args, check_vma=True, reference=None, **options):
     return expected, got, transformed.report
 
 
-def ints(shape, mesh_name, dtype=np.float32, seed=0):
-    return put(small_ints(np.random.default_rng(seed), shape, dtype), mesh_name)
-
-
-def first_rank(fn):
-    """fn on each rank's block with its leading unit dimension dropped and put back (results of any rank)."""
-    return lambda v: jax.tree.map(lambda y: y[None], fn(v[0]))
-
-
 # -- every collective, one axis and several, 1D and 2D meshes ---------------------------------------------------
-
-def _collective_cases():
-    n = lambda mesh_name, axis: group_size(mesh_name, axis)  # noqa: E731
-    return {
-        "psum": lambda a, mn: lambda v: lax.psum(v, a),
-        "pmean": lambda a, mn: lambda v: lax.pmean(v, a),
-        "pmax": lambda a, mn: lambda v: lax.pmax(v, a),
-        "pmin": lambda a, mn: lambda v: lax.pmin(v, a),
-        "all_gather": lambda a, mn: lambda v: lax.all_gather(v, a),
-        "all_gather_axis1_tiled": lambda a, mn: lambda v: lax.all_gather(v, a, axis=1, tiled=True),
-        "psum_scatter_tiled": lambda a, mn: lambda v: lax.psum_scatter(v, a, scatter_dimension=1, tiled=True),
-        "psum_scatter": lambda a, mn: lambda v: lax.psum_scatter(
-            jnp.broadcast_to(v[:1], (n(mn, a), *v.shape[1:])), a),
-        "all_to_all_tiled": lambda a, mn: lambda v: lax.all_to_all(v, a, 1, 0, tiled=True),
-        "all_to_all": lambda a, mn: lambda v: lax.all_to_all(
-            jnp.broadcast_to(v[:1], (n(mn, a), *v.shape[1:])), a, 0, 1),
-        "ppermute": lambda a, mn: lambda v: lax.ppermute(
-            v, a, [(i, (i + 1) % n(mn, a)) for i in range(n(mn, a))]),
-        "ppermute_partial": lambda a, mn: lambda v: lax.ppermute(v, a, [(0, n(mn, a) - 1)]),
-        "pbroadcast": lambda a, mn: lambda v: lax.pbroadcast(v, a, n(mn, a) - 1),
-    }
-
-
-CASES = _collective_cases()
-
 
 @pytest.mark.parametrize("mesh_name,axis_name", MESH_AXES)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_each_collective_gives_lax_results_bitwise(case, mesh_name, axis_name):
-    if case.startswith("ppermute") and isinstance(axis_name, tuple) and axis_name != all_axes(mesh_name) and \
-            getattr(jax.config, "jax_raise_on_ppermute_sort_diff", False):
-        pytest.skip("lax.ppermute refuses a tuple of axes out of mesh order on this JAX")
+    if skip_reason(case, mesh_name, axis_name):
+        pytest.skip(skip_reason(case, mesh_name, axis_name))
     x = ints((8, 8, 8), mesh_name)
     fn = CASES[case](axis_name, mesh_name)
-    reference = None
-    if case == "pbroadcast":  # XLA:CPU cannot run lax.pbroadcast: the root's row of an all_gather is the same
-        reference = first_rank(lambda v: lax.all_gather(v, axis_name)[group_size(mesh_name, axis_name) - 1])
-    expected, got, report = both(first_rank(fn), mesh_name, x, reference=reference)
+    expected, got, report = both(first_rank(fn), mesh_name, x,
+                                 reference=first_rank(xla_reference(case, mesh_name, axis_name)))
     np.testing.assert_array_equal(got, expected)
     collectives = [e for e in report.entries if e.collective != "pvary"]
     assert collectives and all(e.replaced for e in collectives), report
@@ -138,25 +86,13 @@ def test_without_check_vma_too():
 
 def test_compiled_hlo_has_jaxcoll_calls_and_no_xla_collective():
     x = ints((8, 8, 8), "2x4")
-
-    def fn(v):
-        a = lax.pmean(v, "y")
-        b = lax.all_gather(v, "x", axis=1, tiled=True)
-        c = lax.psum_scatter(b, ("x", "y"), scatter_dimension=1, tiled=True)
-        d = lax.all_to_all(v, "y", 1, 2, tiled=True)
-        e = lax.ppermute(v, "x", [(0, 1), (1, 0)])
-        f = broadcast(v, ("x", "y"), 3)
-        g = lax.pmax(v, "x") + lax.pmin(v, "y")
-        return (a + e + f + g).sum() + c.sum() + d.sum() + v * 0
-    broadcast = lax.pbroadcast
-    program = jax.jit(replace_collectives(spmd(fn, "2x4")))
+    program = jax.jit(replace_collectives(spmd(every_collective(), "2x4")))
     text = program.lower(x).compile().as_text()
     assert xla_collectives(text) == []
     assert jaxcoll_calls(text) == {"jaxcoll_all_reduce", "jaxcoll_all_gather", "jaxcoll_reduce_scatter",
                                    "jaxcoll_all_to_all", "jaxcoll_ppermute", "jaxcoll_broadcast"}
     got = program(x)
-    broadcast = lambda v, axes, root: lax.all_gather(v, axes)[root]  # noqa: E731 (XLA:CPU has no pbroadcast)
-    np.testing.assert_array_equal(got, jax.jit(spmd(fn, "2x4"))(x))
+    np.testing.assert_array_equal(got, jax.jit(spmd(every_collective(gathered_row), "2x4"))(x))
 
 
 def test_untransformed_program_has_xla_collectives():

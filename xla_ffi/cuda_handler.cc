@@ -2,11 +2,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <span>
 #include <string>
 
 #include "csrc/abi.hpp"
 #include "csrc/cuda/device_group.hpp"
 #include "csrc/executor.hpp"
+#include "csrc/world.hpp"
 #include "xla_ffi/dtypes.hpp"
 #include "xla/ffi/api/ffi.h"
 
@@ -61,22 +64,33 @@ ffi::ErrorOr<GroupMember*> join(cudaStream_t stream, int32_t device, ffi::AnyBuf
     return ffi::Unexpected(ffi::Error::Internal(site_of(callsite, "initialize") +
                                                 ": reading the rank and group operands failed: " +
                                                 cudaGetErrorString(err)));
-  // A group spanning processes needs CUDA IPC between them (csrc/cuda/ipc.*), which is not wired to the
-  // handler yet: refuse it by name rather than wait for ranks that live elsewhere (docs/multiprocess.md).
+  // The group's process map: empty when every rank is in this process; else the ranks of other processes of
+  // this host are reached through CUDA IPC (device_group.hpp). A plan's steps never cross hosts: the lowering
+  // gives a collective over GPUs of several hosts host-local plans and network steps (docs/cuda.md).
+  std::span<const int32_t> group_processes;
   const int32_t nranks = words.size() > 3 ? words.begin()[3] : 0;
-  if (nranks > 0 && processes.size() >= size_t(ids[1] + 1) * size_t(nranks)) {
+  if (processes.size() > 0 && nranks > 0) {
+    if (ids[1] < 0 || processes.size() < size_t(ids[1] + 1) * size_t(nranks))
+      return ffi::Unexpected(ffi::Error::InvalidArgument(
+          site_of(callsite, "initialize") + ": the processes attribute has " + std::to_string(processes.size()) +
+          " entries, too few for group " + std::to_string(ids[1]) + " of " + std::to_string(nranks) + " ranks"));
     const int32_t* procs = processes.begin() + size_t(ids[1]) * size_t(nranks);
-    for (int32_t r = 1; r < nranks; ++r)
-      if (procs[r] != procs[0])
-        return ffi::Unexpected(ffi::Error::InvalidArgument(
-            site_of(callsite, "initialize") + ": group " + std::to_string(ids[1]) + " spans processes " +
-            std::to_string(procs[0]) + " and " + std::to_string(procs[r]) +
-            "; jaxcoll's CUDA executor runs groups within one process only (CUDA IPC between processes is not "
-            "wired yet: docs/multiprocess.md)"));
+    if (std::any_of(procs, procs + nranks, [&](int32_t p) { return p != procs[0]; })) {
+      const World* w = world();
+      for (int32_t r = 0; w && r < nranks; ++r)
+        if (procs[r] < 0 || procs[r] >= w->nprocesses() || !w->same_host(procs[r], w->process))
+          return ffi::Unexpected(ffi::Error::InvalidArgument(
+              site_of(callsite, "initialize") + ": rank " + std::to_string(r) + " of group " +
+              std::to_string(ids[1]) + " runs in process " + std::to_string(procs[r]) + " on another host; a plan "
+              "on the CUDA executor reaches the GPUs of one host only (CUDA IPC). Across hosts a collective runs "
+              "host-local plans and network steps over XLA's communicator (docs/cuda.md), which needs a jaxlib "
+              "with the FFI collectives extension"));
+      group_processes = std::span<const int32_t>(procs, size_t(nranks));
+    }
   }
   GroupMember* member = nullptr;
   if (Status st = cuda::join_group(callsite, ids[1], ids[0], device,
-                                   std::span<const int32_t>(words.begin(), words.size()), *shape,
+                                   std::span<const int32_t>(words.begin(), words.size()), group_processes, *shape,
                                    default_timeout_s(), member);
       !st.ok())
     return ffi::Unexpected(ffi::Error::Internal(site_of(callsite, "initialize") + ": " + st.message()));

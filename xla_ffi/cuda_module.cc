@@ -13,8 +13,10 @@
 
 #include "csrc/abi.hpp"
 #include "csrc/cuda/emulate.hpp"
+#include "csrc/cuda/slot_exchange.hpp"
 #include "csrc/plan.hpp"
 #include "xla_ffi/cuda_handler.hpp"
+#include "xla_ffi/cuda_network.hpp"
 
 namespace nb = nanobind;
 
@@ -36,7 +38,7 @@ std::unique_ptr<cuda::EmulatedGroup> emulated_group(const Words& words, const st
                                                     int64_t input_elements, int64_t output_elements, int reduce_op,
                                                     double timeout_s, const std::string& protocol, int blocks,
                                                     int device, std::vector<int64_t> input_offsets = {},
-                                                    std::vector<int64_t> output_offsets = {}) {
+                                                    std::vector<int64_t> output_offsets = {}, bool staged = false) {
   Plan plan;
   if (Status st = decode_plan(std::span<const int32_t>(words.data(), words.shape(0)), plan); !st.ok())
     throw nb::value_error(("malformed jaxcoll plan: " + st.message()).c_str());
@@ -58,6 +60,7 @@ std::unique_ptr<cuda::EmulatedGroup> emulated_group(const Words& words, const st
   o.timeout_s = timeout_s;
   o.input_offsets = std::move(input_offsets);
   o.output_offsets = std::move(output_offsets);
+  o.staged = staged;
   std::unique_ptr<cuda::EmulatedGroup> g;
   if (Status st = cuda::EmulatedGroup::create(plan, shape, o, g); !st.ok()) throw std::runtime_error(st.message());
   return g;
@@ -82,8 +85,45 @@ void add_bindings(nb::module_& m) {
       bundle["execute"] = nb::capsule(reinterpret_cast<void*>(&execute));
       out[name.c_str()] = bundle;
     }
+    nb::dict network;
+    network["prepare"] = nb::capsule(reinterpret_cast<void*>(&network::prepare));
+    network["execute"] = nb::capsule(reinterpret_cast<void*>(&network::execute));
+    out[kNetworkTarget] = network;
     return out;
   }, "FFI target name -> {stage: capsule}, for jax.ffi.register_ffi_target(platform='CUDA').");
+
+  m.def("cuda_exchange_offers",
+        [](int64_t callsite, int32_t group, std::vector<int32_t> processes, uint64_t fingerprint, int32_t protocol,
+           int32_t most_blocks, std::vector<int32_t> ranks, std::vector<std::string> buses, double timeout_s) {
+          cuda::SlotOffer offer;
+          offer.fingerprint = fingerprint;
+          offer.protocol = protocol;
+          offer.most_blocks = most_blocks;
+          offer.ranks = std::move(ranks);
+          offer.slots.assign(offer.ranks.size(), cuda::IpcHandle{});
+          offer.buses = std::move(buses);
+          std::unique_ptr<cuda::SlotExchange> x;
+          Status st;
+          {
+            nb::gil_scoped_release release;
+            st = cuda::SlotExchange::exchange(callsite, group, processes, offer, timeout_s, x);
+          }
+          if (!st.ok()) throw std::runtime_error(st.message());
+          return x->blocks();
+        },
+        nb::arg("callsite"), nb::arg("group"), nb::arg("processes"), nb::arg("fingerprint"), nb::arg("protocol"),
+        nb::arg("most_blocks"), nb::arg("ranks"), nb::arg("buses"), nb::arg("timeout_s"),
+        "The exchange a CUDA group spanning processes runs at setup (csrc/cuda/slot_exchange.hpp), with empty slot "
+        "handles: publish this process's offer, gather and check its peers'; returns the agreed blocks per lane. "
+        "For tests: its checks run before any CUDA call, so they run without a GPU (the last step, registering the "
+        "error record with CUDA, then fails naming the driver).");
+
+  m.def("network_steps", [] {
+    std::string why;
+    const bool ok = network::available(&why);
+    return std::make_tuple(ok, why);
+  }, "(available, why not): whether this module was built with XLA's FFI collectives extension, which the "
+     "network steps of collectives across GPU hosts need.");
 
   m.def("cuda_device_count", [] {
     std::string why;
@@ -112,9 +152,10 @@ void add_bindings(nb::module_& m) {
         [](Words words, std::vector<Bytes> inputs, std::vector<Bytes> outputs, const std::string& dtype,
            int64_t input_elements, int64_t output_elements, int reduce_op, double timeout_s,
            const std::string& protocol, int blocks_per_lane, int device, int calls,
-           std::vector<int64_t> input_offsets, std::vector<int64_t> output_offsets) {
+           std::vector<int64_t> input_offsets, std::vector<int64_t> output_offsets, bool staged) {
           auto g = emulated_group(words, dtype, input_elements, output_elements, reduce_op, timeout_s, protocol,
-                                  blocks_per_lane, device, std::move(input_offsets), std::move(output_offsets));
+                                  blocks_per_lane, device, std::move(input_offsets), std::move(output_offsets),
+                                  staged);
           std::vector<const void*> in;
           std::vector<void*> out;
           for (Bytes& b : inputs) in.push_back(b.data());
@@ -133,10 +174,11 @@ void add_bindings(nb::module_& m) {
         nb::arg("output_elements"), nb::arg("reduce_op"), nb::arg("timeout_s"), nb::arg("protocol") = "auto",
         nb::arg("blocks_per_lane") = 0, nb::arg("device") = 0, nb::arg("calls") = 1,
         nb::arg("input_offsets") = std::vector<int64_t>{}, nb::arg("output_offsets") = std::vector<int64_t>{},
+        nb::arg("staged") = false,
         "Run a plan with every rank emulated on ONE GPU (`calls` times, same inputs) on raw byte views of "
         "host buffers; returns the protocol and blocks per lane it ran with. `input_offsets` / "
         "`output_offsets` (elements per rank, or empty) place each rank's device buffers that far past an "
-        "aligned base.");
+        "aligned base; `staged` stages each rank's buffers in its slot (bulk protocol), as across processes.");
 
   m.def("cuda_time",
         [](Words words, const std::string& dtype, int64_t input_elements, int64_t output_elements, int reduce_op,

@@ -75,6 +75,7 @@ NB_MODULE(_jaxcoll, m) {
     nb::dict out;
     out["reduce_ops"] = reduce_ops;
     out["targets"] = targets;
+    out["network_target"] = jaxcoll::kNetworkTarget;
     return out;
   }, "The custom call's interface as compiled in (csrc/abi.hpp): reduction name -> code, and the FFI targets.");
 

@@ -3,7 +3,9 @@
 // once (outside any CUDA graph capture), and the last rank to join sets up the whole group from its thread:
 // peer access between the group's devices, one workspace slot per rank on its own device, the plan on every
 // device, one error record for all. Later calls look their rank up by (call site, device ordinal): no host
-// synchronisation and no allocation, so XLA may capture them into CUDA graphs.
+// synchronisation and no allocation, so XLA may capture them into CUDA graphs. A group whose ranks live in
+// several processes of one host sets up the same way in each process, for its own ranks, and maps the other
+// processes' slots through CUDA IPC.
 #pragma once
 
 #include <cstdint>
@@ -28,11 +30,13 @@ struct GroupMember {
 // The member for (callsite, device), or nullptr before it joined.
 GroupMember* find_member(int64_t callsite, int device);
 
-// Join rank `rank` of group `group` of `callsite` on `device` and wait until every rank has joined (or
-// `timeout_s` passes: a group spanning processes never completes here, see docs/cuda.md). The plan words are
-// decoded once per group. Safe to call again: a rank that already joined returns its member at once.
+// Join rank `rank` of group `group` of `callsite` on `device` and wait until every rank of this process has joined
+// and the group is set up (or `timeout_s` passes). `processes[r]`, when not empty, is the job process hosting
+// rank r (a group spanning the processes of one host, docs/cuda.md): the last local rank then exchanges the
+// slots with the other processes through CUDA IPC (slot_exchange.hpp). The plan words are decoded once per
+// group. Safe to call again: a rank that already joined returns its member at once.
 Status join_group(int64_t callsite, int32_t group, int32_t rank, int device, std::span<const int32_t> words,
-                  CallShape shape, double timeout_s, GroupMember*& out);
+                  std::span<const int32_t> processes, CallShape shape, double timeout_s, GroupMember*& out);
 
 // The failure recorded by any rank's kernel in this group, or an empty string.
 std::string group_failure(const DeviceGroup& group);

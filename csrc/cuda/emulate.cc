@@ -45,7 +45,7 @@ Status EmulatedGroup::create(const Plan& plan, CallShape shape, const Options& o
     if (Status st = choose_blocks_per_lane(g->image_, shape, o.device, plan.nranks, protocol, blocks); !st.ok())
       return st;
   }
-  const SlotLayout layout = slot_layout(g->image_, shape, protocol);
+  const SlotLayout layout = slot_layout(g->image_, shape, protocol, o.staged);
   std::vector<char*> slots;
   for (int32_t r = 0; r < plan.nranks; ++r) {
     DeviceMemory m;
@@ -74,6 +74,7 @@ Status EmulatedGroup::create(const Plan& plan, CallShape shape, const Options& o
   lo.protocol = protocol;
   lo.blocks_per_lane = blocks;
   lo.timeout_s = o.timeout_s;
+  lo.staged = o.staged;
   int resident = 0;
   if (Status st = resident_blocks(o.device, shape, resident); !st.ok()) return st;
   if (plan.nranks * g->image_.max_lanes * blocks > resident)

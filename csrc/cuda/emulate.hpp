@@ -23,6 +23,9 @@ class EmulatedGroup {
     // reaches the kernel's element-by-element path and its vector peels as XLA's sliced buffers would. Empty:
     // every rank at offset 0.
     std::vector<int64_t> input_offsets, output_offsets;
+    // Stage every rank's buffers in its slot, as a group spanning processes does on the bulk protocol
+    // (docs/cuda.md, "Groups across processes"): peers then reach them by slot offsets, never by pointers.
+    bool staged = false;
   };
 
   static Status create(const Plan& plan, CallShape shape, const Options& options, std::unique_ptr<EmulatedGroup>& out);

@@ -117,7 +117,7 @@ Status check_shape(const Plan& plan, CallShape& s) {
   return {};
 }
 
-SlotLayout slot_layout(const PlanImage& im, const CallShape& s, Protocol protocol) {
+SlotLayout slot_layout(const PlanImage& im, const CallShape& s, Protocol protocol, bool staged) {
   const int64_t dsize = int64_t(dtype_size(s.dtype)), asize = int64_t(accum_size(s.dtype));
   int64_t chunks[3] = {0, 0, 0};
   uint32_t shared = 0;
@@ -136,6 +136,14 @@ SlotLayout slot_layout(const PlanImage& im, const CallShape& s, Protocol protoco
   l.staging = at;
   if (im.in_place && im.collective == static_cast<int32_t>(Collective::kReduceScatter))
     at = round_up(at + s.input_elements * dsize, 256);
+  if (staged && protocol == Protocol::kBulk) {
+    // In-place all_gather and other in-place plans run inside the output copy; the input copy is kept apart so
+    // the staging never depends on which plan runs (one extra input's worth of slot, never read by peers then).
+    l.io_input = at;
+    at = round_up(at + s.input_elements * dsize, 256);
+    l.io_output = at;
+    at = round_up(at + s.output_elements * dsize, 256);
+  }
   if (protocol == Protocol::kLL) {
     for (int b = 0; b < 3; ++b) {
       if (!(shared >> b & 1u)) continue;
@@ -242,6 +250,9 @@ Status Launcher::create(const Plan& plan, const PlanImage& im, const CallShape& 
   p.launch_ranks = o.launch_ranks;
   p.blocks_per_lane = o.blocks_per_lane;
   p.protocol = static_cast<int32_t>(o.protocol);
+  p.staged = o.staged && o.protocol == Protocol::kBulk;
+  if (p.staged && (layout.io_input == 0 || layout.io_output == 0))
+    return Status::Error("a staged launcher needs a slot layout with staging areas (slot_layout(..., staged=true))");
   for (int i = 0; i < o.launch_ranks; ++i) l->own_slots_.push_back(slots[o.first_rank + i]);
   out = std::move(l);
   return {};
@@ -254,6 +265,21 @@ Status Launcher::enqueue(const void* const* inputs, void* const* outputs, Stream
   const size_t in_bytes = size_t(shape_.input_elements) * dsize, block_bytes = size_t(shape_.block) * dsize;
   const bool in_place = image_->in_place;
   const auto collective = static_cast<Collective>(image_->collective);
+  // Across processes (staged), peers reach only the slot: the rank's buffers are copies in it, the input copied
+  // in before the kernel and the output copied back after (NCCL's path for buffers it has not registered).
+  const void* staged_in[kMaxLaunchRanks];
+  void* staged_out[kMaxLaunchRanks];
+  void* const* xla_outputs = outputs;
+  if (p.staged) {
+    for (int i = 0; i < options_.launch_ranks; ++i) {
+      staged_in[i] = own_slots_[i] + p.layout.io_input;
+      staged_out[i] = own_slots_[i] + p.layout.io_output;
+      JAXCOLL_CUDA_TRY(cudaMemcpyAsync(const_cast<void*>(staged_in[i]), inputs[i], in_bytes, cudaMemcpyDeviceToDevice,
+                                       s), "staging copy into the slot");
+    }
+    inputs = staged_in;
+    outputs = staged_out;
+  }
   // Stage XLA's separate buffers into the arrangement an in-place plan expects (docs/plan-ir.md).
   for (int i = 0; i < options_.launch_ranks; ++i) {
     const int rank = options_.first_rank + i;
@@ -293,6 +319,10 @@ Status Launcher::enqueue(const void* const* inputs, void* const* outputs, Stream
     for (int i = 0; i < options_.launch_ranks; ++i)
       JAXCOLL_CUDA_TRY(cudaMemcpyAsync(outputs[i], p.calls[i].output, block_bytes, cudaMemcpyDeviceToDevice, s),
                        "copy out of the staging buffer");
+  if (p.staged)
+    for (int i = 0; i < options_.launch_ranks; ++i)
+      JAXCOLL_CUDA_TRY(cudaMemcpyAsync(xla_outputs[i], outputs[i], size_t(shape_.output_elements) * dsize,
+                                       cudaMemcpyDeviceToDevice, s), "copy out of the slot");
   return {};
 }
 
@@ -353,6 +383,12 @@ std::string Launcher::describe_failure(const ErrorRecord& rec) const {
     case Failure::kPrevious:
       what = rank + " waited for rank " + std::to_string(rec.peer) + " to finish the call before last (" +
              std::to_string(e - 1) + "), and it never did";
+      break;
+    case Failure::kPeerFailed:
+      what = "process " + std::to_string(rec.peer) + " (hosting " + rank + ") failed to set up the group";
+      break;
+    case Failure::kProcessGone:
+      what = "the process hosting " + rank + " (process " + std::to_string(rec.peer) + ") exited while the group ran";
       break;
     default:
       what = "unknown failure code " + std::to_string(rec.code);

@@ -73,8 +73,9 @@ struct CallShape {
 // Check the sizes against the plan (as the CPU executor does) and fill `shape.block`.
 Status check_shape(const Plan& plan, CallShape& shape);
 
-// Where everything lies in a rank's slot for these calls.
-SlotLayout slot_layout(const PlanImage& image, const CallShape& shape, Protocol protocol);
+// Where everything lies in a rank's slot for these calls. `staged`: the group spans processes, so on the bulk
+// protocol each rank's input and output are staged in its slot (peers map the slot, not XLA's buffers).
+SlotLayout slot_layout(const PlanImage& image, const CallShape& shape, Protocol protocol, bool staged = false);
 
 // Thread blocks per lane: enough to move large messages at full bandwidth, few enough that every block of the
 // launch is resident at once (waits spin; a block that is not resident would never be signalled). The same for
@@ -97,13 +98,15 @@ class Launcher {
     Protocol protocol = Protocol::kBulk;
     int blocks_per_lane = 1;
     double timeout_s = 300;
+    bool staged = false;  // bulk protocol across processes: stage XLA's buffers in the slot (slot_layout)
   };
   static Status create(const Plan& plan, const PlanImage& image, const CallShape& shape, const SlotLayout& layout,
                        const std::vector<char*>& slots, ErrorRecord* error, const Options& options,
                        std::unique_ptr<Launcher>& out);
 
   // One call of ranks [first_rank, first_rank + launch_ranks): inputs[i] and outputs[i] are those ranks'
-  // buffers on the device. In-place plans are staged with device copies on `stream` around the kernel.
+  // buffers on the device. In-place plans, and every plan of a staged launcher, are staged with device copies on
+  // `stream` around the kernel.
   Status enqueue(const void* const* inputs, void* const* outputs, Stream stream) const;
 
   // The message of a failure recorded by the kernel, naming the rank, lane, step and semaphore.

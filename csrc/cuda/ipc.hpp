@@ -1,6 +1,6 @@
 // Slots shared between processes (docs/cuda.md, "Groups across processes"): a rank exports its slot as a CUDA
-// IPC handle, the handles travel through jax.distributed's key-value store, and every peer maps them. These are
-// the device-side primitives of that path; the exchange and the group setup that uses them are not wired yet.
+// IPC handle, the handle travels through the host's shared memory (slot_exchange.hpp), and every peer process maps
+// it. These are the primitives of that path.
 #pragma once
 
 #include <array>

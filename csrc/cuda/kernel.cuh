@@ -478,16 +478,25 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const KernelParams p) {
   // this call overwrites (almost always long finished).
   if (!c.packets) {
     if (rank_block == 0 && threadIdx.x == 0) {
-      hdr.input = p.calls[c.local].input;
-      hdr.output = p.calls[c.local].output;
+      // Staged (a group spanning processes): the buffers are in this rank's slot, and a peer process maps the
+      // slot at another address, so publish offsets from the slot's start rather than pointers.
+      const char* in = static_cast<const char*>(p.calls[c.local].input);
+      char* out = static_cast<char*>(p.calls[c.local].output);
+      hdr.input = p.staged ? reinterpret_cast<const void*>(static_cast<uintptr_t>(in - me)) : in;
+      hdr.output = p.staged ? reinterpret_cast<void*>(static_cast<uintptr_t>(out - me)) : out;
       store_release(&hdr.arrived, e + 1);
     }
     for (int32_t t = threadIdx.x; t < p.nranks; t += blockDim.x) {
       SlotHeader& peer = header(sh.slots[t]);
       const Where w{c.rank, c.lane, -1, -1, t, -1};
       if (!wait_at_least(p, &peer.arrived, e + 1, Failure::kEntry, w, e)) sh.stop = 1;
-      sh.inputs[t] = peer.input;
-      sh.outputs[t] = peer.output;
+      if (p.staged) {  // offsets into the peer's slot, which this process reaches through its own mapping
+        sh.inputs[t] = sh.slots[t] + reinterpret_cast<uintptr_t>(peer.input);
+        sh.outputs[t] = sh.slots[t] + reinterpret_cast<uintptr_t>(peer.output);
+      } else {
+        sh.inputs[t] = peer.input;
+        sh.outputs[t] = peer.output;
+      }
     }
   } else {
     if (rank_block == 0 && threadIdx.x == 0) store_release(&hdr.arrived, e + 1);

@@ -22,8 +22,8 @@ struct SlotHeader {
   uint64_t epoch;                    // calls this rank has finished; written by its last block, read at entry
   uint64_t arrived;                  // e+1 once this rank has published its buffers for call e
   uint64_t blocks_done;              // this rank's thread blocks that finished, over all calls
-  const void* input;                 // this rank's buffers in the current call (bulk protocol)
-  void* output;
+  const void* input;                 // this rank's buffers in the current call (bulk protocol); staged
+  void* output;                      // (KernelParams::staged): byte offsets from the slot's start instead
   uint64_t exit_from[kMaxRanks];     // peer p stores e+1 here when it has finished call e's steps
   uint64_t lane_arrivals[kMaxLanes]; // lane barriers: each block of a lane adds 1 per barrier and 1 at its end
   uint64_t lane_meetings[kMaxLanes]; // the blocks of one lane meeting between dependent steps
@@ -36,6 +36,9 @@ struct SlotLayout {
   int64_t staging = 0;         // in-place reduce_scatter: a copy of the input
   int64_t packets[3] = {0, 0, 0};       // packet mirror of input, output, scratch (two parities each)
   int64_t packet_bytes[3] = {0, 0, 0};  // bytes of one parity of each mirror
+  // Bulk protocol in a group spanning processes: the rank's input and output staged in its slot (peers in other
+  // processes cannot address XLA's buffers, only the slot they mapped through CUDA IPC); 0 when not staged.
+  int64_t io_input = 0, io_output = 0;
   int64_t bytes = 0;           // the whole slot
 };
 
@@ -49,6 +52,8 @@ enum class Failure : uint32_t {
   kBarrier = 5,      // a lane never reached a lane barrier
   kMeeting = 6,      // a block of the same lane never reached a meeting
   kPrevious = 7,     // packet protocol: a peer had not finished the call before last
+  kProcessGone = 8,  // claimed by the host, not a kernel: the process hosting rank `rank` (peer = process) exited
+  kPeerFailed = 9,   // claimed by the host: process `peer` failed to set up the group
 };
 
 struct ErrorRecord {
@@ -79,6 +84,7 @@ struct KernelParams {
   int32_t first_rank, launch_ranks;
   int32_t blocks_per_lane;
   int32_t protocol;            // Protocol::kLL or kBulk
+  int32_t staged;              // bulk: ranks' buffers are staged in their slots; headers carry slot offsets
   RankCall calls[kMaxLaunchRanks];  // [launch_ranks], buffers as staged for the plan
 };
 

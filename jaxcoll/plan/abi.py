@@ -24,3 +24,7 @@ def target_name(collective: Collective | str) -> str:
 
 # Every FFI target, in the order of the collectives' wire codes.
 TARGETS = tuple(target_name(c) for c in Collective)
+
+# The network steps of a collective across GPU hosts (jaxcoll.algorithms.across_hosts): registered for XLA's CUDA
+# platform only; its `collective` attribute is the collective's wire code.
+NETWORK_TARGET = TARGET_PREFIX + "network"

@@ -2,11 +2,14 @@
 of f (psum, pmean, pmax, pmin, all_gather, psum_scatter, all_to_all, ppermute, pbroadcast), wherever it is in
 the traced program and in its gradient, as jaxcoll's collectives. docs/replace.md describes it.
 
+`with replacing_collectives():` does the same to every program JAX lowers inside the block.
+
 transform.py: the public function and context; interpreter.py: the evaluation of the traced program;
-collectives.py: which jax.lax primitive becomes which jaxcoll call; options.py, report.py: what they say.
+lowering.py: the context's lowering rules; collectives.py: which jax.lax primitive becomes which jaxcoll call,
+for both; options.py, report.py: what they say.
 """
 
-from jaxcoll.replace.interpreter import ReplacementError, ReplacementWarning
+from jaxcoll.replace.collectives import ReplacementError, ReplacementWarning
 from jaxcoll.replace.report import Entry, Report
 from jaxcoll.replace.transform import replace_collectives, replacing_collectives
 

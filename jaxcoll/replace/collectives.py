@@ -1,14 +1,17 @@
-"""The jax.lax collectives the transform replaces: for each primitive of a traced program (by its name in the
-jaxpr), the jax.lax collective it is, the axes it runs over, and the jaxcoll call that runs it instead.
+"""The jax.lax collectives jaxcoll replaces: for each primitive of a program (by its name in the jaxpr), the
+jax.lax collective it is, the axes it runs over, and the jaxcoll call that runs it instead.
 
-`check` raises `Unsupported` (naming the argument and the value) for a call jaxcoll cannot run as the jaxpr
-asks, and the interpreter then leaves that one call to XLA, or raises where the user asked for strict; otherwise
-each operand goes through its rule's `run`, which binds jaxcoll's collective.
+`replacement` decides one call, for the transform's interpreter (interpreter.py) and for the lowering rules of
+the context form (lowering.py) alike: a function of the operands that binds jaxcoll's collective, or None when
+the call stays XLA's (not among the options' collectives; or one jaxcoll cannot run as asked, which `check`
+finds, naming the argument and the value: a warning, or ReplacementError when strict). Either way the report
+gets its row.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -17,7 +20,20 @@ import jaxcoll
 from jaxcoll.collectives.arguments import check_algorithm
 from jaxcoll.lowering import all_gather, all_to_all, groups, pvary
 from jaxcoll.lowering.dtypes import check_dtype
-from jaxcoll.replace.options import COLLECTIVES
+from jaxcoll.replace.options import COLLECTIVES, Options
+from jaxcoll.replace.report import Entry
+
+
+# The platforms jaxcoll's runtime registers its FFI targets for (runtime.py); elsewhere a collective stays XLA's.
+PLATFORMS = ("cpu", "cuda")
+
+
+class ReplacementError(ValueError):
+    """A collective that `replace_collectives(strict=True)` cannot run on jaxcoll."""
+
+
+class ReplacementWarning(UserWarning):
+    """A collective left to XLA by `replace_collectives` (strict=False), with the reason."""
 
 
 class Unsupported(Exception):
@@ -113,6 +129,9 @@ UNSUPPORTED = {
     "all_gather_reduced": "jaxcoll has no all_gather to a reduced (unreduced-typed) value",
     "unreduced_psum": "jaxcoll has no psum of unreduced-typed values",
     "unreduced_reduce_scatter": "jaxcoll has no reduce_scatter of unreduced-typed values",
+    "unreduced_pmax": "jaxcoll has no pmax of unreduced-typed values",
+    "unreduced_pmin": "jaxcoll has no pmin of unreduced-typed values",
+    "pbroadcast_dynamic": "jaxcoll's broadcast has a static root, not one computed at run time",
     **{f"{name}_start": "jaxcoll has no asynchronous (start/done) collectives" for name in (
         "all_gather", "all_gather_reduced", "psum", "psum_invariant", "unreduced_psum", "reduce_scatter",
         "unreduced_reduce_scatter", "all_to_all", "pbroadcast", "ppermute")},
@@ -124,14 +143,66 @@ def label(primitive: str) -> str:
     return "pvary" if primitive == "pvary" else RULES[primitive].collective
 
 
-def check(rule: Rule, params: dict, operands, algorithm) -> None:
-    """Unsupported unless jaxcoll can run this call as its parameters ask."""
+def replacement(options: Options, primitive: str, params: dict, avals, where: str,
+                record: Callable[[Entry], None], platforms: tuple = (),
+                api: str = "replace_collectives") -> Callable | None:
+    """How one call of `primitive` (a key of RULES or UNSUPPORTED) with `params` on operands of types `avals` runs.
+
+    A function from the operands to the list of results, binding jaxcoll's collective; or None when the call
+    stays XLA's: its collective is not in `options.collectives`, or jaxcoll cannot run it as asked (then a
+    ReplacementWarning names the collective, the argument and the value; ReplacementError instead when
+    `options.strict`). `record` gets the report's Entry either way; `where` says where the call is;
+    `platforms`, where known (at lowering), those the program is lowered for; `api` the name messages give.
+    """
+    aval = avals[0] if avals else None
+    entry = dict(primitive=primitive, where=where, shape=tuple(aval.shape) if aval is not None else (),
+                 dtype=np.dtype(aval.dtype).name if aval is not None else "")
+    if primitive in UNSUPPORTED:
+        axes = _names(params.get("axes", params.get("axis_name", ())))
+        _fall_back(options, record, api, dict(entry, collective=primitive, axes=axes),
+                   f"lax {primitive} over axis_name={axes}", f"primitive={primitive!r}: {UNSUPPORTED[primitive]}")
+        return None
+    rule = RULES[primitive]
+    algorithm = options.algorithm(rule.collective)
+    entry.update(collective=label(primitive), axes=rule.axes(params))
+    if rule.collective not in options.collectives:
+        record(Entry(**entry, replaced=False, reason=f"{rule.collective} is not in collectives="))
+        return None
+    try:
+        check(rule, params, avals, algorithm, platforms)
+    except Unsupported as e:
+        call = f"lax.{entry['collective']} ({primitive}) over axis_name={entry['axes']}"
+        _fall_back(options, record, api, entry, call, f"{e.argument}={e.value!r}: {e.reason}")
+        return None
+    record(Entry(**entry, replaced=True, jaxcoll=rule.jaxcoll,
+                 algorithm=algorithm if isinstance(algorithm, str) else (algorithm.name or "plan")))
+    return lambda *operands: [rule.run(x, params, algorithm) for x in operands]
+
+
+def _fall_back(options: Options, record, api: str, entry: dict, call: str, reason: str) -> None:
+    """The warning that `call` runs on XLA, naming it and the reason, and its report row; ReplacementError when
+    strict."""
+    where = f" in {entry['where']}" if entry["where"] else ""
+    if options.strict:
+        raise ReplacementError(f"{api}(strict=True): {call}{where} cannot run on jaxcoll: {reason}")
+    warnings.warn(f"{api}: {call}{where} left to XLA: {reason}", ReplacementWarning, stacklevel=3)
+    record(Entry(**entry, replaced=False, reason=reason))
+
+
+def check(rule: Rule, params: dict, avals, algorithm, platforms: tuple = ()) -> None:
+    """Unsupported unless jaxcoll can run this call, on operands of types `avals` and on `platforms`, as its
+    parameters ask."""
+    other = [p for p in platforms if p not in PLATFORMS]
+    if other:
+        raise Unsupported("platform", other[0], f"jaxcoll's runtime runs on {' and '.join(PLATFORMS)} devices")
     index_groups = params.get("axis_index_groups")
     if index_groups is not None:
         raise Unsupported("axis_index_groups", index_groups,
                           "jaxcoll's groups are the combinations of the mesh's other axes; it cannot form "
                           "arbitrary groups of one axis")
     axes = rule.axes(params)
+    if not axes:
+        raise Unsupported("axis_name", axes, "a collective over no axes has no group to run in")
     positional = [a for a in axes if isinstance(a, int)]
     if positional:
         raise Unsupported("axis_name", axes, "positional (integer) axes are not mesh axes")
@@ -140,15 +211,15 @@ def check(rule: Rule, params: dict, operands, algorithm) -> None:
     if any(a in mesh_axes for a in axes) and not all(a in mesh_axes for a in axes):
         raise Unsupported("axis_name", axes, "it mixes vmap axes with mesh axes, which jaxcoll's batching rules "
                                              "do not split")
-    for x in operands:
+    for x in avals:
         try:
             check_dtype(rule.jaxcoll, x.dtype, rule.op)
         except TypeError as e:
             raise Unsupported("dtype", np.dtype(x.dtype).name, str(e)) from None
-    check_algorithm_of(rule, params, operands, algorithm)
+    check_algorithm_of(rule, params, avals, algorithm)
 
 
-def check_algorithm_of(rule: Rule, params: dict, operands, algorithm) -> None:
+def check_algorithm_of(rule: Rule, params: dict, avals, algorithm) -> None:
     """Unsupported when `algorithm` (a user's Plan above all) does not fit this call."""
     if rule.run is _pvary:  # its algorithm is the one of the psum it transposes to, checked there
         return
@@ -159,7 +230,7 @@ def check_algorithm_of(rule: Rule, params: dict, operands, algorithm) -> None:
     if rule.collective == "ppermute":
         extra["perm"] = params["perm"]
     n = groups.group_size(rule.axes(params))
-    for x in operands:
+    for x in avals:
         try:
             check_algorithm(rule.jaxcoll, collective, n, x, algorithm, **extra)
         except ValueError as e:

@@ -30,17 +30,9 @@ from jax.extend import linear_util, source_info_util
 from jax.extend.core import ClosedJaxpr, DropVar, Jaxpr, Literal, jaxprs_in_params
 
 from jaxcoll.replace import collectives
-from jaxcoll.replace.collectives import Unsupported
+from jaxcoll.replace.collectives import ReplacementError, ReplacementWarning
 from jaxcoll.replace.options import Options
 from jaxcoll.replace.report import Entry, Report
-
-
-class ReplacementError(ValueError):
-    """A collective that `replace_collectives(strict=True)` cannot run on jaxcoll."""
-
-
-class ReplacementWarning(UserWarning):
-    """A collective left to XLA by `replace_collectives` (strict=False), with the reason."""
 
 
 class Session:
@@ -122,10 +114,8 @@ def _bind_params(primitive, params) -> tuple[list, dict]:
 
 def _equation(session: Session, eqn, invals, where: str):
     name = eqn.primitive.name
-    if name in collectives.RULES:
+    if name in collectives.RULES or name in collectives.UNSUPPORTED:
         return _collective(session, eqn, invals, where)
-    if name in collectives.UNSUPPORTED:
-        return _unsupported(session, eqn, invals, where)
     if name == "shard_map" and _has_collectives(eqn.params["jaxpr"]):
         return _shard_map(session, eqn, invals, where)
     if name in ("custom_jvp_call", "custom_vjp_call"):
@@ -138,49 +128,14 @@ def _equation(session: Session, eqn, invals, where: str):
 # -- collectives ------------------------------------------------------------------------------------------------
 
 def _collective(session: Session, eqn, invals, where: str):
-    rule = collectives.RULES[eqn.primitive.name]
-    options = session.options
-    algorithm = options.algorithm(rule.collective)
-    aval = jax.typeof(invals[0])
-    entry = dict(collective=collectives.label(eqn.primitive.name), primitive=eqn.primitive.name, where=where,
-                 axes=rule.axes(eqn.params), shape=tuple(aval.shape), dtype=np.dtype(aval.dtype).name)
-    if rule.collective not in options.collectives:
-        session.record(Entry(**entry, replaced=False, reason=f"{rule.collective} is not in collectives="))
+    """A jax.lax collective (or one jaxcoll has no counterpart for): replaced, or bound as it was where
+    `collectives.replacement` leaves it to XLA."""
+    run = collectives.replacement(session.options, eqn.primitive.name, eqn.params, [jax.typeof(x) for x in invals],
+                                  where, session.record)
+    if run is None:
         return _bind(eqn, invals)
-    try:
-        collectives.check(rule, eqn.params, invals, algorithm)
-    except Unsupported as e:
-        call = f"lax.{entry['collective']} ({eqn.primitive.name}) over axis_name={entry['axes']}"
-        return _fall_back(session, eqn, invals, entry, call, f"{e.argument}={e.value!r}: {e.reason}")
-    session.record(Entry(**entry, replaced=True, jaxcoll=rule.jaxcoll,
-                         algorithm=algorithm if isinstance(algorithm, str) else (algorithm.name or "plan")))
-    outs = [rule.run(x, eqn.params, algorithm) for x in invals]
+    outs = run(*invals)
     return outs if eqn.primitive.multiple_results else outs[0]
-
-
-def _unsupported(session: Session, eqn, invals, where: str):
-    """A jax.lax collective that jaxcoll has no counterpart for."""
-    aval = jax.typeof(invals[0]) if invals else None
-    params = eqn.params
-    axes = params.get("axes", params.get("axis_name", ()))
-    entry = dict(collective=eqn.primitive.name, primitive=eqn.primitive.name, where=where,
-                 axes=tuple(axes) if isinstance(axes, (tuple, list)) else (axes,),
-                 shape=tuple(aval.shape) if aval is not None else (),
-                 dtype=np.dtype(aval.dtype).name if aval is not None else "")
-    call = f"lax {eqn.primitive.name} over axis_name={entry['axes']}"
-    return _fall_back(session, eqn, invals, entry, call,
-                      f"primitive={eqn.primitive.name!r}: {collectives.UNSUPPORTED[eqn.primitive.name]}")
-
-
-def _fall_back(session: Session, eqn, invals, entry: dict, call: str, reason: str):
-    """Run the collective on XLA, with a warning naming it and the reason; ReplacementError when strict."""
-    where = entry["where"]
-    where_ = f" in {where}" if where else ""
-    if session.options.strict:
-        raise ReplacementError(f"replace_collectives(strict=True): {call}{where_} cannot run on jaxcoll: {reason}")
-    warnings.warn(f"replace_collectives: {call}{where_} left to XLA: {reason}", ReplacementWarning, stacklevel=2)
-    session.record(Entry(**entry, replaced=False, reason=reason))
-    return _bind(eqn, invals)
 
 
 # -- shard_map --------------------------------------------------------------------------------------------------

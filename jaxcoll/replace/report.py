@@ -1,5 +1,6 @@
-"""What `replace_collectives` did to a traced program: each jax.lax collective it met, where, and whether jaxcoll
-runs it (with which algorithm) or XLA does (and why). `print(report)` shows a table."""
+"""What `replace_collectives` did to a traced program (or `replacing_collectives` to the programs lowered in its
+block): each jax.lax collective it met, where, and whether jaxcoll runs it (with which algorithm) or XLA does
+(and why). `print(report)` shows a table."""
 
 from __future__ import annotations
 
@@ -33,11 +34,13 @@ class Entry:
 class Report:
     """The entries of one trace of a transformed function, in program order (a site inside a loop body is one
     entry however often the loop runs; a custom_jvp/custom_vjp rule adds its entries when it is traced, which
-    is when the function is differentiated)."""
+    is when the function is differentiated); or those of the calls lowered in a `replacing_collectives` block,
+    in the order they were lowered. `source` names which, in the table's title."""
 
-    def __init__(self, entries=()):
+    def __init__(self, entries=(), source: str = "jaxcoll.replace_collectives"):
         self._entries = list(entries)
         self._lock = threading.Lock()
+        self.source = source
 
     def add(self, entry: Entry) -> None:
         with self._lock:
@@ -69,8 +72,9 @@ class Report:
         row per place ("where") with their axes."""
         from rich.table import Table
         casts = [e for e in self.replaced if e.collective == "pvary"]
-        table = Table(title=f"jaxcoll.replace_collectives: {len(self.replaced) - len(casts)} collectives replaced "
-                            f"(and {len(casts)} pvary casts), {len(self.left_to_xla)} left to XLA")
+        cast_count = f" (and {len(casts)} pvary casts)" if casts else ""
+        table = Table(title=f"{self.source}: {len(self.replaced) - len(casts)} collectives replaced{cast_count}, "
+                            f"{len(self.left_to_xla)} left to XLA")
         for column in ("collective", "where", "axes", "operand", "runs on", "algorithm / reason", "count"):
             table.add_column(column, justify="right" if column == "count" else "left")
         for e, count in self.rows():

@@ -1,18 +1,21 @@
 """`replace_collectives`: run an existing JAX program's jax.lax collectives on jaxcoll, without editing it.
 
     step = jax.jit(jaxcoll.replace_collectives(step))       # or @jaxcoll.replace_collectives under @jax.jit
+    with jaxcoll.replacing_collectives(): step(x)           # or every program lowered in a block
 
 The transform traces the function to a jaxpr (jax.make_jaxpr) each time it is called, and evaluates that under
 whatever is tracing it, replacing the collectives (interpreter.py). Under jax.jit that happens once per
 compilation; called eagerly it happens on every call (a transformed jax.jit function keeps its compiled
-executable between calls).
+executable between calls). The block replaces the lowering rules of jax.lax's collectives while it is active
+(lowering.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
-from jaxcoll.replace import options as options_
+from jaxcoll.replace import lowering, options as options_
 from jaxcoll.replace.interpreter import Session, transform_callable
 from jaxcoll.replace.report import Report
 
@@ -70,14 +73,33 @@ def replace_collectives(f=None, *, collectives=UNSET, algorithm=UNSET, strict=UN
 
 
 def replacing_collectives(*, collectives=UNSET, algorithm=UNSET, strict=UNSET, report=UNSET):
-    """A block within which `replace_collectives` functions traced there take these options unless they were
-    given their own (`with jaxcoll.replacing_collectives(algorithm="ring"): step(x)`).
+    """A block within which every jax.lax collective that JAX lowers runs on jaxcoll, in any program:
 
-    It sets options only: it does not replace the collectives of functions that are not wrapped in
-    `replace_collectives`. JAX has no public way for a context to intercept the primitives bound inside it
-    (only a function transform sees the program), and a jax.jit function traced before the block keeps the
-    program it compiled with then.
+        with jaxcoll.replacing_collectives(algorithm="ring") as report:
+            loss = jax.jit(step)(params, batch)        # step's psums, and its gradient's, on jaxcoll
+        print(report)
+
+    The options mean what they mean for `replace_collectives`, and `replace_collectives` functions traced in the
+    block take them as defaults. The block replaces the lowering rules of jax.lax's collective primitives while
+    it is active (replace/lowering.py): whatever is lowered there, the transposed collectives of a gradient
+    included, lowers jaxcoll's collective instead, or jax's own for what jaxcoll cannot run (a
+    ReplacementWarning; ReplacementError when strict). What is lowered inside is decided by the block, options
+    given to a `replace_collectives` function inside it notwithstanding, for the collectives it left in place.
+
+    It yields the Report of the calls lowered in it (printed on exit when report=True). It clears JAX's caches on
+    entry and on exit (`jax.clear_caches()`), so jit functions recompile inside it and again after it: a
+    function compiled in the block runs jaxcoll's collectives, one compiled outside XLA's. Blocks nest (the
+    innermost decides); they are not thread-safe, since lowering rules are process-wide.
     """
     given = {k: v for k, v in dict(collectives=collectives, algorithm=algorithm, strict=strict,
                                    report=report).items() if v is not UNSET}
-    return options_.defaults(**given)
+    options_.make(**given)  # fail where the block is written, naming the bad argument
+    return _block(given)
+
+
+@contextlib.contextmanager
+def _block(given: dict):
+    with options_.defaults(**given):
+        block = lowering.Block(options_.make(), Report(source="jaxcoll.replacing_collectives"))
+        with block as report:
+            yield report

@@ -1,0 +1,130 @@
+"""jaxcoll's GPU path across processes and hosts, as far as it runs without a GPU (docs/cuda.md, "Groups across
+processes" and "Across hosts"): what a program over GPUs of several processes and hosts lowers to (which steps
+are jaxcoll plans over CUDA IPC, which are network steps on XLA's communicator), and the setup exchange through
+which the processes of a host share their CUDA slots, with its faults. Each test launches a jax.distributed job
+(jaxcoll.launch) running a case of multiprocess_cases.py. The exchange lives in the CUDA build of the module and
+its tests skip without it; the collectives on real GPUs across processes need a machine with several GPUs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jaxcoll import _jaxcoll
+from test_multiprocess import assert_all_ok, error_of, job
+
+needs_cuda_build = pytest.mark.skipif(not _jaxcoll.with_cuda, reason="jaxcoll was built without the CUDA executor "
+                                      "(the slot exchange is part of it)")
+
+
+def lowered(result) -> dict:
+    out = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("lowered "):
+            _, label, payload = line.split(" ", 2)
+            out[label] = json.loads(payload)
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpu_lowering():
+    # 4 processes x 2 devices on two "hosts" of two processes: mesh ("x", "y") = (2, 4), x across the hosts.
+    results = job("gpu_lowering", 4, 2, process_env={p: {"JAXCOLL_HOST": "ab"[p // 2]} for p in range(4)})
+    assert_all_ok(results, "gpu_lowering")
+    programs = [lowered(r) for r in results]
+    assert all(p == programs[0] for p in programs), "every process lowers the same program"
+    return programs[0]
+
+
+def test_a_group_within_a_host_is_one_plan_across_its_processes(gpu_lowering):
+    # all_reduce over "y": each group is one host's two processes, reached through CUDA IPC by one plan.
+    assert gpu_lowering["within_host"] == {"calls": [
+        {"target": "jaxcoll_all_reduce", "processes": [0, 0, 1, 1, 2, 2, 3, 3]}]}
+
+
+def test_all_reduce_across_hosts_is_host_plans_around_a_network_step_on_the_rails(gpu_lowering):
+    # ranks 0-3 on host a (processes 0, 1), 4-7 on host b (processes 2, 3): a reduce_scatter plan within each
+    # host, the network all_reduce over the rails (rank l of each host: devices (l, 4 + l)), an all_gather plan.
+    assert gpu_lowering["all_reduce"] == {"calls": [
+        {"target": "jaxcoll_reduce_scatter", "processes": [0, 0, 1, 1, 2, 2, 3, 3]},
+        {"target": "jaxcoll_network", "groups": [0, 4, 1, 5, 2, 6, 3, 7]},
+        {"target": "jaxcoll_all_gather", "processes": [0, 0, 1, 1, 2, 2, 3, 3]}]}
+
+
+def test_reduce_scatter_and_all_gather_across_hosts(gpu_lowering):
+    assert [c["target"] for c in gpu_lowering["reduce_scatter"]["calls"]] == ["jaxcoll_reduce_scatter",
+                                                                           "jaxcoll_network"]
+    # all_gather over "x" alone: one GPU per host in each group, so the network step is all there is.
+    assert gpu_lowering["all_gather_rails"] == {"calls": [
+        {"target": "jaxcoll_network", "groups": [0, 4, 1, 5, 2, 6, 3, 7]}]}
+
+
+def test_all_to_all_across_gpu_hosts_is_refused_at_trace_time(gpu_lowering):
+    assert "all_to_all across GPU hosts is not built" in gpu_lowering["all_to_all"]["error"]
+
+
+def test_network_steps_without_the_collectives_extension_fail_at_trace_time_saying_what_is_needed(gpu_lowering):
+    available = _jaxcoll.with_cuda and _jaxcoll.network_steps()[0]
+    if available:
+        assert [c["target"] for c in gpu_lowering["network_missing"]["calls"]][1] == "jaxcoll_network"
+    elif _jaxcoll.with_cuda:  # built against a jaxlib whose FFI headers lack the extension (0.10.2 here)
+        assert "cannot run its network steps" in gpu_lowering["network_missing"]["error"]
+        assert "collectives extension" in gpu_lowering["network_missing"]["error"]
+    else:
+        assert "built without the CUDA executor" in gpu_lowering["network_missing"]["error"]
+
+
+# -- the setup exchange of a CUDA group spanning the processes of a host (csrc/cuda/slot_exchange.hpp) --------
+
+@needs_cuda_build
+def test_processes_that_agree_complete_the_exchange():
+    results = job("exchange_agree", 2, 1)
+    for r in results:
+        if "blocks" in r.stdout:  # a machine with a GPU: the group runs the fewest blocks any process allows
+            assert "blocks 2" in r.stdout
+        else:  # no driver: the agreement passed, and the first CUDA call (registering the error record) failed
+            assert "cudaHostRegister" in error_of(r)[1], r.stdout
+
+
+@needs_cuda_build
+def test_a_process_with_another_plan_is_named_by_every_process():
+    results = job("exchange_different_plan", 2, 1)
+    for r, other in zip(results, (1, 0)):
+        assert f"process {other} (pid" in error_of(r)[1]
+        assert "runs a different plan or shape at this call site" in error_of(r)[1]
+
+
+@needs_cuda_build
+def test_two_ranks_on_one_gpu_are_refused_naming_both():
+    results = job("exchange_same_gpu", 2, 1)
+    message = error_of(results[0])[1]
+    assert "ranks 0 (process 0) and 2 (process 1) run on the same GPU gpu-0" in message
+
+
+@needs_cuda_build
+def test_a_process_that_never_sets_up_is_named_after_the_timeout():
+    seconds, message = error_of(job("exchange_never", 2, 1)[0])
+    assert "never arrived: process 1 (pid" in message and "ranks [2, 3] of this group" in message
+    assert 3.0 <= seconds < 20.0
+
+
+@needs_cuda_build
+def test_a_process_that_exits_before_setting_up_is_named_at_once():
+    seconds, message = error_of(job("exchange_exits", 2, 1)[0])
+    assert "process 1 (pid" in message and "has exited before setting up its GPUs" in message
+    assert seconds < 2.5
+
+
+def _gpus() -> tuple[int, str]:
+    if not _jaxcoll.with_cuda:
+        return 0, "jaxcoll was built without the CUDA executor"
+    return _jaxcoll.cuda_device_count()
+
+
+@pytest.mark.skipif(_gpus()[0] < 2, reason=f"needs 2 GPUs, one per process (CUDA IPC between them): {_gpus()}")
+def test_collectives_across_processes_on_gpus_equal_xla_and_numpy():
+    # The CPU suite's case, on one GPU per process: every collective over an axis across the two processes
+    # against XLA's own (NCCL) and numpy, through the CUDA executor's groups spanning processes.
+    results = job("collectives", 2, 1, process_env={p: {"CUDA_VISIBLE_DEVICES": str(p)} for p in range(2)})
+    assert_all_ok(results, "collectives")

@@ -1,0 +1,219 @@
+#include "xla_ffi/cuda_network.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "csrc/abi.hpp"
+#include "csrc/cuda/nccl.hpp"
+#include "xla/ffi/api/ffi.h"
+#include "xla_ffi/dtypes.hpp"
+
+// The collectives extension appeared in the FFI headers after jaxlib 0.10.2; only its C API is used (its C++
+// wrapper, collectives_api.h, has changed between releases: 0.12.0.1 added collective memory windows).
+#if __has_include("xla/ffi/api/collectives_c_api.h")
+#define JAXCOLL_FFI_COLLECTIVES 1
+#include "xla/ffi/api/collectives_c_api.h"
+#endif
+
+namespace ffi = xla::ffi;
+
+namespace jaxcoll::xla_cuda::network {
+namespace {
+
+constexpr const char* kNeeds =
+    "jaxcoll's network steps across GPU hosts run on XLA's own communicator, which XLA lends to FFI handlers "
+    "through its collectives extension (xla/ffi/api/collectives_c_api.h: jaxlib 0.11.2 and later)";
+
+#ifdef JAXCOLL_FFI_COLLECTIVES
+// The extension as the handler sees it: null where XLA did not attach it to this call (a runtime without it).
+struct Collectives {
+  const XLA_FFI_Api* api = nullptr;
+  const XLA_FFI_Collectives_Extension* ext = nullptr;
+  std::string why;  // why `ext` is null
+};
+#endif
+
+}  // namespace
+}  // namespace jaxcoll::xla_cuda::network
+
+#ifdef JAXCOLL_FFI_COLLECTIVES
+namespace xla::ffi {
+// Decoded by hand from the C API (XLA_FFI_InvokeContext_FindExtension), never failing: an absent extension becomes
+// the handler's own error, which names what to install, instead of the FFI's generic decoding failure.
+template <>
+struct CtxDecoding<jaxcoll::xla_cuda::network::Collectives> {
+  using Type = jaxcoll::xla_cuda::network::Collectives;
+  static std::optional<Type> Decode(const XLA_FFI_Api* api, XLA_FFI_InvokeContext* ctx, DiagnosticEngine&) {
+    Type out;
+    out.api = api;
+    XLA_FFI_InvokeContext_FindExtension_Args args;
+    args.struct_size = XLA_FFI_InvokeContext_FindExtension_Args_STRUCT_SIZE;
+    args.extension_start = nullptr;
+    args.ctx = ctx;
+    args.extension_type = XLA_FFI_Extension_Collectives;
+    args.extension = nullptr;
+    if (XLA_FFI_Error* err = api->XLA_FFI_InvokeContext_FindExtension(&args)) {
+      out.why = std::string("XLA did not attach its collectives extension to this call: ") + internal::GetErrorMessage(api, err);
+      internal::DestroyError(api, err);
+      return out;
+    }
+    if (!args.extension) {
+      out.why = "XLA did not attach its collectives extension to this call (this XLA runtime does not lend its "
+                "communicators to FFI handlers)";
+      return out;
+    }
+    // Minor versions only add callbacks after the ones used here (0.2 added collective memory windows).
+    if (args.extension->id.major_version != XLA_FFI_Extension_Collectives_MajorVersion ||
+        args.extension->id.minor_version < 1) {
+      out.why = "XLA's collectives extension has version " + std::to_string(args.extension->id.major_version) + "." +
+                std::to_string(args.extension->id.minor_version) + "; jaxcoll was built for " +
+                std::to_string(XLA_FFI_Extension_Collectives_MajorVersion) + ".x";
+      return out;
+    }
+    out.ext = reinterpret_cast<const XLA_FFI_Collectives_Extension*>(args.extension);
+    return out;
+  }
+};
+}  // namespace xla::ffi
+#endif
+
+namespace jaxcoll::xla_cuda::network {
+namespace {
+
+std::string site(const char* stage) { return std::string("jaxcoll network step (") + stage + ")"; }
+
+#ifdef JAXCOLL_FFI_COLLECTIVES
+// The replica groups as the C API takes them: `ids` holds groups of `size` flattened device ids each.
+std::vector<XLA_FFI_ReplicaGroup> replica_groups(ffi::Span<const int64_t> ids, int64_t size) {
+  std::vector<XLA_FFI_ReplicaGroup> groups;
+  for (size_t at = 0; size > 0 && at + size_t(size) <= ids.size(); at += size_t(size))
+    groups.push_back(XLA_FFI_ReplicaGroup{ids.begin() + at, size_t(size)});
+  return groups;
+}
+
+ffi::Error take_error(const Collectives& c, XLA_FFI_Error* err, const std::string& what) {
+  std::string message = ffi::internal::GetErrorMessage(c.api, err);
+  ffi::internal::DestroyError(c.api, err);
+  return ffi::Error::Internal(what + ": " + message);
+}
+
+ffi::Error check_groups(ffi::Span<const int64_t> ids, int64_t size, const char* stage) {
+  if (size < 1 || ids.size() == 0 || ids.size() % size_t(size) != 0)
+    return ffi::Error::InvalidArgument(site(stage) + ": " + std::to_string(ids.size()) + " device ids do not form "
+                                       "groups of group_size=" + std::to_string(size));
+  return ffi::Error::Success();
+}
+
+ffi::Error Prepare(Collectives c, ffi::Span<const int64_t> groups, int64_t group_size) {
+  if (!c.ext) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, site("prepare") + ": " + c.why + ". " + kNeeds);
+  if (ffi::Error e = check_groups(groups, group_size, "prepare"); e.failure()) return e;
+  std::vector<XLA_FFI_ReplicaGroup> raw = replica_groups(groups, group_size);
+  XLA_FFI_Communicator_Request_Args args;
+  args.struct_size = XLA_FFI_Communicator_Request_Args_STRUCT_SIZE;
+  args.extension_start = nullptr;
+  args.group_mode = XLA_FFI_GROUP_FLATTENED_ID;  // ids are the devices' positions in the program's assignment
+  args.groups = raw.data();
+  args.num_groups = raw.size();
+  args.communication_id = 0;
+  if (XLA_FFI_Error* err = c.ext->request_communicator(c.ext, &args))
+    return take_error(c, err, site("prepare") + ": requesting XLA's communicator for the network groups");
+  return ffi::Error::Success();
+}
+
+ffi::Error Execute(cudaStream_t stream, Collectives c, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
+                   int32_t collective, int32_t reduce_op, ffi::Span<const int64_t> groups, int64_t group_size) {
+  if (!c.ext) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, site("execute") + ": " + c.why + ". " + kNeeds);
+  if (ffi::Error e = check_groups(groups, group_size, "execute"); e.failure()) return e;
+  const auto dtype = dtype_of(x.element_type());
+  const auto op = reduce_op_from_code(reduce_op);
+  if (!dtype || out->element_type() != x.element_type() || !op)
+    return ffi::Error::InvalidArgument(site("execute") + ": unsupported element type or reduce_op=" +
+                                       std::to_string(reduce_op));
+  const size_t in = x.element_count(), result = out->element_count(), n = size_t(group_size);
+  cuda::NetworkCollective what;
+  size_t count = 0;
+  switch (static_cast<Collective>(collective)) {
+    case Collective::kAllReduce: what = cuda::NetworkCollective::kAllReduce, count = in; break;
+    case Collective::kReduceScatter: what = cuda::NetworkCollective::kReduceScatter, count = result; break;
+    case Collective::kAllGather: what = cuda::NetworkCollective::kAllGather, count = in; break;
+    default:
+      return ffi::Error::InvalidArgument(site("execute") + ": collective code " + std::to_string(collective) +
+                                         " is not all_reduce, reduce_scatter or all_gather");
+  }
+  const bool sizes_ok = what == cuda::NetworkCollective::kAllReduce       ? result == in
+                        : what == cuda::NetworkCollective::kReduceScatter ? in == result * n
+                                                                          : result == in * n;
+  if (!sizes_ok)
+    return ffi::Error::InvalidArgument(site("execute") + ": operand of " + std::to_string(in) + " and result of " +
+                                       std::to_string(result) + " elements do not fit a " +
+                                       collective_name(static_cast<Collective>(collective)) + " over " +
+                                       std::to_string(n) + " ranks");
+  std::vector<XLA_FFI_ReplicaGroup> raw = replica_groups(groups, group_size);
+  XLA_FFI_Communicator_Get_Args args;
+  args.struct_size = XLA_FFI_Communicator_Get_Args_STRUCT_SIZE;
+  args.extension_start = nullptr;
+  args.group_mode = XLA_FFI_GROUP_FLATTENED_ID;
+  args.groups = raw.data();
+  args.num_groups = raw.size();
+  args.communication_id = 0;
+  args.communicator = nullptr;
+  if (XLA_FFI_Error* err = c.ext->get_communicator(c.ext, &args))
+    return take_error(c, err, site("execute") + ": getting XLA's communicator for the network groups");
+  if (Status st = cuda::nccl_collective(what, x.untyped_data(), out->untyped_data(), count, *dtype, *op,
+                                        reinterpret_cast<void*>(args.communicator),
+                                        reinterpret_cast<CUstream_st*>(stream));
+      !st.ok())
+    return ffi::Error::Internal(site("execute") + ": " + st.message());
+  return ffi::Error::Success();
+}
+
+#else  // no collectives extension in the FFI headers this module was built against
+
+ffi::Error Unavailable() {
+  return ffi::Error(ffi::ErrorCode::kFailedPrecondition, std::string("jaxcoll network step: this jaxcoll was built against the FFI "
+                                                    "headers of jaxlib ") + JAXCOLL_JAXLIB_VERSION +
+                                        ", which have no collectives extension. " + kNeeds +
+                                        ": rebuild jaxcoll against such a jaxlib");
+}
+ffi::Error Refuse(ffi::RemainingArgs, ffi::RemainingRets, ffi::Dictionary) { return Unavailable(); }
+
+#endif
+
+}  // namespace
+
+#ifdef JAXCOLL_FFI_COLLECTIVES
+XLA_FFI_DEFINE_HANDLER(kPrepare, Prepare,
+                       ffi::Ffi::Bind<ffi::ExecutionStage::kPrepare>()
+                           .Ctx<Collectives>()
+                           .Attr<ffi::Span<const int64_t>>("groups")
+                           .Attr<int64_t>("group_size"));
+XLA_FFI_DEFINE_HANDLER(kExecute, Execute,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                           .Ctx<Collectives>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<int32_t>("collective")
+                           .Attr<int32_t>("reduce_op")
+                           .Attr<ffi::Span<const int64_t>>("groups")
+                           .Attr<int64_t>("group_size"));
+bool available(std::string*) { return true; }
+#else
+XLA_FFI_DEFINE_HANDLER(kPrepare, Refuse,
+                       ffi::Ffi::Bind<ffi::ExecutionStage::kPrepare>().RemainingArgs().RemainingRets().Attrs());
+XLA_FFI_DEFINE_HANDLER(kExecute, Refuse, ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs());
+bool available(std::string* why) {
+  if (why)
+    *why = std::string("built against the FFI headers of jaxlib ") + JAXCOLL_JAXLIB_VERSION +
+           ", which have no collectives extension. " + kNeeds;
+  return false;
+}
+#endif
+
+XLA_FFI_Error* prepare(XLA_FFI_CallFrame* frame) { return kPrepare(frame); }
+XLA_FFI_Error* execute(XLA_FFI_CallFrame* frame) { return kExecute(frame); }
+
+}  // namespace jaxcoll::xla_cuda::network
