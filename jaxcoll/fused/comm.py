@@ -16,7 +16,7 @@ from jax import lax
 import jaxcoll
 from jaxcoll import _jax
 from jaxcoll.lowering import all_gather as all_gather_lowering
-from jaxcoll.lowering import groups
+from jaxcoll.lowering import groups, pvary
 
 
 def ppermute(x, axis_name, perm):
@@ -80,16 +80,7 @@ def vary(x, axes: tuple):
     missing = tuple(a for a in axes if a not in vma(x))
     if not missing or not _jax.check_vma():
         return x
-    return _vary(x, missing, vma(x))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
-def _vary(x, axes, x_vma):
-    return lax.pcast(x, axes, to="varying")
-
-
-_vary.defvjp(lambda x, axes, x_vma: (_vary(x, axes, x_vma), None),
-             lambda axes, x_vma, _, ct: (match_vma(ct, x_vma),))
+    return pvary.bind(x, axes=missing)
 
 
 def rank_rows(v, axis_name, start: int, block: int):
