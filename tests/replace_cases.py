@@ -82,6 +82,14 @@ def gathered_row(v, axes, root):
     return lax.all_gather(v, axes)[root]
 
 
+def ragged_exchange(v):
+    """A lax collective jaxcoll has no counterpart for: each of the 8 ranks of "i" sends its row's element j to
+    rank j (lax.ragged_all_to_all with one-element pieces)."""
+    sizes = jnp.ones((8,), jnp.int32)
+    offsets = jnp.arange(8, dtype=jnp.int32)
+    return lax.ragged_all_to_all(v[0], jnp.zeros_like(v[0]), offsets, sizes, offsets, sizes, axis_name="i")[None]
+
+
 def every_collective(broadcast=lax.pbroadcast):
     """A program over the 2x4 mesh whose result depends on each jax.lax collective (`broadcast` stands for
     lax.pbroadcast; gathered_row where XLA runs the program)."""

@@ -20,8 +20,8 @@ import jaxcoll
 from jaxcoll import algorithms
 from jaxcoll.plan import Collective
 from jaxcoll.replace import ReplacementError, ReplacementWarning, replace_collectives, replacing_collectives
-from replace_cases import (CASES, every_collective, first_rank, gathered_row, ints, jaxcoll_calls, skip_reason, spmd,
-                           xla_collectives, xla_reference)
+from replace_cases import (CASES, every_collective, first_rank, gathered_row, ints, jaxcoll_calls, ragged_exchange,
+                           skip_reason, spmd, xla_collectives, xla_reference)
 from sharded import MESH_AXES, mesh, put, small_ints
 
 
@@ -431,18 +431,13 @@ def test_jaxcoll_collective_inside_a_shard_map_that_leaves_axes_automatic():
 
 def test_a_collective_jaxcoll_lacks_runs_on_xla_with_a_warning_or_is_refused_when_strict():
     x = ints((8, 8), "1d8")
-
-    def fn(v):
-        sizes = jnp.ones((8,), jnp.int32)
-        offsets = jnp.arange(8, dtype=jnp.int32)
-        return lax.ragged_all_to_all(v[0], jnp.zeros_like(v[0]), offsets, sizes, offsets, sizes, axis_name="i")[None]
-    transformed = replace_collectives(spmd(fn, "1d8"))
+    transformed = replace_collectives(spmd(ragged_exchange, "1d8"))
     with pytest.warns(ReplacementWarning, match="ragged_all_to_all.*left to XLA: primitive='ragged_all_to_all'"):
         jax.jit(transformed).lower(x)
     left, = transformed.report.left_to_xla
     assert left.collective == "ragged_all_to_all" and "no ragged" in left.reason
     with pytest.raises(ReplacementError, match="ragged_all_to_all.* cannot run on jaxcoll"):
-        jax.jit(replace_collectives(spmd(fn, "1d8"), strict=True)).lower(x)
+        jax.jit(replace_collectives(spmd(ragged_exchange, "1d8"), strict=True)).lower(x)
 
 
 def _equation(closed, name):

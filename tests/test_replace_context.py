@@ -21,8 +21,8 @@ from jax.sharding import PartitionSpec as P
 from jaxcoll import _jax
 from jaxcoll.replace import ReplacementError, ReplacementWarning, replace_collectives, replacing_collectives
 from jaxcoll.replace.lowering import primitives
-from replace_cases import (CASES, every_collective, first_rank, gathered_row, ints, jaxcoll_calls, skip_reason, spmd,
-                           xla_collectives, xla_reference)
+from replace_cases import (CASES, every_collective, first_rank, gathered_row, ints, jaxcoll_calls, ragged_exchange,
+                           skip_reason, spmd, xla_collectives, xla_reference)
 from sharded import MESH_AXES, mesh, small_ints
 
 
@@ -282,12 +282,7 @@ def test_a_dtype_the_runtime_lacks_falls_back_and_strict_refuses_it_naming_it():
 
 def test_a_collective_jaxcoll_lacks_keeps_jaxs_lowering_with_a_warning():
     x = ints((8, 8), "1d8")
-
-    def fn(v):
-        sizes = jnp.ones((8,), jnp.int32)
-        offsets = jnp.arange(8, dtype=jnp.int32)
-        return lax.ragged_all_to_all(v[0], jnp.zeros_like(v[0]), offsets, sizes, offsets, sizes, axis_name="i")[None]
-    program = jit_spmd(fn, "1d8")
+    program = jit_spmd(ragged_exchange, "1d8")
     with pytest.warns(ReplacementWarning, match="ragged_all_to_all.*left to XLA: primitive='ragged_all_to_all'"):
         with replacing_collectives() as report:
             program.lower(x)
