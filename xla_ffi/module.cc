@@ -20,6 +20,7 @@
 #include "csrc/plan.hpp"
 #include "csrc/spanning.hpp"
 #include "csrc/world.hpp"
+#include "xla_ffi/codec.hpp"
 #include "xla_ffi/handler.hpp"
 #ifdef JAXCOLL_WITH_CUDA
 #include "xla_ffi/cuda_module.hpp"
@@ -67,6 +68,15 @@ NB_MODULE(_jaxcoll, m) {
     return out;
   }, "FFI target name -> {stage: capsule}, for jax.ffi.register_ffi_target(platform='cpu').");
 
+  m.def("codec_registrations", [] {
+    nb::dict out;
+    out[jaxcoll::kCodecEncodeTarget] = capsule(JaxcollCodecEncode);
+    out[jaxcoll::kCodecDecodeTarget] = capsule(JaxcollCodecDecode);
+    out[jaxcoll::kCodecDecodeSumTarget] = capsule(JaxcollCodecDecodeSum);
+    out[jaxcoll::kCodecDecodeSumEncodeTarget] = capsule(JaxcollCodecDecodeSumEncode);
+    return out;
+  }, "The codec's FFI target name -> handler capsule (stateless), for jax.ffi.register_ffi_target(platform='cpu').");
+
   m.def("abi", [] {
     nb::dict reduce_ops;
     for (int32_t code = 0; code < jaxcoll::kNumReduceOps; ++code) reduce_ops[jaxcoll::kReduceOpNames[code]] = code;
@@ -76,6 +86,9 @@ NB_MODULE(_jaxcoll, m) {
     out["reduce_ops"] = reduce_ops;
     out["targets"] = targets;
     out["network_target"] = jaxcoll::kNetworkTarget;
+    nb::list codec_targets;
+    for (const char* name : jaxcoll::kCodecTargets) codec_targets.append(name);
+    out["codec_targets"] = codec_targets;
     return out;
   }, "The custom call's interface as compiled in (csrc/abi.hpp): reduction name -> code, and the FFI targets.");
 

@@ -28,3 +28,11 @@ TARGETS = tuple(target_name(c) for c in Collective)
 # The network steps of a collective across GPU hosts (jaxcoll.algorithms.across_hosts): registered for XLA's CUDA
 # platform only; its `collective` attribute is the collective's wire code.
 NETWORK_TARGET = TARGET_PREFIX + "network"
+
+# The codec of the quantized collectives (jaxcoll.compress.codec, xla_ffi/codec.cc): stateless kernels, registered
+# for platform "cpu" only; their operands and attributes are documented in jaxcoll/compress/codec.py.
+CODEC_ENCODE_TARGET = TARGET_PREFIX + "codec_encode"
+CODEC_DECODE_TARGET = TARGET_PREFIX + "codec_decode"
+CODEC_DECODE_SUM_TARGET = TARGET_PREFIX + "codec_decode_sum"
+CODEC_DECODE_SUM_ENCODE_TARGET = TARGET_PREFIX + "codec_decode_sum_encode"
+CODEC_TARGETS = (CODEC_ENCODE_TARGET, CODEC_DECODE_TARGET, CODEC_DECODE_SUM_TARGET, CODEC_DECODE_SUM_ENCODE_TARGET)
