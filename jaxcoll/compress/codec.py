@@ -19,8 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxcoll import _jax
 from jaxcoll import runtime  # noqa: F401  (registers the FFI targets)
 from jaxcoll.compress.formats import Format
+from jaxcoll.lowering import pvary
 from jaxcoll.plan import abi
 
 
@@ -28,7 +30,13 @@ def _native(target: str, results, *operands, block_size: int):
     # broadcast_all: a batched call gets every operand with the batch axes in front, which the kernels read as
     # more rows.
     call = jax.ffi.ffi_call(target, results, vmap_method="broadcast_all")
-    return call(*operands, block_size=np.int64(block_size))
+    out = call(*operands, block_size=np.int64(block_size))
+    # Under shard_map(check_vma=True) ffi_call types its results invariant; they vary where the operands do,
+    # as the jax.numpy branch's results would.
+    axes = frozenset().union(*(_jax.varying_axes(jax.typeof(v)) for v in operands))
+    if not axes or not _jax.check_vma():
+        return out
+    return jax.tree_util.tree_map(lambda o: pvary.bind(o, axes=tuple(sorted(axes))), out)
 
 
 def _codes_type(fmt: Format, codes_shape) -> jax.ShapeDtypeStruct:
