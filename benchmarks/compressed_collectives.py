@@ -81,10 +81,12 @@ def profile(size: int, reps: int = 9):
     """CPU milliseconds of each local stage of one rank's compressed all_reduce at `size` bytes per rank (one
     device, no communication; process time, which counts every thread and is steadier than wall time on a
     shared machine; the least of `reps` calls, since a call whose output lands on fresh pages also pays the
-    kernel's zeroing of them), next to one pass over the same float32 data."""
+    kernel's zeroing of them), next to one pass over the same float32 data. Each block-format stage is timed
+    as formats.py's jax.numpy run by XLA:CPU and as the native codec (jaxcoll.compress.codec) with its
+    bandwidth: the bytes it reads and writes over its CPU time. Returns {stage: (xla ms, native ms, GB/s)}."""
     import jax.numpy as jnp
 
-    from jaxcoll.compress import sparse
+    from jaxcoll.compress import codec, sparse
 
     def cpu_ms(f, *args):
         f = jax.jit(f)
@@ -99,11 +101,12 @@ def profile(size: int, reps: int = 9):
     n, e = 8, size // 4
     per = e // n
     x = jnp.asarray(np.random.default_rng(0).standard_normal(e).astype(np.float32))
-    rows = {"one pass over x (x + 1)": cpu_ms(lambda v: v + 1, x)}
+    rows = {"one pass over x (x + 1)": (cpu_ms(lambda v: v + 1, x), None, 8 * e)}
     for name in ("int8", "fp8"):
         fmt = formats.parse("benchmark", name)
         wire = fmt.encode(x.reshape(n, per))
         gathered = jax.tree.map(lambda a: jnp.broadcast_to(a[:1], a.shape), wire)
+        encoded = e * (1 + 4 / fmt.block_size)  # bytes of the encoded x: codes and scales
 
         def reduce_rows(w, fmt=fmt):
             d = fmt.decode(*w)
@@ -112,16 +115,31 @@ def profile(size: int, reps: int = 9):
                 part = part + d[p]
             return part
 
-        rows[f"{name}: encode x (hop 1)"] = cpu_ms(lambda v, fmt=fmt: fmt.encode(v.reshape(n, per)), x)
-        rows[f"{name}: decode N chunks and sum"] = cpu_ms(reduce_rows, wire)
-        rows[f"{name}: encode the sum (hop 2)"] = cpu_ms(lambda v, fmt=fmt: fmt.encode(v), x[:per])
-        rows[f"{name}: decode the gathered sums"] = cpu_ms(lambda w, fmt=fmt: fmt.decode(*w).reshape(-1), gathered)
+        def decode_flat(w, fmt=fmt):
+            return codec.decode(fmt, w[0].reshape(-1), w[1].reshape(-1))
+
+        rows[f"{name}: encode x (hop 1)"] = (
+            cpu_ms(lambda v, fmt=fmt: fmt.encode(v.reshape(n, per)), x),
+            cpu_ms(lambda v, fmt=fmt: codec.encode(fmt, v), x), 4 * e + encoded)
+        rows[f"{name}: decode N chunks and sum"] = (
+            cpu_ms(reduce_rows, wire), cpu_ms(lambda w, fmt=fmt: codec.decode_sum(fmt, *w), wire),
+            encoded + 4 * per)
+        rows[f"{name}: encode the sum (hop 2)"] = (
+            cpu_ms(lambda v, fmt=fmt: fmt.encode(v), x[:per]), cpu_ms(lambda v, fmt=fmt: codec.encode(fmt, v), x[:per]),
+            4 * per + encoded / n)
+        rows[f"{name}: decode, sum and encode the sum (fused)"] = (
+            None, cpu_ms(lambda w, fmt=fmt: codec.decode_sum_encode(fmt, *w), wire), encoded + encoded / n)
+        rows[f"{name}: decode the gathered sums"] = (
+            cpu_ms(lambda w, fmt=fmt: fmt.decode(*w).reshape(-1), gathered), cpu_ms(decode_flat, gathered),
+            encoded + 4 * e)
     lay = Layout.of(e, max(1, round(0.01 * e)), n)
     g = lay.size
-    rows["top-k: select per group"] = cpu_ms(lambda v: [sparse._select(r, None) for r in sparse._grouped(v, lay)], x)
+    rows["top-k: select per group"] = (
+        cpu_ms(lambda v: [sparse._select(r, None) for r in sparse._grouped(v, lay)], x), None, None)
     index, value = sparse._select(sparse._grouped(x, lay)[0], None)
-    rows["top-k: write the dense result"] = cpu_ms(lambda i, v: sparse._dense(i, v, g, e), index, value)
-    return rows
+    rows["top-k: write the dense result"] = (cpu_ms(lambda i, v: sparse._dense(i, v, g, e), index, value), None, None)
+    return {stage: (xla, native, traffic / (native * 1e6) if native and traffic else None)
+            for stage, (xla, native, traffic) in rows.items()}
 
 
 def simulate(sizes, boxes_list=(1, 2, 4)):
@@ -194,9 +212,11 @@ def main():
     parser.add_argument("--profile", default=None, help="a size per rank: print the CPU time of each local stage")
     args = parser.parse_args()
     if args.profile:
-        print(f"| stage ({args.profile} per rank, one device) | CPU ms |\n|---|---:|")
-        for stage, ms in profile(parse_size(args.profile)).items():
-            print(f"| {stage} | {ms:.2f} |")
+        print(f"| stage ({args.profile} per rank, one device) | XLA:CPU ms (jax.numpy) | native ms | native GB/s |\n"
+              "|---|---:|---:|---:|")
+        cell = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
+        for stage, (xla, native, gbps) in profile(parse_size(args.profile)).items():
+            print(f"| {stage} | {cell(xla, '.2f')} | {cell(native, '.2f')} | {cell(gbps, '.1f')} |")
         return
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     rows = [] if args.sim_only else measure(sizes, args.reps, args.warmup)
