@@ -3,6 +3,7 @@ call, all methods alternating call by call in one run; then the simulator's pred
 the GPU presets (DGX H100, 1, 2 and 4 boxes).
 
     PYTHONPATH=. python benchmarks/compressed_collectives.py --sizes 1M,16M,64M --reps 7 --markdown /tmp/compression.md
+    PYTHONPATH=$PWD python benchmarks/compressed_collectives.py --sizes 16M --processes 2 --transport tcp
 
 Each cell is the median of `reps` calls after `warmup` untimed calls of each method. "sent/rank" counts the
 bytes a rank sends to the others in one call (the wire form: codes, scales, indices); "speedup" is jaxcoll's
@@ -15,11 +16,15 @@ exact float32 all_reduce's time over the method's.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import jax
 
-if __name__ == "__main__":
+from jaxcoll import launch
+
+if __name__ == "__main__" and not launch.in_job():  # a job's processes take their device count from the launcher
     jax.config.update("jax_num_cpu_devices", 8)
 
 import numpy as np  # noqa: E402
@@ -27,7 +32,7 @@ from jax import lax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jaxcoll  # noqa: E402
-from jaxcoll.cli.bench import copy_bandwidth, format_size, parse_size  # noqa: E402
+from jaxcoll.cli.bench import copy_bandwidth, copy_bandwidth_setting, format_size, parse_size  # noqa: E402
 from jaxcoll.compress import TopK, formats, quantized  # noqa: E402
 from jaxcoll.compress.sparse import Layout  # noqa: E402
 
@@ -56,8 +61,9 @@ def measure(sizes, reps: int, warmup: int):
     rows = []
     for size in sizes:
         elements = size // 4
-        x = jax.device_put(np.random.default_rng(0).standard_normal((n * elements,), np.float32),
-                           NamedSharding(mesh, P("i")))
+        data = np.random.default_rng(0).standard_normal((n * elements,), np.float32)
+        # From a callback: in a job of several processes each process places only its own devices' shards.
+        x = jax.make_array_from_callback(data.shape, NamedSharding(mesh, P("i")), lambda index: data[index])
         programs = {name: jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P()))
                     for name, fn in METHODS.items()}
         for prog in programs.values():
@@ -202,6 +208,24 @@ def markdown(rows, sim_rows, copy_gbps) -> str:
     return "\n".join(out)
 
 
+TRANSPORTS = {"shm": {}, "tcp": {"JAXCOLL_TRANSPORT": "tcp"}}
+
+
+def launch_job(args) -> int:
+    """This benchmark as a job of `args.processes` processes (jaxcoll.launch, as `jaxcoll bench --processes`):
+    the copy bandwidth measured here first, while no process runs; process 0's tables printed."""
+    if 8 % args.processes:
+        raise SystemExit(f"--processes={args.processes} does not divide the 8 devices")
+    env = {"JAXCOLL_BENCH_COPY_BW": repr(copy_bandwidth()), **TRANSPORTS[args.transport]}
+    results = launch.launch(args.processes, [__file__, *sys.argv[1:]], local_devices=8 // args.processes, env=env,
+                            timeout_s=3600)
+    print(results[0].stdout, end="")
+    for r in results:
+        if r.returncode != 0:
+            print(f"process {r.process} exited with {r.returncode}:\n{r.stderr[-3000:]}", file=sys.stderr)
+    return 1 if any(r.returncode != 0 for r in results) else 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1M,16M,64M", help="bytes per rank (float32), comma separated")
@@ -210,7 +234,15 @@ def main():
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--sim-only", action="store_true")
     parser.add_argument("--profile", default=None, help="a size per rank: print the CPU time of each local stage")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="run as a jax.distributed job of this many processes on this machine (jaxcoll.launch), "
+                             "the 8 devices split between them")
+    parser.add_argument("--transport", choices=sorted(TRANSPORTS), default="shm",
+                        help="between processes: shared memory, or TCP over loopback sockets (JAXCOLL_TRANSPORT)")
     args = parser.parse_args()
+    if args.processes > 1 and not launch.in_job():
+        return launch_job(args)
+    process = launch.initialize()[0] if launch.in_job() else 0
     if args.profile:
         print(f"| stage ({args.profile} per rank, one device) | XLA:CPU ms (jax.numpy) | native ms | native GB/s |\n"
               "|---|---:|---:|---:|")
@@ -220,7 +252,12 @@ def main():
         return
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     rows = [] if args.sim_only else measure(sizes, args.reps, args.warmup)
-    text = markdown(rows, simulate(sizes), copy_bandwidth() / 1e9)
+    if process:
+        return
+    text = markdown(rows, simulate(sizes), copy_bandwidth_setting() / 1e9)
+    if launch.in_job():
+        text = (f"{jax.process_count()} processes x {jax.local_device_count()} devices, transport "
+                f"{os.environ.get('JAXCOLL_TRANSPORT', 'shm')} (XLA psum: gloo).\n\n" + text)
     print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:
@@ -228,4 +265,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
