@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import compress_reference as ref
-from jaxcoll.compress import Fp8, Int8, codec
+from jaxcoll.compress import Bf16, Fp8, Int8, codec
+from jaxcoll.compress.formats import roundtrip
 from jaxcoll.plan import abi
 
 FORMATS = [Int8(64), Fp8(64), Int8(256), Fp8(32)]
@@ -146,6 +147,12 @@ def test_decode_sum_is_the_float64_sum_of_the_reference_decoding_within_float32_
     # Each scale may differ from the reference's by a few ulps (see above), each of the 8 adds rounds once.
     tolerance = np.abs(decoded).sum(0) * (8 * 2.0 ** -24 + 2.0 ** -20)
     assert np.all(np.abs(got - decoded.sum(0)) <= tolerance)
+
+
+@pytest.mark.parametrize("fmt", FORMATS[:2] + [Bf16()], ids=IDS[:2] + ["bf16"])
+def test_roundtrip_is_the_formats_roundtrip_bit_for_bit(fmt):
+    x = adversarial(Int8(64), np.random.default_rng(5))["mixed"]  # 8 blocks of 64: whole blocks for both
+    assert_bitwise(jax.jit(lambda v: codec.roundtrip(fmt, v))(x), jax.jit(lambda v: roundtrip(v, fmt))(x))
 
 
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=IDS[:2])

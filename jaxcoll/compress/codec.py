@@ -21,7 +21,7 @@ from jax import lax
 
 from jaxcoll import _jax
 from jaxcoll import runtime  # noqa: F401  (registers the FFI targets)
-from jaxcoll.compress.formats import Format
+from jaxcoll.compress.formats import Bf16, Format, roundtrip as jnp_roundtrip
 from jaxcoll.lowering import pvary
 from jaxcoll.plan import abi
 
@@ -113,3 +113,11 @@ def decode_sum_encode(fmt: Format, codes, scales):
 
     return lax.platform_dependent(codes, scales, cpu=native_decode_sum_encode,
                                   default=lambda c, s: fmt.encode(_jnp_decode_sum(fmt, c, s)))
+
+
+def roundtrip(fmt: Format, x):
+    """x (float32, last axis whole blocks) after fmt's encode and decode: formats.roundtrip, through the native
+    codec on CPU for the block formats (Bf16 is a conversion XLA runs as fast)."""
+    if isinstance(fmt, Bf16):
+        return jnp_roundtrip(x, fmt)
+    return decode(fmt, *encode(fmt, x))
