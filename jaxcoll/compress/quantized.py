@@ -6,7 +6,8 @@ collectives, in the two hops of ZeRO++'s qgZ scheme:
   2. rank p decodes the N chunks it received, sums them in float32 (its reduce-scatter result), encodes the sum
      once and every rank gathers the encoded sums (jaxcoll all_gather), then decodes them.
 So an element is encoded twice on its way (once per hop), and every rank decodes the same bytes: the results
-are bitwise identical on every rank. Traffic per rank is 2 (N-1)/N wire_bytes(x) against 2 (N-1)/N 4|x| for
+are bitwise identical on every rank. The passes over the data run through jaxcoll.compress.codec: native kernels
+on CPU (all_reduce's decode-and-sum and its second encoding fused into one), formats.py's jax.numpy elsewhere. Traffic per rank is 2 (N-1)/N wire_bytes(x) against 2 (N-1)/N 4|x| for
 float32, about 3.9x less for Int8/Fp8 with block_size 256.
 
 bf16 needs no scales and the runtime reduces bfloat16 in float32 and rounds once: it runs the exact collective
