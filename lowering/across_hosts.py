@@ -127,23 +127,26 @@ def _sub_tables(subgroups, processes: np.ndarray, nranks: int):
     return sub_rank, sub_group, sub_processes
 
 
+def network_attributes(phase: across_hosts.Phase, op: str, ids: np.ndarray) -> dict:
+    """The attributes of `phase`'s `jaxcoll_network` custom call (read by xla_ffi/cuda_network.cc), as numpy
+    values: `groups` holds the sub-groups' flattened device ids, `group_size` ranks each; `root` (s32) and `pairs`
+    (s64, source and target sub-ranks interleaved) are read by broadcast and ppermute, 0 and empty for the others."""
+    return {
+        "collective": np.int32(COLLECTIVE_CODES[phase.collective]),
+        "reduce_op": np.int32(REDUCE_OP_CODES[op]),
+        "groups": np.asarray(ids, np.int64),
+        "group_size": np.int64(len(phase.groups[0])),
+        "root": np.int32(phase.root),
+        "pairs": np.array(phase.pairs, np.int64).reshape(-1),
+    }
+
+
 def _network_call(ctx, value, aval, out_aval, phase: across_hosts.Phase, op: str, ids: np.ndarray):
-    """The `jaxcoll_network` custom call of `phase` (csrc: xla_ffi/cuda_network.hpp): `groups` holds the sub-groups'
-    flattened device ids, `group_size` ranks each; `root` (s32) and `pairs` (s64, source and target sub-ranks
-    interleaved) are read by broadcast and ppermute and are 0 and empty for the others."""
-    pairs = np.array(phase.pairs, np.int64).reshape(-1)
     return _jax.custom_call(
         NETWORK_TARGET,
         result_types=[mlir.aval_to_ir_type(ctx.module_context, out_aval)],
         operands=[value],
-        backend_config={
-            "collective": mlir.ir_attribute(np.int32(COLLECTIVE_CODES[phase.collective])),
-            "reduce_op": mlir.ir_attribute(np.int32(REDUCE_OP_CODES[op])),
-            "groups": mlir.ir_attribute(ids),
-            "group_size": mlir.ir_attribute(np.int64(len(phase.groups[0]))),
-            "root": mlir.ir_attribute(np.int32(phase.root)),
-            "pairs": mlir.ir_attribute(pairs),
-        },
+        backend_config={name: mlir.ir_attribute(v) for name, v in network_attributes(phase, op, ids).items()},
         api_version=4,
         operand_layouts=[(0,)],
         result_layouts=[(0,)],
