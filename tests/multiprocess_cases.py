@@ -154,10 +154,14 @@ def case_collectives() -> str:
             perm = [(r, (r + 1) % n) for r in range(n)]
             check(f"ppermute {label}", mesh, in_order, lambda v: jaxcoll.ppermute(v, in_order, perm),
                   lambda v: lax.ppermute(v, in_order, perm), x, "ppermute", perm=perm)
+            # A shift that stops short: rank n - 1 is no target and gets zeros.
+            partial = [(r, r - 1) for r in range(1, n)] or [(0, 0)]
+            check(f"ppermute, partial, {label}", mesh, in_order, lambda v: jaxcoll.ppermute(v, in_order, partial),
+                  lambda v: lax.ppermute(v, in_order, partial), x, "ppermute", perm=partial)
             root = n - 1
             check(f"broadcast {label}", mesh, axes, lambda v: jaxcoll.broadcast(v, axes, root=root),
                   lambda v: lax.all_gather(v, axes)[root], x, "broadcast", root=root)
-            nchecks += 8
+            nchecks += 9
     return f"{nchecks} checks, hosts {jaxcoll.distributed.world().hosts}"
 
 

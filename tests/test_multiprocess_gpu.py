@@ -153,3 +153,26 @@ def test_collectives_across_processes_on_gpus_equal_xla_and_numpy():
     # against XLA's own (NCCL) and numpy, through the CUDA executor's groups spanning processes.
     results = job("collectives", 2, 1, process_env={p: {"CUDA_VISIBLE_DEVICES": str(p)} for p in range(2)})
     assert_all_ok(results, "collectives")
+
+
+def _network_steps() -> tuple[bool, str]:
+    if not _jaxcoll.with_cuda:
+        return False, "jaxcoll was built without the CUDA executor"
+    return _jaxcoll.network_steps()
+
+
+@pytest.mark.skipif(_gpus()[0] < 2 or not _network_steps()[0],
+                    reason=f"needs 2 GPUs and a jaxcoll built against a jaxlib with XLA's FFI collectives extension "
+                           f"(0.11.2 or later): GPUs {_gpus()}, network steps {_network_steps()}")
+@pytest.mark.parametrize("gpus_per_process", [1, 2])
+def test_collectives_across_gpu_hosts_equal_xla_and_numpy(gpus_per_process):
+    # Two processes told they are on two hosts (JAXCOLL_HOST): every group across them runs its steps across
+    # "hosts" on XLA's NCCL communicator (all six collectives: rails for all_reduce, reduce_scatter, all_gather,
+    # one whole-group network phase for all_to_all, broadcast, ppermute), against XLA's own and numpy. With 2 GPUs
+    # a process the rail collectives also run their host-local plans (peer memory within the process).
+    if _gpus()[0] < 2 * gpus_per_process:
+        pytest.skip(f"needs {2 * gpus_per_process} GPUs, has {_gpus()[0]}")
+    env = {p: {"JAXCOLL_HOST": "ab"[p],
+               "CUDA_VISIBLE_DEVICES": ",".join(str(p * gpus_per_process + g) for g in range(gpus_per_process))}
+           for p in range(2)}
+    assert_all_ok(job("collectives", 2, gpus_per_process, process_env=env), "collectives")
