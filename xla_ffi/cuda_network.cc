@@ -195,7 +195,14 @@ ffi::Error Execute(cudaStream_t stream, Collectives c, ffi::AnyBuffer x, ffi::Re
   void* comm = reinterpret_cast<void*>(args.communicator);
   auto* cu_stream = reinterpret_cast<CUstream_st*>(stream);
   const size_t bytes = x.size_bytes();
-  Status st;
+  // The communicator's ranks are the group's (XLA orders a clique as the replica group lists it): a communicator
+  // of another size means that does not hold, and every collective below would pair the wrong ranks.
+  int rank = -1, size = 0;
+  Status st = cuda::nccl_rank(comm, &rank, &size);
+  if (st.ok() && size != group_size)
+    st = Status::Error("XLA's communicator for these groups has " + std::to_string(size) + " ranks, not group_size=" +
+                       std::to_string(group_size));
+  if (!st.ok()) return ffi::Error::Internal(site("execute") + ": " + st.message());
   switch (what) {
     case Collective::kAllReduce:
       st = cuda::nccl_collective(cuda::NetworkCollective::kAllReduce, x.untyped_data(), out->untyped_data(), in,
@@ -217,14 +224,7 @@ ffi::Error Execute(cudaStream_t stream, Collectives c, ffi::AnyBuffer x, ffi::Re
       break;
     case Collective::kCustom:  // refused above
       break;
-    case Collective::kPpermute: {  // this rank's send and receive among the pairs (ranks are the communicator's)
-      int rank = -1, size = 0;
-      if (st = cuda::nccl_rank(comm, &rank, &size); !st.ok()) break;
-      if (size != group_size) {
-        st = Status::Error("XLA's communicator for these groups has " + std::to_string(size) + " ranks, not " +
-                           "group_size=" + std::to_string(group_size));
-        break;
-      }
+    case Collective::kPpermute: {  // this rank's send and receive among the pairs
       int to = -1, from = -1;
       for (size_t i = 0; i < pairs.size(); i += 2) {
         if (pairs[i] == rank) to = int(pairs[i + 1]);
