@@ -5,8 +5,8 @@ An ipc phase is an ordinary jaxcoll custom call over sub-groups of one host (its
 `jaxcoll.algorithms.select`; its sub-groups may span the host's processes, reached through CUDA IPC); a network
 phase is the `jaxcoll_network` custom call, whose replica groups are its sub-groups (the rails, or the whole group
 for all_to_all, broadcast and ppermute) as XLA numbers devices (flattened ids), with the broadcast's `root` and the
-ppermute's `pairs` as attributes. Each device's sub-rank and sub-group are constants of tables indexed by its rank and group, so every
-device of the SPMD program still sees the same attributes.
+ppermute's `pairs` as attributes. Each device's sub-rank and sub-group are constants of tables indexed by its
+rank and group, so every device of the SPMD program still sees the same attributes.
 """
 
 from __future__ import annotations
