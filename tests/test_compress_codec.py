@@ -2,16 +2,21 @@
 XLA:CPU, bit for bit (NaN payloads and signed zeros included), on adversarial inputs; against the numpy reference
 of docs/compression.md; and under vmap, padding, bad shapes and a GPU lowering."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import compress_reference as ref
+import jaxcoll
 from jaxcoll.compress import Bf16, Fp8, Int8, codec
 from jaxcoll.compress.formats import roundtrip
 from jaxcoll.plan import abi
+from sharded import mesh, put
 
 FORMATS = [Int8(64), Fp8(64), Int8(256), Fp8(32)]
 IDS = [f"{f.name}-{f.block_size}" for f in FORMATS]
@@ -204,3 +209,17 @@ def test_the_kernels_refuse_shapes_that_do_not_fit_naming_them(target, operands,
     with pytest.raises(Exception, match=match):
         jax.block_until_ready(jax.jit(lambda *a: call(*a, block_size=np.int64(64)))(*args))
 
+
+
+@pytest.mark.parametrize("collective,targets", [
+    ("all_reduce", ["jaxcoll_codec_encode", "jaxcoll_codec_decode_sum_encode", "jaxcoll_codec_decode"]),
+    ("reduce_scatter", ["jaxcoll_codec_encode", "jaxcoll_codec_decode_sum"]),
+    ("all_gather", ["jaxcoll_codec_encode", "jaxcoll_codec_decode"]),
+])
+def test_the_quantized_collectives_run_the_native_kernels_on_cpu(collective, targets):
+    call = {"all_reduce": lambda v: jaxcoll.all_reduce(v, "i", compression="int8"),
+            "reduce_scatter": lambda v: jaxcoll.reduce_scatter(v, "i", compression="int8", tiled=True),
+            "all_gather": lambda v: jaxcoll.all_gather(v, "i", compression="int8", tiled=True)}[collective]
+    f = jax.jit(jax.shard_map(call, mesh=mesh("1d8"), in_specs=P("i"), out_specs=P("i"), check_vma=False))
+    text = f.lower(put(np.ones((8 * 2048,), np.float32), "1d8")).as_text()
+    assert sorted(set(re.findall(r"@(jaxcoll_codec_\w+)", text))) == sorted(targets)
