@@ -426,6 +426,17 @@ def case_never_arrives() -> str:
     _report(lambda: f(x).block_until_ready())
 
 
+def case_never_starts_jaxcoll() -> str:
+    """Process 1 joins the job (jax.distributed, and its devices: the CPU client waits for every process's) but
+    never reaches jaxcoll: a process that never starts its part."""
+    if PROCESS == 1:
+        jax.devices()
+        time.sleep(60)
+        os._exit(0)
+    f, x = _fault_call()
+    _report(lambda: f(x).block_until_ready())
+
+
 def case_different_plan() -> str:
     f, x = _fault_call(algorithm="ring" if PROCESS == 1 else "two_shot")
     _report(lambda: f(x).block_until_ready(), everyone_reports=True)
