@@ -11,7 +11,7 @@ from jaxcoll.lowering.dtypes import check_op
 from jaxcoll.plan import Collective
 
 
-def all_reduce(x, axis_name, *, op="sum", algorithm="auto", compression=None):
+def all_reduce(x, axis_name, *, op="sum", algorithm="auto", compression=None, compress_axes=None):
     """Reduce `x` over the ranks of `axis_name` and give every rank the result, like `lax.psum` (op="sum"),
     `lax.pmax` ("max") or `lax.pmin` ("min").
 
@@ -27,6 +27,10 @@ def all_reduce(x, axis_name, *, op="sum", algorithm="auto", compression=None):
       compression: None (exact), "bf16", "fp8", "int8", a `jaxcoll.compress` format with its block size, or
         `jaxcoll.compress.TopK(...)` (sparse): float leaves, op="sum"; what travels is the encoded form.
         Error bounds and traffic: docs/compression.md. Derivatives are the exact sum's (straight-through).
+      compress_axes: None (compress over all of `axis_name`), or the axis or axes of `axis_name` that are slow
+        (e.g. the hosts of ("host", "local")): the sum is exact over the other axes and compressed only across
+        these (exact reduce_scatter over the others, compressed all_reduce of the 1/L chunk, exact all_gather;
+        `jaxcoll.compress.hierarchical`). Needs a "bf16", "fp8" or "int8" compression and algorithm="auto".
 
     Returns:
       The same shapes and dtypes as `x`, invariant over `axis_name` under `shard_map(check_vma=True)` (as
@@ -34,9 +38,10 @@ def all_reduce(x, axis_name, *, op="sum", algorithm="auto", compression=None):
       psum does. Every rank's result is bitwise identical. Only op="sum" is differentiable; its transpose is
       psum's.
     """
-    if compression is not None or op == "adasum":
+    if compression is not None or op == "adasum" or compress_axes is not None:
         from jaxcoll.compress import collectives as compressed  # compress/ composes the collectives: above them
-        return compressed.all_reduce(x, axis_name, op=op, algorithm=algorithm, compression=compression)
+        return compressed.all_reduce(x, axis_name, op=op, algorithm=algorithm, compression=compression,
+                                     compress_axes=compress_axes)
     axes = groups.axis_names(axis_name, prim.API)
     op = check_op(prim.API, op)
     n = groups.group_size(axes)

@@ -12,7 +12,7 @@ from jaxcoll.plan import Collective
 
 
 def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", algorithm="auto",
-                   compression=None):
+                   compression=None, compress_axes=None):
     """Reduce `x` over the ranks of `axis_name` and leave rank r with slice r of the result along
     `scatter_dimension`, like `lax.psum_scatter` (op="sum").
 
@@ -26,15 +26,18 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", 
       algorithm: "auto", "direct", "ring" or a `jaxcoll.plan.Plan` for reduce_scatter over N ranks.
       compression: None (exact), "bf16", "fp8", "int8" or a `jaxcoll.compress` format (see `all_reduce`); the
         block size must divide x.size / N.
+      compress_axes: None, or the slow axes of `axis_name`: exact over the others, compressed only across these
+        (see `all_reduce`); the pieces are those of lax.psum_scatter over the whole tuple.
 
     Returns:
       The scattered array(s), varying over `axis_name` as lax.psum_scatter's result is. The transpose of
       op="sum" is `all_gather`.
     """
-    if compression is not None:
+    if compression is not None or compress_axes is not None:
         from jaxcoll.compress import collectives as compressed  # compress/ composes the collectives: above them
         return compressed.reduce_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled, op=op,
-                                         algorithm=algorithm, compression=compression)
+                                         algorithm=algorithm, compression=compression,
+                                         compress_axes=compress_axes)
     axes = groups.axis_names(axis_name, prim.API)
     op = check_op(prim.API, op)
     n = groups.group_size(axes)

@@ -9,7 +9,7 @@ from jax import tree_util
 
 from jaxcoll.collectives.arguments import dimension, split_dimension
 from jaxcoll.compress.adasum import adasum
-from jaxcoll.compress import quantized, sparse
+from jaxcoll.compress import hierarchical, quantized, sparse
 from jaxcoll.compress.formats import Bf16, check_operand, parse
 from jaxcoll.lowering import groups
 
@@ -26,8 +26,30 @@ def _scheme(api_name: str, compression, algorithm, *, sparse_ok: bool):
     return fmt
 
 
-def all_reduce(x, axis_name, *, op, algorithm, compression):
+def compressed_axes(api_name: str, axes: tuple, compress_axes, compression, algorithm) -> tuple | None:
+    """`compress_axes` as a tuple of the axes of `axes` that are compressed, or None for all of them (the flat
+    path). The rest of `axes` are summed exactly (hierarchical.py)."""
+    if compress_axes is None:
+        return None
+    if compression is None:
+        raise ValueError(f"{api_name}: compress_axes={compress_axes!r} needs a compression, got compression=None")
+    if isinstance(compression, sparse.TopK):
+        raise ValueError(f"{api_name}: compress_axes={compress_axes!r} cannot be combined with "
+                         f"compression={compression!r} (sparse); it applies to 'bf16', 'fp8' and 'int8'")
+    named = tuple(compress_axes) if isinstance(compress_axes, (tuple, list)) else (compress_axes,)
+    if not named or len(set(named)) != len(named) or not set(named) <= set(axes):
+        raise ValueError(f"{api_name}: compress_axes={compress_axes!r} must name one or more distinct axes of "
+                         f"axis_name={axes!r}")
+    if algorithm != "auto":
+        raise ValueError(f"{api_name}: algorithm={algorithm!r} cannot be combined with "
+                         f"compress_axes={compress_axes!r}, which runs its own three hops; use algorithm='auto'")
+    return None if set(named) == set(axes) else named
+
+
+def all_reduce(x, axis_name, *, op, algorithm, compression, compress_axes=None):
     api = "jaxcoll.all_reduce"
+    if op == "adasum" and compress_axes is not None:
+        raise ValueError(f"{api}: op='adasum' cannot be combined with compress_axes={compress_axes!r}")
     if op == "adasum":
         if compression is not None:
             raise ValueError(f"{api}: op='adasum' cannot be combined with compression={compression!r}")
@@ -35,6 +57,7 @@ def all_reduce(x, axis_name, *, op, algorithm, compression):
     if op != "sum":
         raise ValueError(f"{api}: compression={compression!r} needs op='sum', got op={op!r}")
     axes = groups.axis_names(axis_name, api)
+    outer = compressed_axes(api, axes, compress_axes, compression, algorithm)
     scheme = _scheme(api, compression, algorithm, sparse_ok=True)
 
     def run(leaf):
@@ -42,16 +65,19 @@ def all_reduce(x, axis_name, *, op, algorithm, compression):
         if isinstance(scheme, sparse.TopK):
             return sparse.topk_leaf(leaf, axes, scheme, api)[0]
         check_operand(api, scheme, leaf, leaf.size)
+        if outer is not None:
+            return hierarchical.all_reduce(leaf, axes, outer, scheme)
         return quantized.all_reduce(leaf, axes, scheme, algorithm)
 
     return tree_util.tree_map(run, x)
 
 
-def reduce_scatter(x, axis_name, *, scatter_dimension, tiled, op, algorithm, compression):
+def reduce_scatter(x, axis_name, *, scatter_dimension, tiled, op, algorithm, compression, compress_axes=None):
     api = "jaxcoll.reduce_scatter"
     if op != "sum":
         raise ValueError(f"{api}: compression={compression!r} needs op='sum', got op={op!r}")
     axes = groups.axis_names(axis_name, api)
+    outer = compressed_axes(api, axes, compress_axes, compression, algorithm)
     n = groups.group_size(axes)
     fmt = _scheme(api, compression, algorithm, sparse_ok=False)
 
@@ -61,6 +87,8 @@ def reduce_scatter(x, axis_name, *, scatter_dimension, tiled, op, algorithm, com
             raise ValueError(f"{api}: x must have rank >= 1 to be scattered, got a scalar")
         dim = split_dimension(api, "scatter_dimension", scatter_dimension, leaf.shape, n, bool(tiled))
         check_operand(api, fmt, leaf, leaf.size // n)
+        if outer is not None:
+            return hierarchical.reduce_scatter(leaf, axes, outer, fmt, scatter_dimension=dim, tiled=bool(tiled))
         return quantized.reduce_scatter(leaf, axes, fmt, scatter_dimension=dim, tiled=bool(tiled),
                                         algorithm=algorithm)
 

@@ -32,7 +32,7 @@ from jaxcoll.lowering import all_gather as all_gather_prim
 from jaxcoll.lowering import groups
 
 
-def _exact_derivative(compressed, exact, x):
+def exact_derivative(compressed, exact, x):
     """compressed(x), differentiated as exact(x) (exact is linear: a collective of the tangent)."""
     f = jax.custom_jvp(compressed)
     f.defjvp(lambda primals, tangents: (f(*primals), exact(*tangents)))
@@ -66,22 +66,38 @@ def _rows(fmt: Format, flat, n: int):
     return codes.reshape(n, per), scales.reshape(n, per // fmt.block_size)
 
 
+def sum_flat(fmt: Format, axes: tuple, flat):
+    """float32 `flat` summed over `axes` through wire format fmt: float32, invariant over `axes`, the same bytes
+    on every rank. No derivative rule (the callers give the exact one); hierarchical.py runs it on the 1/L chunk
+    of the outer axes."""
+    if isinstance(fmt, Bf16):
+        from jaxcoll.collectives.all_reduce import all_reduce as exact
+        return exact(flat.astype(jnp.bfloat16), axes).astype(jnp.float32)
+    # Hop 1's decode and sum and hop 2's encode are one pass: the float32 sum never goes to memory.
+    encoded = codec.decode_sum_encode(fmt, *_exchange(axes, _rows(fmt, flat, groups.group_size(axes))))
+    return _gather(fmt, axes, encoded, invariant=True, kept=flat.size)
+
+
+def scatter_rows(fmt: Format, axes: tuple, rows):
+    """float32 rows (N, per) -> row r of their sum over `axes` on rank r (per,): hop 1 of sum_flat alone, float32,
+    varying over `axes`. No derivative rule."""
+    if isinstance(fmt, Bf16):
+        from jaxcoll.collectives.reduce_scatter import reduce_scatter as exact_rs
+        return exact_rs(rows.astype(jnp.bfloat16), axes, scatter_dimension=0).astype(jnp.float32)
+    return codec.decode_sum(fmt, *_exchange(axes, codec.encode(fmt, rows)))
+
+
 def all_reduce(x, axes: tuple, fmt: Format, algorithm="auto"):
     """The sum over `axes` of x, through wire format fmt (arguments checked by the caller)."""
     from jaxcoll.collectives.all_reduce import all_reduce as exact
     exact_sum = lambda v: exact(v, axes, algorithm=algorithm)  # noqa: E731
     if isinstance(fmt, Bf16):
-        return _exact_derivative(lambda v: exact_sum(v.astype(jnp.bfloat16)).astype(v.dtype), exact_sum, x)
-    n = groups.group_size(axes)
+        return exact_derivative(lambda v: exact_sum(v.astype(jnp.bfloat16)).astype(v.dtype), exact_sum, x)
 
     def compressed(v):
-        flat = v.astype(jnp.float32).reshape(-1)
-        # Hop 1's decode and sum and hop 2's encode are one pass: the float32 sum never goes to memory.
-        encoded = codec.decode_sum_encode(fmt, *_exchange(axes, _rows(fmt, flat, n)))
-        y = _gather(fmt, axes, encoded, invariant=True, kept=flat.size)
-        return y.reshape(v.shape).astype(v.dtype)
+        return sum_flat(fmt, axes, v.astype(jnp.float32).reshape(-1)).reshape(v.shape).astype(v.dtype)
 
-    return _exact_derivative(compressed, exact_sum, x)
+    return exact_derivative(compressed, exact_sum, x)
 
 
 def reduce_scatter(x, axes: tuple, fmt: Format, *, scatter_dimension: int, tiled: bool, algorithm="auto"):
@@ -90,19 +106,17 @@ def reduce_scatter(x, axes: tuple, fmt: Format, *, scatter_dimension: int, tiled
     exact = lambda v: exact_rs(v, axes, scatter_dimension=scatter_dimension, tiled=tiled,  # noqa: E731
                                algorithm=algorithm)
     if isinstance(fmt, Bf16):
-        return _exact_derivative(lambda v: exact(v.astype(jnp.bfloat16)).astype(v.dtype), exact, x)
+        return exact_derivative(lambda v: exact(v.astype(jnp.bfloat16)).astype(v.dtype), exact, x)
     n = groups.group_size(axes)
 
     def compressed(v):
         moved = jnp.moveaxis(v, scatter_dimension, 0)
         out_shape = ((moved.shape[0] // n,) if tiled else ()) + moved.shape[1:]
-        per = moved.size // n
-        rows = moved.astype(jnp.float32).reshape(n, per)
-        part = codec.decode_sum(fmt, *_exchange(axes, codec.encode(fmt, rows)))
-        part = part.reshape(out_shape).astype(v.dtype)
+        rows = moved.astype(jnp.float32).reshape(n, moved.size // n)
+        part = scatter_rows(fmt, axes, rows).reshape(out_shape).astype(v.dtype)
         return jnp.moveaxis(part, 0, scatter_dimension) if tiled else part
 
-    return _exact_derivative(compressed, exact, x)
+    return exact_derivative(compressed, exact, x)
 
 
 def all_gather(x, axes: tuple, fmt: Format, *, axis: int, tiled: bool, algorithm="auto"):
@@ -110,7 +124,7 @@ def all_gather(x, axes: tuple, fmt: Format, *, axis: int, tiled: bool, algorithm
     from jaxcoll.collectives.all_gather import all_gather as exact_ag
     exact = lambda v: exact_ag(v, axes, axis=axis, tiled=tiled, algorithm=algorithm)  # noqa: E731
     if isinstance(fmt, Bf16):
-        return _exact_derivative(lambda v: exact(v.astype(jnp.bfloat16)).astype(v.dtype), exact, x)
+        return exact_derivative(lambda v: exact(v.astype(jnp.bfloat16)).astype(v.dtype), exact, x)
     n = groups.group_size(axes)
 
     def compressed(v):
@@ -123,7 +137,7 @@ def all_gather(x, axes: tuple, fmt: Format, *, axis: int, tiled: bool, algorithm
         shape[axis] *= n
         return moved.reshape(shape)
 
-    return _exact_derivative(compressed, exact, x)
+    return exact_derivative(compressed, exact, x)
 
 
 def wire_bytes(fmt: Format, collective: str, elements: int, n: int) -> int:
