@@ -348,7 +348,19 @@ def case_compressed() -> str:
     np.testing.assert_array_equal(topk[0], ref.numpy_topk(x_np, 16)[0])
     ada = rows(lambda v: jaxcoll.adasum(v, "i"))
     np.testing.assert_allclose(ada[0], ref.numpy_adasum([v.astype(np.float64) for v in x_np]), rtol=2e-5, atol=2e-5)
-    return f"int8, top-k and adasum across processes, hosts {jaxcoll.distributed.world().hosts}"
+
+    # Hierarchical: exact over "y" (inside each process), int8 only over "x" (across the processes): the bound of
+    # the outer hop on each process's exact partial sum s_p (device (x, y) holds row x * L + y).
+    mesh2 = mesh_2d("x")
+    hier = np.concatenate([v for _, v in sorted(local_values(run(
+        lambda v: jaxcoll.all_reduce(v, ("x", "y"), compression=Int8(64), compress_axes="x"), mesh2,
+        put(x_np, mesh2))).items())])
+    s = flat.reshape(NPROCESSES, -1, 512).sum(1)
+    decoded = np.stack([ref.roundtrip(v.astype(np.float32), "int8", 64) for v in s]).sum(0)
+    bound = sum(ref.bound(v, "int8", 64) for v in s) + ref.bound(decoded, "int8", 64) + 2 * n * 2.0 ** -23 * np.abs(
+        x_np).sum(0)
+    assert np.all(np.abs(hier - flat.sum(0)) <= bound) and np.all(hier == hier[0])
+    return f"int8, top-k, adasum and hierarchical int8 across processes, hosts {jaxcoll.distributed.world().hosts}"
 
 
 def case_segments_private() -> str:
