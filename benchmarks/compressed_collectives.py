@@ -4,6 +4,13 @@ the GPU presets (DGX H100, 1, 2 and 4 boxes).
 
     PYTHONPATH=. python benchmarks/compressed_collectives.py --sizes 1M,16M,64M --reps 7 --markdown /tmp/compression.md
     PYTHONPATH=$PWD python benchmarks/compressed_collectives.py --sizes 16M --processes 2 --transport tcp
+    PYTHONPATH=$PWD python benchmarks/compressed_collectives.py --sizes 16M,64M --processes 2 --transport tcp \
+        --mesh 2x4 --compress-axes host
+
+With --mesh OxL the 8 devices form a ("host", "local") mesh (in a job of O processes, "host" runs across the
+processes) and every method reduces over both axes; --compress-axes host adds the hierarchical methods
+(`compress_axes="host"`: exact inside a host, compressed only across hosts), and "across/rank" counts the bytes
+a rank sends over the host axis (the slow hop).
 
 Each cell is the median of `reps` calls after `warmup` untimed calls of each method. "sent/rank" counts the
 bytes a rank sends to the others in one call (the wire form: codes, scales, indices); "speedup" is jaxcoll's
@@ -46,6 +53,33 @@ METHODS = {
 }
 
 
+AXES = ("host", "local")
+METHODS_2D = {
+    "XLA psum": lambda x: lax.psum(x, AXES),
+    "jaxcoll exact": lambda x: jaxcoll.all_reduce(x, AXES),
+    "int8 flat": lambda x: jaxcoll.all_reduce(x, AXES, compression="int8"),
+}
+HIERARCHICAL = ("bf16", "fp8", "int8")
+
+
+def hierarchical_methods(compress_axes: str) -> dict:
+    return {f"{c} hier": (lambda x, c=c: jaxcoll.all_reduce(x, AXES, compression=c, compress_axes=compress_axes))
+            for c in HIERARCHICAL}
+
+
+def across_bytes(method: str, elements: int, outer: int, inner: int) -> int | None:
+    """Bytes one rank sends over the host axis (to ranks of other hosts) in one all_reduce on the 2D mesh."""
+    n = outer * inner
+    if method == "XLA psum":
+        return None  # gloo's schedule is its own
+    if method == "jaxcoll exact":  # hierarchical already: only each rank's 1/L chunk crosses, both halves
+        return 2 * 4 * (elements // inner) * (outer - 1) // outer
+    if method == "int8 flat":  # every rank pair exchanges rows: those to the other hosts' ranks cross
+        return sent_bytes("int8", elements, n) * (n - inner) // (n - 1)
+    fmt = formats.parse("benchmark", method.split()[0])
+    return quantized.wire_bytes(fmt, "all_reduce", elements // inner, outer)
+
+
 def sent_bytes(method: str, elements: int, n: int) -> int:
     """Bytes one rank sends to the others in one all_reduce of `elements` float32 elements per rank."""
     if method in ("XLA psum", "jaxcoll exact"):
@@ -55,17 +89,23 @@ def sent_bytes(method: str, elements: int, n: int) -> int:
     return quantized.wire_bytes(formats.parse("benchmark", method), "all_reduce", elements, n)
 
 
-def measure(sizes, reps: int, warmup: int):
-    mesh = jax.make_mesh((8,), ("i",))
+def measure(sizes, reps: int, warmup: int, mesh_shape=None, compress_axes=None):
+    if mesh_shape is None:
+        mesh, methods, spec = jax.make_mesh((8,), ("i",)), METHODS, P("i")
+    else:  # jax.devices() lists each process's devices together: row p of the grid is process p's
+        mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(mesh_shape), AXES)
+        methods, spec = dict(METHODS_2D), P(AXES)
+        if compress_axes:
+            methods.update(hierarchical_methods(compress_axes))
     n = 8
     rows = []
     for size in sizes:
         elements = size // 4
         data = np.random.default_rng(0).standard_normal((n * elements,), np.float32)
         # From a callback: in a job of several processes each process places only its own devices' shards.
-        x = jax.make_array_from_callback(data.shape, NamedSharding(mesh, P("i")), lambda index: data[index])
-        programs = {name: jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P()))
-                    for name, fn in METHODS.items()}
+        x = jax.make_array_from_callback(data.shape, NamedSharding(mesh, spec), lambda index: data[index])
+        programs = {name: jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=P()))
+                    for name, fn in methods.items()}
         for prog in programs.values():
             for _ in range(warmup):
                 prog(x).block_until_ready()
@@ -78,7 +118,10 @@ def measure(sizes, reps: int, warmup: int):
         exact = float(np.median(times["jaxcoll exact"]))
         for name in programs:
             t = float(np.median(times[name]))
-            rows.append((size, name, sent_bytes(name, elements, n), t, exact / t))
+            if mesh_shape is None:
+                rows.append((size, name, sent_bytes(name, elements, n), t, exact / t))
+            else:
+                rows.append((size, name, across_bytes(name, elements, *mesh_shape), t, exact / t))
         del x, programs
     return rows
 
@@ -193,11 +236,14 @@ def simulate(sizes, boxes_list=(1, 2, 4)):
     return rows
 
 
-def markdown(rows, sim_rows, copy_gbps) -> str:
+def markdown(rows, sim_rows, copy_gbps, sent_label="sent/rank") -> str:
     out = [f"Copy bandwidth measured in this run: {copy_gbps:.1f} GB/s.", "",
-           "| size/rank | method | sent/rank | time ms | speedup vs jaxcoll exact |", "|---:|---|---:|---:|---:|"]
+           f"| size/rank | method | {sent_label} | time ms | speedup vs jaxcoll exact |", "|---:|---|---:|---:|---:|"]
     for size, name, sent, t, speedup in rows:
-        out.append(f"| {format_size(size)} | {name} | {sent / 2**20:.2f} MiB | {t * 1e3:.1f} | {speedup:.2f}x |")
+        sent = "-" if sent is None else f"{sent / 2**20:.2f} MiB"
+        out.append(f"| {format_size(size)} | {name} | {sent} | {t * 1e3:.1f} | {speedup:.2f}x |")
+    if not sim_rows:
+        return "\n".join(out)
     out += ["", "Simulated (jaxcoll.sim, exact all_reduce time over each method's):", "",
             "| topology | ranks | size/rank | exact us | bf16 | fp8 | int8 | top-k 1% |",
             "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -239,7 +285,17 @@ def main():
                              "the 8 devices split between them")
     parser.add_argument("--transport", choices=sorted(TRANSPORTS), default="shm",
                         help="between processes: shared memory, or TCP over loopback sockets (JAXCOLL_TRANSPORT)")
+    parser.add_argument("--mesh", default=None, help="OxL: a (host, local) mesh, every method over both axes")
+    parser.add_argument("--compress-axes", default=None, choices=["host", "local"],
+                        help="with --mesh: add the hierarchical methods, compressed over this axis only")
     args = parser.parse_args()
+    mesh_shape = None
+    if args.mesh:
+        mesh_shape = tuple(int(v) for v in args.mesh.lower().split("x"))
+        if len(mesh_shape) != 2 or mesh_shape[0] * mesh_shape[1] != 8:
+            parser.error(f"--mesh={args.mesh!r} must be OxL with O * L = 8")
+    elif args.compress_axes:
+        parser.error("--compress-axes needs --mesh")
     if args.processes > 1 and not launch.in_job():
         return launch_job(args)
     process = launch.initialize()[0] if launch.in_job() else 0
@@ -251,10 +307,13 @@ def main():
             print(f"| {stage} | {cell(xla, '.2f')} | {cell(native, '.2f')} | {cell(gbps, '.1f')} |")
         return
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    rows = [] if args.sim_only else measure(sizes, args.reps, args.warmup)
+    rows = [] if args.sim_only else measure(sizes, args.reps, args.warmup, mesh_shape, args.compress_axes)
     if process:
         return
-    text = markdown(rows, simulate(sizes), copy_bandwidth_setting() / 1e9)
+    if mesh_shape:  # the simulator's presets are the flat methods': not repeated here
+        text = markdown(rows, [], copy_bandwidth_setting() / 1e9, sent_label="across/rank")
+    else:
+        text = markdown(rows, simulate(sizes), copy_bandwidth_setting() / 1e9)
     if launch.in_job():
         text = (f"{jax.process_count()} processes x {jax.local_device_count()} devices, transport "
                 f"{os.environ.get('JAXCOLL_TRANSPORT', 'shm')} (XLA psum: gloo).\n\n" + text)
