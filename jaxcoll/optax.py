@@ -21,7 +21,8 @@ except ImportError as e:  # optax is an extra: say how to get it rather than a b
     raise ImportError("jaxcoll.optax needs optax: pip install 'jaxcoll[optax]' (or pip install optax)") from e
 
 from jaxcoll.collectives.all_reduce import all_reduce
-from jaxcoll.compress import codec, formats, sparse
+from jaxcoll.compress import codec, formats, hierarchical, sparse
+from jaxcoll.compress import collectives as compressed
 from jaxcoll.lowering import groups
 
 API = "jaxcoll.optax.compressed_sync"
@@ -34,7 +35,7 @@ class CompressedSyncState(NamedTuple):
     residual: optax.Params | None
 
 
-def compressed_sync(axis_name, compression="int8", *, error_feedback=True, mean=True):
+def compressed_sync(axis_name, compression="int8", *, error_feedback=True, mean=True, compress_axes=None):
     """A GradientTransformation that replaces each rank's gradient by the all-reduce of the gradients over
     `axis_name` (their mean with mean=True), sent compressed, with error feedback.
 
@@ -50,6 +51,9 @@ def compressed_sync(axis_name, compression="int8", *, error_feedback=True, mean=
         `jaxcoll.compress.TopK` (sparse all-reduce). Checked when the update traces.
       error_feedback: keep each rank's compression error and add it to its next gradient.
       mean: divide the sum by the group size (data-parallel averaging).
+      compress_axes: None, or the slow axes of `axis_name` (e.g. "host" of ("host", "local")): exact over the
+        others, compressed only across these (`jaxcoll.all_reduce`'s compress_axes; "bf16", "fp8", "int8"). The
+        residual is then the error of the chunk of the host's exact partial sum this rank encoded.
 
     Returns:
       optax.GradientTransformation; `update` returns updates invariant over `axis_name` (identical on every
@@ -67,6 +71,7 @@ def compressed_sync(axis_name, compression="int8", *, error_feedback=True, mean=
     def update(updates, state, params=None):
         del params
         axes = groups.axis_names(axis_name, API)
+        outer = compressed.compressed_axes(API, axes, compress_axes, compression, "auto")
         scale = 1.0 / groups.group_size(axes) if mean else 1.0
         if compression is None:
             return jax.tree_util.tree_map(lambda g: g * scale, all_reduce(updates, axes)), state
@@ -78,6 +83,9 @@ def compressed_sync(axis_name, compression="int8", *, error_feedback=True, mean=
                                   formats.parse(API, compression).block_size)
         if isinstance(compression, sparse.TopK):
             synced, lost = sparse.topk_leaf(flat, axes, compression, API)
+        elif outer is not None:
+            synced, lost = hierarchical.sum_and_loss(flat, axes, outer, formats.parse(API, compression),
+                                                     loss=state.residual is not None)
         else:
             fmt = formats.parse(API, compression)
             synced = all_reduce(flat, axes, compression=fmt)

@@ -105,3 +105,38 @@ def test_without_optax_the_import_says_which_extra_to_install():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert "pip install 'jaxcoll[optax]'" in out.stdout, out.stdout + out.stderr
+
+
+def test_hierarchical_residual_is_what_this_ranks_outer_encoding_lost():
+    # 2x4 mesh, compressed over "x" only: rank (x, y) encodes chunk y (of 4) of its host's exact partial sum; its
+    # residual is that chunk's int8 loss at the chunk's place, zeros elsewhere.
+    g = grads()
+    tx = jaxcoll.optax.compressed_sync(("x", "y"), Int8(32), compress_axes="x")
+
+    def body(g):
+        g = jax.tree.map(lambda a: a[0], g)
+        u, state = tx.update(g, tx.init(g))
+        return u, state.residual
+
+    specs = {k: P(("x", "y")) for k in GRADS}
+    f = jax.jit(jax.shard_map(body, mesh=mesh("2x4"), in_specs=(specs,), out_specs=(P(), specs)))
+    updates, residual = jax.tree.map(np.asarray, f({k: put(v, "2x4") for k, v in g.items()}))
+    flat = np.stack([np.concatenate([g["b"][r].ravel(), g["w"][r].ravel()]) for r in range(8)])
+    flat = np.pad(flat, ((0, 0), (0, 4 * 32 - 127)))  # 4 chunks of one block
+    for d in range(8):
+        host, local = divmod(d, 4)
+        chunk = flat[4 * host:4 * host + 4, 32 * local:32 * local + 32].astype(np.float32).sum(0)
+        want = np.zeros(128)
+        want[32 * local:32 * local + 32] = chunk - ref.roundtrip(chunk, "int8", 32)
+        got = np.concatenate([residual["b"][d].ravel(), residual["w"][d].ravel()])
+        np.testing.assert_allclose(got, want[:127], rtol=1e-4, atol=1e-5)
+    for k in GRADS:
+        assert np.max(np.abs(updates[k] - g[k].mean(0))) < 0.02 * np.max(np.abs(g[k]))
+
+
+def test_compress_axes_outside_the_axes_is_refused_when_the_update_traces():
+    tx = jaxcoll.optax.compressed_sync("i", "int8", compress_axes="host")
+    f = jax.jit(jax.shard_map(lambda a: tx.update(a, tx.init(a))[0], mesh=mesh("1d8"), in_specs=P("i"),
+                              out_specs=P()))
+    with pytest.raises(ValueError, match=r"compress_axes='host' must name one or more distinct axes"):
+        f(put(np.ones((8, 64), np.float32), "1d8"))

@@ -27,8 +27,9 @@ Derivatives are the exact collective's over all of `axes` (straight-through), as
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
-from jaxcoll.compress import quantized
+from jaxcoll.compress import codec, quantized
 from jaxcoll.compress.formats import Bf16, Format
 from jaxcoll.lowering import all_gather as all_gather_prim
 from jaxcoll.lowering import groups
@@ -42,23 +43,36 @@ def split(axes: tuple, compress_axes: tuple) -> tuple:
 def all_reduce(x, axes: tuple, compress_axes: tuple, fmt: Format):
     """The sum over `axes` of x, compressed over `compress_axes` only (arguments checked by the caller)."""
     from jaxcoll.collectives.all_reduce import all_reduce as exact
+
+    def compressed(v):
+        return sum_and_loss(v.astype(jnp.float32).reshape(-1), axes, compress_axes, fmt)[0].reshape(v.shape).astype(
+            v.dtype)
+
+    return quantized.exact_derivative(compressed, lambda v: exact(v, axes), x)
+
+
+def sum_and_loss(flat, axes: tuple, compress_axes: tuple, fmt: Format, *, loss: bool = False):
+    """(sum over `axes` of the float32 vector `flat`, what this rank's outer encoding lost or None): the loss is
+    the encoding error of the chunk of the exact partial sum this rank encodes, at that chunk's place in a
+    vector shaped like `flat` (zeros elsewhere). Added to this rank's next input, the exact inner hop carries it
+    into the same chunk: error feedback (jaxcoll.optax.compressed_sync). No derivative rule."""
     from jaxcoll.collectives.reduce_scatter import reduce_scatter as exact_rs
     inner, outer = split(axes, compress_axes)
     ell = groups.group_size(inner)
     block = 1 if isinstance(fmt, Bf16) else fmt.block_size
-
-    def compressed(v):
-        flat = v.astype(jnp.float32).reshape(-1)
-        padded = -(-flat.size // (ell * block)) * ell * block  # L chunks of whole blocks
-        if padded != flat.size:
-            flat = jnp.pad(flat, (0, padded - flat.size))
-        chunk = exact_rs(flat, inner, scatter_dimension=0, tiled=True)
-        chunk = quantized.sum_flat(fmt, outer, chunk).astype(v.dtype)
-        y = all_gather_prim.bind(chunk, axes=inner, all_gather_dimension=0, tiled=True, algorithm="auto",
-                                 invariant=True)
-        return y[:v.size].reshape(v.shape)
-
-    return quantized.exact_derivative(compressed, lambda v: exact(v, axes), x)
+    size = flat.size
+    padded = -(-size // (ell * block)) * ell * block  # L chunks of whole blocks
+    if padded != size:
+        flat = jnp.pad(flat, (0, padded - size))
+    chunk = exact_rs(flat, inner, scatter_dimension=0, tiled=True)
+    total = all_gather_prim.bind(quantized.sum_flat(fmt, outer, chunk), axes=inner, all_gather_dimension=0,
+                                 tiled=True, algorithm="auto", invariant=True)[:size]
+    if not loss:
+        return total, None
+    lost_chunk = chunk - codec.roundtrip(fmt, lax.stop_gradient(chunk))
+    at = lax.axis_index(inner) * chunk.size  # the exact reduce_scatter's rank order: row-major over `inner`
+    lost = lax.dynamic_update_slice(jnp.zeros((padded,), jnp.float32), lost_chunk, (at,))
+    return total, lost[:size]
 
 
 def reduce_scatter(x, axes: tuple, compress_axes: tuple, fmt: Format, *, scatter_dimension: int, tiled: bool):
