@@ -42,6 +42,7 @@ import jaxcoll  # noqa: E402
 from jaxcoll.cli.bench import copy_bandwidth, copy_bandwidth_setting, format_size, parse_size  # noqa: E402
 from jaxcoll.compress import TopK, formats, quantized  # noqa: E402
 from jaxcoll.compress.sparse import Layout  # noqa: E402
+from jaxcoll.lowering import groups  # noqa: E402
 
 METHODS = {
     "XLA psum": lambda x: lax.psum(x, "i"),
@@ -63,8 +64,16 @@ HIERARCHICAL = ("bf16", "fp8", "int8")
 
 
 def hierarchical_methods(compress_axes: str) -> dict:
-    return {f"{c} hier": (lambda x, c=c: jaxcoll.all_reduce(x, AXES, compression=c, compress_axes=compress_axes))
-            for c in HIERARCHICAL}
+    """The hierarchical methods, and the int8 one's stages timed alone (where its time goes): the exact hops
+    over the other axis (reduce_scatter then all_gather), and the compressed all_reduce of the 1/L chunk."""
+    inner = AXES[1 - AXES.index(compress_axes)]
+    methods = {f"{c} hier": (lambda x, c=c: jaxcoll.all_reduce(x, AXES, compression=c, compress_axes=compress_axes))
+               for c in HIERARCHICAL}
+    methods[f"stages 1+3: exact over {inner}"] = lambda x: jaxcoll.all_gather(
+        jaxcoll.reduce_scatter(x, inner, tiled=True), inner, tiled=True)
+    methods[f"stage 2: int8 over {compress_axes}, 1/L"] = lambda x: jaxcoll.all_reduce(
+        x[:x.size // groups.group_size((inner,))], compress_axes, compression="int8")
+    return methods
 
 
 def across_bytes(method: str, elements: int, outer: int, inner: int) -> int | None:
@@ -74,6 +83,10 @@ def across_bytes(method: str, elements: int, outer: int, inner: int) -> int | No
         return None  # gloo's schedule is its own
     if method == "jaxcoll exact":  # hierarchical already: only each rank's 1/L chunk crosses, both halves
         return 2 * 4 * (elements // inner) * (outer - 1) // outer
+    if method.startswith("stages 1+3"):
+        return 0
+    if method.startswith("stage 2"):
+        return quantized.wire_bytes(formats.parse("benchmark", "int8"), "all_reduce", elements // inner, outer)
     if method == "int8 flat":  # every rank pair exchanges rows: those to the other hosts' ranks cross
         return sent_bytes("int8", elements, n) * (n - inner) // (n - 1)
     fmt = formats.parse("benchmark", method.split()[0])
@@ -104,7 +117,9 @@ def measure(sizes, reps: int, warmup: int, mesh_shape=None, compress_axes=None):
         data = np.random.default_rng(0).standard_normal((n * elements,), np.float32)
         # From a callback: in a job of several processes each process places only its own devices' shards.
         x = jax.make_array_from_callback(data.shape, NamedSharding(mesh, spec), lambda index: data[index])
-        programs = {name: jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=P()))
+        # On the 2D mesh each rank's result comes back as its own shard: the stages' results are not invariant.
+        out_spec = P() if mesh_shape is None else spec
+        programs = {name: jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=out_spec))
                     for name, fn in methods.items()}
         for prog in programs.values():
             for _ in range(warmup):
