@@ -48,6 +48,11 @@ inline std::string ffi_target(Collective c) { return std::string(kTargetPrefix) 
 // XLA's CUDA platform only; its `collective` attribute is a Collective code.
 inline constexpr const char* kNetworkTarget = "jaxcoll_network";
 
+// The sparse all-reduce's local stages (csrc/topk.hpp, xla_ffi/sparse.cc), in the order of a call: select the
+// buckets, the owner's sum and reselection, the dense result, the residual. Stateless; platform "cpu" only.
+inline constexpr std::array<const char*, 4> kSparseTargets = {"jaxcoll_topk_select", "jaxcoll_topk_reduce",
+                                                              "jaxcoll_topk_result", "jaxcoll_topk_residual"};
+
 // Every FFI target, in the order of the collectives' codes.
 inline std::array<std::string, kNumCollectives> ffi_targets() {
   std::array<std::string, kNumCollectives> names;

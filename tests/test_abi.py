@@ -31,6 +31,11 @@ def test_native_network_target_is_the_python_one():
     assert _jaxcoll.abi()["network_target"] == abi.NETWORK_TARGET == "jaxcoll_network"
 
 
+def test_native_sparse_targets_are_the_python_table():
+    assert list(_jaxcoll.abi()["sparse_targets"]) == list(abi.SPARSE_TARGETS)
+    assert set(_jaxcoll.sparse_registrations()) == set(abi.SPARSE_TARGETS)
+
+
 def test_every_target_is_registered_for_each_platform():
     assert set(_jaxcoll.registrations()) == set(abi.TARGETS)
     if _jaxcoll.with_cuda:  # the network steps exist on XLA's CUDA platform only

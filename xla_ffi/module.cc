@@ -21,6 +21,7 @@
 #include "csrc/spanning.hpp"
 #include "csrc/world.hpp"
 #include "xla_ffi/handler.hpp"
+#include "xla_ffi/sparse.hpp"
 #ifdef JAXCOLL_WITH_CUDA
 #include "xla_ffi/cuda_module.hpp"
 #endif
@@ -67,6 +68,12 @@ NB_MODULE(_jaxcoll, m) {
     return out;
   }, "FFI target name -> {stage: capsule}, for jax.ffi.register_ffi_target(platform='cpu').");
 
+  m.def("sparse_registrations", [] {
+    nb::dict out;
+    for (const auto& [name, handler] : jaxcoll::xla_cpu::sparse_handlers()) out[name] = capsule(handler);
+    return out;
+  }, "The sparse all-reduce's FFI target name -> execute capsule, for jax.ffi.register_ffi_target(platform='cpu').");
+
   m.def("abi", [] {
     nb::dict reduce_ops;
     for (int32_t code = 0; code < jaxcoll::kNumReduceOps; ++code) reduce_ops[jaxcoll::kReduceOpNames[code]] = code;
@@ -76,6 +83,9 @@ NB_MODULE(_jaxcoll, m) {
     out["reduce_ops"] = reduce_ops;
     out["targets"] = targets;
     out["network_target"] = jaxcoll::kNetworkTarget;
+    nb::list sparse_targets;
+    for (const char* name : jaxcoll::kSparseTargets) sparse_targets.append(name);
+    out["sparse_targets"] = sparse_targets;
     return out;
   }, "The custom call's interface as compiled in (csrc/abi.hpp): reduction name -> code, and the FFI targets.");
 

@@ -28,3 +28,7 @@ TARGETS = tuple(target_name(c) for c in Collective)
 # The network steps of a collective across GPU hosts (jaxcoll.algorithms.across_hosts): registered for XLA's CUDA
 # platform only; its `collective` attribute is the collective's wire code.
 NETWORK_TARGET = TARGET_PREFIX + "network"
+
+# The sparse all-reduce's local stages (jaxcoll.compress.sparse; csrc/topk.hpp), in the order of a call: select
+# the buckets, the owner's sum and reselection, the dense result, the residual. Registered for platform "cpu" only.
+SPARSE_TARGETS = ("jaxcoll_topk_select", "jaxcoll_topk_reduce", "jaxcoll_topk_result", "jaxcoll_topk_residual")

@@ -1,0 +1,171 @@
+#include "csrc/topk.hpp"
+
+#include <bit>
+#include <climits>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace jaxcoll {
+namespace {
+
+inline uint32_t magnitude_bits(float v) { return std::bit_cast<uint32_t>(v) & 0x7fffffffu; }
+
+// The used length of a bucket's position row: its slots up to the first kNoEntry.
+int64_t used(const int32_t* positions, int64_t capacity) {
+  int64_t n = 0;
+  while (n < capacity && positions[n] != kNoEntry) ++n;
+  return n;
+}
+
+// Positions [0, n) of a bucket must ascend within [0, limit): the merges below rely on it, and the writes of the
+// result and residual stay inside their region.
+Status check_bucket(const int32_t* positions, int64_t n, int64_t limit, const char* what, int64_t index) {
+  for (int64_t s = 0; s < n; ++s) {
+    if (positions[s] < 0 || positions[s] >= limit || (s && positions[s] <= positions[s - 1]))
+      return Status::Error(std::string("jaxcoll sparse all-reduce: ") + what + " " + std::to_string(index) +
+                           " has position " + std::to_string(positions[s]) + " in slot " + std::to_string(s) +
+                           "; positions must ascend within [0, " + std::to_string(limit) + ")");
+  }
+  return Status();
+}
+
+struct Candidate {
+  int32_t position;
+  uint32_t bits;  // the float32 sum's bits
+};
+
+}  // namespace
+
+uint32_t topk_threshold(const float* x, int64_t elements, int64_t k, float floor) {
+  const int64_t samples = std::min(elements, kTopkSample);
+  std::vector<uint32_t> sample(samples);
+  for (int64_t j = 0; j < samples; ++j) sample[j] = magnitude_bits(x[j * elements / samples]);
+  const int64_t rank = (k * samples + elements - 1) / elements;  // k_s in [1, samples] for k in [1, elements]
+  std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(), std::greater<uint32_t>());
+  uint32_t t = sample[rank - 1];
+  t = std::max({t, 1u, magnitude_bits(floor)});
+  return std::min(t, kInfBits);
+}
+
+void topk_select(const float* x, const TopkRegions& regions, uint32_t threshold, int64_t capacity,
+                 int32_t* buckets) {
+  // Signed compares vectorize on every x86-64 (SSE2 has no unsigned one); both sides are below 2^31.
+  const auto t = static_cast<int32_t>(threshold);
+  for (int64_t p = 0; p < regions.nranks; ++p) {
+    int32_t* positions = buckets + p * 2 * capacity;
+    int32_t* values = positions + capacity;
+    const int64_t b = regions.begin(p), e = regions.end(p);
+    int64_t count = 0;
+    auto take = [&](int64_t i) {
+      const uint32_t bits = std::bit_cast<uint32_t>(x[i]);
+      if (static_cast<int32_t>(bits & 0x7fffffffu) < t) return;
+      positions[count] = static_cast<int32_t>(i - b);
+      values[count] = static_cast<int32_t>(bits);
+      ++count;
+    };
+    // Most blocks of 16 hold no entry that reaches the threshold (at 1%, 85% of them): test a block at once and
+    // look at its entries only when one does. A full bucket ends the region's scan.
+    int64_t i = b;
+    for (; i + 16 <= e && count < capacity; i += 16) {
+      int32_t hit = 0;
+      for (int j = 0; j < 16; ++j) hit |= static_cast<int32_t>(std::bit_cast<uint32_t>(x[i + j]) & 0x7fffffffu) >= t;
+      if (!hit) continue;
+      for (int j = 0; j < 16 && count < capacity; ++j) take(i + j);
+    }
+    for (; i < e && count < capacity; ++i) take(i);
+    std::fill(positions + count, positions + capacity, kNoEntry);
+    std::fill(values + count, values + capacity, 0);
+  }
+}
+
+Status topk_reduce(const int32_t* received, int64_t nranks, int64_t capacity, int64_t region, int64_t kept,
+                   int32_t* out) {
+  std::vector<const int32_t*> positions(nranks), values(nranks);
+  std::vector<int64_t> length(nranks), head(nranks, 0);
+  int64_t total = 0;
+  for (int64_t p = 0; p < nranks; ++p) {
+    positions[p] = received + p * 2 * capacity;
+    values[p] = positions[p] + capacity;
+    length[p] = used(positions[p], capacity);
+    if (Status st = check_bucket(positions[p], length[p], region, "the bucket received from rank", p); !st.ok())
+      return st;
+    total += length[p];
+  }
+  // The N buckets ascend, so merging them visits each position once, its ranks' values in rank order: the sum
+  // a dense scatter-add in rank order would give, without a region-sized buffer.
+  std::vector<Candidate> sums;
+  sums.reserve(total);
+  for (;;) {
+    int32_t next = INT32_MAX;
+    for (int64_t p = 0; p < nranks; ++p)
+      if (head[p] < length[p]) next = std::min(next, positions[p][head[p]]);
+    if (next == INT32_MAX) break;
+    float sum = 0.0f;
+    for (int64_t p = 0; p < nranks; ++p) {
+      if (head[p] < length[p] && positions[p][head[p]] == next) {
+        sum += std::bit_cast<float>(values[p][head[p]]);
+        ++head[p];
+      }
+    }
+    sums.push_back({next, std::bit_cast<uint32_t>(sum)});
+  }
+  if (static_cast<int64_t>(sums.size()) > kept) {
+    auto larger = [](const Candidate& a, const Candidate& b) {
+      const uint32_t ma = a.bits & 0x7fffffffu, mb = b.bits & 0x7fffffffu;
+      return ma != mb ? ma > mb : a.position < b.position;
+    };
+    std::nth_element(sums.begin(), sums.begin() + kept, sums.end(), larger);
+    sums.resize(kept);
+    std::sort(sums.begin(), sums.end(), [](const Candidate& a, const Candidate& b) { return a.position < b.position; });
+  }
+  int32_t* out_values = out + kept;
+  const int64_t n = static_cast<int64_t>(sums.size());
+  for (int64_t s = 0; s < n; ++s) {
+    out[s] = sums[s].position;
+    out_values[s] = static_cast<int32_t>(sums[s].bits);
+  }
+  std::fill(out + n, out + kept, kNoEntry);
+  std::fill(out_values + n, out_values + kept, 0);
+  return Status();
+}
+
+Status topk_result(const int32_t* gathered, const TopkRegions& regions, int64_t kept, float* out) {
+  std::memset(out, 0, sizeof(float) * regions.elements);
+  for (int64_t p = 0; p < regions.nranks; ++p) {
+    const int32_t* positions = gathered + p * 2 * kept;
+    const int32_t* values = positions + kept;
+    const int64_t b = regions.begin(p), n = used(positions, kept);
+    if (Status st = check_bucket(positions, n, regions.end(p) - b, "the bucket gathered from owner", p); !st.ok())
+      return st;
+    for (int64_t s = 0; s < n; ++s) out[b + positions[s]] = std::bit_cast<float>(values[s]);
+  }
+  return Status();
+}
+
+Status topk_residual(const float* x, const int32_t* sent, int64_t capacity, const int32_t* gathered, int64_t kept,
+                     const TopkRegions& regions, float* residual) {
+  if (residual != x) std::memcpy(residual, x, sizeof(float) * regions.elements);
+  for (int64_t p = 0; p < regions.nranks; ++p) {
+    const int32_t* mine = sent + p * 2 * capacity;
+    const int32_t* owners = gathered + p * 2 * kept;
+    const int64_t b = regions.begin(p), limit = regions.end(p) - b;
+    const int64_t n_mine = used(mine, capacity), n_owners = used(owners, kept);
+    if (Status st = check_bucket(mine, n_mine, limit, "this rank's bucket for region", p); !st.ok()) return st;
+    if (Status st = check_bucket(owners, n_owners, limit, "the bucket gathered from owner", p); !st.ok()) return st;
+    for (int64_t i = 0, j = 0; i < n_mine && j < n_owners;) {  // both ascend: intersect by merging
+      if (mine[i] < owners[j]) {
+        ++i;
+      } else if (owners[j] < mine[i]) {
+        ++j;
+      } else {
+        residual[b + mine[i]] = 0.0f;
+        ++i;
+        ++j;
+      }
+    }
+  }
+  return Status();
+}
+
+}  // namespace jaxcoll
