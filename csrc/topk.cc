@@ -18,8 +18,7 @@ int64_t used(const int32_t* positions, int64_t capacity) {
   return n;
 }
 
-// Positions [0, n) of a bucket must ascend within [0, limit): the merges below rely on it, and the writes of the
-// result and residual stay inside their region.
+// Positions [0, n) of a bucket must ascend within [0, limit): the merges below rely on it.
 Status check_bucket(const int32_t* positions, int64_t n, int64_t limit, const char* what, int64_t index) {
   for (int64_t s = 0; s < n; ++s) {
     if (positions[s] < 0 || positions[s] >= limit || (s && positions[s] <= positions[s - 1]))
@@ -27,6 +26,17 @@ Status check_bucket(const int32_t* positions, int64_t n, int64_t limit, const ch
                            " has position " + std::to_string(positions[s]) + " in slot " + std::to_string(s) +
                            "; positions must ascend within [0, " + std::to_string(limit) + ")");
   }
+  return Status();
+}
+
+// The same for a bucket of region p of x, whose positions must also name elements of x: the result and the
+// residual write there.
+Status check_bucket(const int32_t* positions, int64_t n, const TopkRegions& regions, int64_t p, const char* what) {
+  if (Status st = check_bucket(positions, n, regions.region(), what, p); !st.ok()) return st;
+  if (n && regions.element(p, positions[n - 1]) >= regions.elements)
+    return Status::Error(std::string("jaxcoll sparse all-reduce: ") + what + " " + std::to_string(p) +
+                         " has position " + std::to_string(positions[n - 1]) + ", past x's " +
+                         std::to_string(regions.elements) + " elements");
   return Status();
 }
 
@@ -52,30 +62,35 @@ void topk_select(const float* x, const TopkRegions& regions, uint32_t threshold,
                  int32_t* buckets) {
   // Signed compares vectorize on every x86-64 (SSE2 has no unsigned one); both sides are below 2^31.
   const auto t = static_cast<int32_t>(threshold);
-  for (int64_t p = 0; p < regions.nranks; ++p) {
-    int32_t* positions = buckets + p * 2 * capacity;
-    int32_t* values = positions + capacity;
-    const int64_t b = regions.begin(p), e = regions.end(p);
-    int64_t count = 0;
-    auto take = [&](int64_t i) {
-      const uint32_t bits = std::bit_cast<uint32_t>(x[i]);
-      if (static_cast<int32_t>(bits & 0x7fffffffu) < t) return;
-      positions[count] = static_cast<int32_t>(i - b);
-      values[count] = static_cast<int32_t>(bits);
-      ++count;
-    };
-    // Most blocks of 16 hold no entry that reaches the threshold (at 1%, 85% of them): test a block at once and
-    // look at its entries only when one does. A full bucket ends the region's scan.
-    int64_t i = b;
-    for (; i + 16 <= e && count < capacity; i += 16) {
-      int32_t hit = 0;
-      for (int j = 0; j < 16; ++j) hit |= static_cast<int32_t>(std::bit_cast<uint32_t>(x[i + j]) & 0x7fffffffu) >= t;
+  const int64_t n = regions.nranks, elements = regions.elements;
+  std::vector<int64_t> count(n, 0);
+  // Most stripes hold no entry that reaches the threshold (at 1%, 85% of them): test a stripe at once and look
+  // at its entries only when one does. Stripe j's region p = j mod N and first position base = (j / N) B are
+  // counted along rather than divided.
+  int64_t p = 0, base = 0;
+  for (int64_t start = 0; start < elements; start += kTopkStripe, p = p + 1 == n ? 0 : p + 1,
+               base += p ? 0 : kTopkStripe) {
+    const int64_t stop = std::min(elements, start + kTopkStripe);
+    if (count[p] == capacity) continue;
+    int32_t hit = 0;
+    if (stop - start == kTopkStripe) {
+      for (int64_t i = 0; i < kTopkStripe; ++i)
+        hit |= static_cast<int32_t>(std::bit_cast<uint32_t>(x[start + i]) & 0x7fffffffu) >= t;
       if (!hit) continue;
-      for (int j = 0; j < 16 && count < capacity; ++j) take(i + j);
     }
-    for (; i < e && count < capacity; ++i) take(i);
-    std::fill(positions + count, positions + capacity, kNoEntry);
-    std::fill(values + count, values + capacity, 0);
+    int32_t* positions = buckets + p * 2 * capacity;
+    for (int64_t i = start; i < stop && count[p] < capacity; ++i) {
+      const uint32_t bits = std::bit_cast<uint32_t>(x[i]);
+      if (static_cast<int32_t>(bits & 0x7fffffffu) < t) continue;
+      positions[count[p]] = static_cast<int32_t>(base + (i - start));
+      positions[capacity + count[p]] = static_cast<int32_t>(bits);
+      ++count[p];
+    }
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    int32_t* positions = buckets + r * 2 * capacity;
+    std::fill(positions + count[r], positions + capacity, kNoEntry);
+    std::fill(positions + capacity + count[r], positions + 2 * capacity, 0);
   }
 }
 
@@ -135,10 +150,9 @@ Status topk_result(const int32_t* gathered, const TopkRegions& regions, int64_t 
   for (int64_t p = 0; p < regions.nranks; ++p) {
     const int32_t* positions = gathered + p * 2 * kept;
     const int32_t* values = positions + kept;
-    const int64_t b = regions.begin(p), n = used(positions, kept);
-    if (Status st = check_bucket(positions, n, regions.end(p) - b, "the bucket gathered from owner", p); !st.ok())
-      return st;
-    for (int64_t s = 0; s < n; ++s) out[b + positions[s]] = std::bit_cast<float>(values[s]);
+    const int64_t n = used(positions, kept);
+    if (Status st = check_bucket(positions, n, regions, p, "the bucket gathered from owner"); !st.ok()) return st;
+    for (int64_t s = 0; s < n; ++s) out[regions.element(p, positions[s])] = std::bit_cast<float>(values[s]);
   }
   return Status();
 }
@@ -149,17 +163,16 @@ Status topk_residual(const float* x, const int32_t* sent, int64_t capacity, cons
   for (int64_t p = 0; p < regions.nranks; ++p) {
     const int32_t* mine = sent + p * 2 * capacity;
     const int32_t* owners = gathered + p * 2 * kept;
-    const int64_t b = regions.begin(p), limit = regions.end(p) - b;
     const int64_t n_mine = used(mine, capacity), n_owners = used(owners, kept);
-    if (Status st = check_bucket(mine, n_mine, limit, "this rank's bucket for region", p); !st.ok()) return st;
-    if (Status st = check_bucket(owners, n_owners, limit, "the bucket gathered from owner", p); !st.ok()) return st;
+    if (Status st = check_bucket(mine, n_mine, regions, p, "this rank's bucket for region"); !st.ok()) return st;
+    if (Status st = check_bucket(owners, n_owners, regions, p, "the bucket gathered from owner"); !st.ok()) return st;
     for (int64_t i = 0, j = 0; i < n_mine && j < n_owners;) {  // both ascend: intersect by merging
       if (mine[i] < owners[j]) {
         ++i;
       } else if (owners[j] < mine[i]) {
         ++j;
       } else {
-        residual[b + mine[i]] = 0.0f;
+        residual[regions.element(p, mine[i])] = 0.0f;
         ++i;
         ++j;
       }

@@ -3,9 +3,14 @@
 // one pass over what it reads, and none allocates O(L): the selection reads x once, the owner's sum and reselection
 // touch only the received buckets, the result is one write of L elements.
 //
-// Rank p owns region p of an L-element vector: elements [p R, min(L, (p + 1) R)) with R = ceil(L / N).
-// A *bucket* of capacity c is int32[2][c]: row 0 holds the selected entries' positions in their region, ascending,
-// and kNoEntry in the unused slots (all after the used ones); row 1 holds their float32 values' bits.
+// The index space is dealt to the N ranks in stripes: block j of kTopkStripe consecutive elements belongs to
+// region j mod N, which rank j mod N owns. A layer whose gradients are larger than the rest (a contiguous run
+// of x) so spreads over every owner, as Ok-Topk's balanced regions do, without agreeing on boundaries first.
+// An entry's *position* is its place in its region: element i is position (i / (B N)) B + i mod B of region
+// (i / B) mod N, B = kTopkStripe.
+//
+// A *bucket* of capacity c is int32[2][c]: row 0 holds the selected entries' positions, ascending, and kNoEntry
+// in the unused slots (all after the used ones); row 1 holds their float32 values' bits.
 #pragma once
 
 #include <algorithm>
@@ -23,13 +28,19 @@ inline constexpr int64_t kTopkSample = int64_t{1} << 16;
 // The float32 bits of +inf: |x| bits at or above it are inf or NaN, which are always selected.
 inline constexpr uint32_t kInfBits = 0x7f800000u;
 
+// A stripe is one 64-byte cache line of float32.
+inline constexpr int64_t kTopkStripe = 16;
+
 struct TopkRegions {
   int64_t elements = 0;  // L
   int64_t nranks = 1;    // N
 
-  int64_t region() const { return (elements + nranks - 1) / nranks; }
-  int64_t begin(int64_t p) const { return std::min(elements, p * region()); }
-  int64_t end(int64_t p) const { return std::min(elements, (p + 1) * region()); }
+  // Positions in a region: ceil(L / (B N)) B (the last stripes of some regions lie past L).
+  int64_t region() const { return (elements + kTopkStripe * nranks - 1) / (kTopkStripe * nranks) * kTopkStripe; }
+  // The element at `position` of region p (possibly >= L).
+  int64_t element(int64_t p, int64_t position) const {
+    return ((position / kTopkStripe) * nranks + p) * kTopkStripe + position % kTopkStripe;
+  }
 };
 
 // The selection threshold as the float32 bits of a magnitude (for |x| these order as the magnitudes do, NaN
@@ -51,8 +62,8 @@ void topk_select(const float* x, const TopkRegions& regions, uint32_t threshold,
 Status topk_reduce(const int32_t* received, int64_t nranks, int64_t capacity, int64_t region, int64_t kept,
                    int32_t* out);
 
-// The dense result: zero everywhere but at owner p's kept entries (gathered is int32[N][2][kept], owner order),
-// element p R + position holds the entry's value. An error names a position outside the owner's region.
+// The dense result: zero everywhere but at owner p's kept entries (gathered is int32[N][2][kept], owner order):
+// the element at each entry's position of region p holds its value. An error names a position past x.
 Status topk_result(const int32_t* gathered, const TopkRegions& regions, int64_t kept, float* out);
 
 // This rank's residual: x, with zero where this rank sent an entry (`sent`, its own int32[N][2][c] buckets) and

@@ -81,13 +81,14 @@ def numpy_threshold(x, k, threshold=None, sample=65536):
 def numpy_topk(x, k, threshold=None, slack=2, sample=65536, details=False):
     """Reference of the sparse all-reduce on x (N, L): (result, residuals), written from the description in
     docs/compression.md: every rank selects the entries whose magnitude reaches its threshold (numpy_threshold;
-    inf and NaN always), puts them in index order into the bucket of their region (N regions of ceil(L/N)) up
-    to slack * ceil(k/N) of them; each owner sums its buckets' values per index in rank order in float32 and keeps
+    inf and NaN always), puts them in index order into the bucket of their region (element i belongs to region
+    (i // 16) % N, of ceil(L / 16N) 16 positions) up to slack * ceil(k/N) of them; each owner sums its buckets' values per index in rank order in float32 and keeps
     the ceil(k/N) largest magnitudes (NaN first, then ties to the lower index); the result holds the kept sums,
     and an entry leaves its rank's residual when it was sent and kept. With details=True also returns the
     selected, sent and kept masks."""
     n, length = x.shape
-    region = -(-length // n)
+    owner = np.arange(length) // 16 % n
+    region = -(-length // (16 * n)) * 16  # positions a region has
     capacity = min(region, slack * -(-k // n))
     keep = min(region, -(-k // n))
     magnitude = np.abs(x).view(np.uint32)  # ordered as the magnitudes, NaN above inf
@@ -96,15 +97,14 @@ def numpy_topk(x, k, threshold=None, slack=2, sample=65536, details=False):
     sent = np.zeros_like(selected)
     for r in range(n):
         for p in range(n):
-            idx = np.nonzero(selected[r, p * region:(p + 1) * region])[0][:capacity]
-            sent[r, p * region + idx] = True
+            sent[r, np.nonzero(selected[r] & (owner == p))[0][:capacity]] = True
     total = np.zeros(length, np.float32)
     for r in range(n):  # in rank order, one float32 add at a time
         total[sent[r]] += x[r, sent[r]]
     touched = sent.any(0)
     kept = np.zeros(length, bool)
     for p in range(n):
-        idx = p * region + np.nonzero(touched[p * region:(p + 1) * region])[0]
+        idx = np.nonzero(touched & (owner == p))[0]
         mag = np.abs(total[idx]).view(np.uint32)
         order = np.lexsort((idx, -mag.astype(np.int64)))  # largest magnitude first, then the lower index
         kept[idx[order[:keep]]] = True

@@ -83,9 +83,9 @@ def test_about_k_entries_are_selected_from_a_large_vector():
 
 def test_a_full_bucket_leaves_the_rest_in_the_residual():
     # k=16 on 8 ranks: buckets of 2 * ceil(16/8) = 4 slots. Rank 0's 10 largest entries all lie in region 0
-    # (elements 0..99): the first 4 in index order go, the other 6 stay home.
+    # (stripes 0, 8, ...: elements 0..15, 128..143, ...): the first 4 in index order go, the other 6 stay home.
     x = np.random.default_rng(6).standard_normal((8, 800)).astype(np.float32) * 0.01
-    big = np.arange(10, 100, 9)
+    big = np.array([0, 3, 6, 9, 12, 15, 130, 133, 136, 139])
     x[0, big] = np.arange(10, 20, dtype=np.float32)
     result, residual = run_topk(x, "1d8", "i", k=16)
     want, want_residual, masks = numpy_topk(x, 16, details=True)
@@ -123,10 +123,10 @@ def test_threshold_keeps_small_entries_home():
 def test_non_finite_entries_are_always_sent_and_equal_magnitudes_go_to_the_lower_index(kernels):
     x = np.zeros((8, 64), np.float32)
     x[:, 5] = 3.0
-    x[:, 6] = -3.0  # the same magnitude in the same region (0: elements 0..7)
-    x[4, 10] = -np.inf  # region 1
-    x[2, 40] = np.nan  # region 5
-    x[6, 50] = 1e-3  # tiny, but rank 6 sends it when nothing larger competes
+    x[:, 6] = -3.0  # the same magnitude in the same region (0: stripe 0 is elements 0..15)
+    x[4, 10] = -np.inf  # region 0 too
+    x[2, 40] = np.nan  # region 2
+    x[6, 50] = 1e-3  # region 3; tiny, but rank 6 sends it when nothing larger competes
     result, residual = run_topk(x, "1d8", "i", kernels, k=2, threshold=100.0)  # nothing finite reaches 100
     assert result[0, 10] == -np.inf and np.isnan(result[0, 40]) and np.count_nonzero(result[0]) == 2
     assert residual[4, 10] == 0 and np.isnan(x[2, 40]) and residual[2, 40] == 0
@@ -134,7 +134,7 @@ def test_non_finite_entries_are_always_sent_and_equal_magnitudes_go_to_the_lower
                                   np.delete(x.reshape(-1), [4 * 64 + 10, 2 * 64 + 40]))
     clean = x.copy()
     clean[4, 10] = clean[2, 40] = 0
-    result, residual = run_topk(clean, "1d8", "i", kernels, k=16)  # 2 kept per region of 8
+    result, residual = run_topk(clean, "1d8", "i", kernels, k=16)  # 2 kept per region
     want, want_residual = numpy_topk(clean, 16)
     np.testing.assert_array_equal(result[0], want)
     np.testing.assert_array_equal(residual, want_residual)

@@ -7,9 +7,12 @@ Per rank, on its flat float32 vector x of L elements (N ranks, k slots):
    NaN always reach it (so a sum shows them, as the dense one would). About k entries of x reach t; when
    L <= 65536 the sample is x itself: exactly the k largest magnitudes and their ties. Ok-Topk, too, estimates
    its threshold rather than sorting.
-2. Buckets: rank p owns region p, elements [p R, (p + 1) R) with R = ceil(L / N). The entries that reach t go, in
-   index order, into their region's bucket of `capacity` c = min(R, SLACK ceil(k / N)) (index in the region,
-   value) slots; an entry past a full bucket is not sent. Every bucket has the same size: a balanced exchange.
+2. Buckets: the index space is dealt to the N ranks in stripes of B = 16 elements (a cache line): stripe j is
+   part of region j mod N, which rank j mod N owns, so a layer whose gradients outweigh the rest spreads over
+   every owner (Ok-Topk balances its regions by moving their boundaries, which needs the ranks to agree first).
+   A region has R = ceil(L / (B N)) B positions. The entries that reach t go, in index order, into their region's
+   bucket of `capacity` c = min(R, SLACK ceil(k / N)) (position, value) slots; an entry past a full bucket is
+   not sent. Every bucket has the same size: a balanced exchange.
 3. Hop 1 (jaxcoll all_to_all): bucket p goes to rank p, which sums its N buckets per index in float32, in rank
    order, and keeps the `kept` c' = min(R, ceil(k / N)) sums of largest magnitude (NaN first, ties to the lower
    index): Ok-Topk's second, global selection, so about k entries are in the result.
@@ -80,8 +83,9 @@ class TopK:
 # the selected entries (gradients are rarely spread evenly over the index space) at 1.5x the traffic of none.
 SLACK = 2
 
-# The threshold's sample size (csrc/topk.hpp's kTopkSample).
+# The threshold's sample size and the regions' stripe (csrc/topk.hpp's kTopkSample and kTopkStripe).
 SAMPLE = 1 << 16
+STRIPE = 16
 
 NO_ENTRY = -1  # a bucket's unused slot (csrc/topk.hpp's kNoEntry)
 
@@ -101,7 +105,7 @@ class Layout:
 
     @property
     def region(self) -> int:
-        return -(-self.elements // self.nranks)
+        return -(-self.elements // (STRIPE * self.nranks)) * STRIPE
 
     @property
     def capacity(self) -> int:
@@ -133,7 +137,8 @@ def _select_jnp(x, layout: Layout, threshold):
     t = lax.top_k(_magnitude_bits(x[sample]), rank)[0][rank - 1]
     floor = int(np.float32(threshold or 0).view(np.int32))
     t = jnp.minimum(jnp.maximum(t, max(1, floor)), _INF_BITS)
-    rows = jnp.pad(x, (0, n * r - x.size)).reshape(n, r)
+    # (stripes / N, N, B) -> (N, stripes / N, B): row p is region p, in position order.
+    rows = jnp.pad(x, (0, n * r - x.size)).reshape(r // STRIPE, n, STRIPE).transpose(1, 0, 2).reshape(n, r)
     chosen = _magnitude_bits(rows) >= t
     slot = jnp.cumsum(chosen, axis=1, dtype=jnp.int32) - 1
     slot = jnp.where(chosen & (slot < c), slot, c)  # column c: not sent, sliced off below
@@ -164,8 +169,9 @@ def _reduce_jnp(received, layout: Layout):
 def _global_index(buckets, layout: Layout):
     """Buckets (flat, N of them) as the indices of their entries in x (L where a slot is unused) and values."""
     b = buckets.reshape(layout.nranks, 2, -1)
-    start = lax.broadcasted_iota(jnp.int32, b[:, 0].shape, 0) * layout.region
-    return jnp.where(b[:, 0] >= 0, start + b[:, 0], layout.elements).reshape(-1), b[:, 1].reshape(-1)
+    region = lax.broadcasted_iota(jnp.int32, b[:, 0].shape, 0)
+    index = (b[:, 0] // STRIPE * layout.nranks + region) * STRIPE + b[:, 0] % STRIPE
+    return jnp.where(b[:, 0] >= 0, index, layout.elements).reshape(-1), b[:, 1].reshape(-1)
 
 
 def _result_jnp(gathered, layout: Layout):
