@@ -117,10 +117,17 @@ def profile(size: int, reps: int = 9):
         rows[f"{name}: encode the sum (hop 2)"] = cpu_ms(lambda v, fmt=fmt: fmt.encode(v), x[:per])
         rows[f"{name}: decode the gathered sums"] = cpu_ms(lambda w, fmt=fmt: fmt.decode(*w).reshape(-1), gathered)
     lay = Layout.of(e, max(1, round(0.01 * e)), n)
-    g = lay.size
-    rows["top-k: select per group"] = cpu_ms(lambda v: [sparse._select(r, None) for r in sparse._grouped(v, lay)], x)
-    index, value = sparse._select(sparse._grouped(x, lay)[0], None)
-    rows["top-k: write the dense result"] = cpu_ms(lambda i, v: sparse._dense(i, v, g, e), index, value)
+    wire = sparse._kernel(0, x, n * 2 * lay.capacity, jnp.int32, x, k=lay.k, nranks=n, threshold=np.float32(0))
+    gathered = jnp.tile(wire[:2 * lay.kept], n)  # hop 2's buckets: n owners' kept slots (positions ascend)
+    rows["top-k: select the buckets (kernel)"] = cpu_ms(
+        lambda v: sparse._kernel(0, v, n * 2 * lay.capacity, jnp.int32, v, k=lay.k, nranks=n,
+                                 threshold=np.float32(0)), x)
+    rows["top-k: owner's sum and reselection (kernel)"] = cpu_ms(
+        lambda w: sparse._kernel(1, w, 2 * lay.kept, jnp.int32, w, nranks=n, region=lay.region), wire)
+    rows["top-k: write the dense result (kernel)"] = cpu_ms(
+        lambda g: sparse._kernel(2, g, e, jnp.float32, g, nranks=n), gathered)
+    rows["top-k: write the residual (kernel)"] = cpu_ms(
+        lambda v, w, g: sparse._kernel(3, v, e, jnp.float32, v, w, g, nranks=n), x, wire, gathered)
     return rows
 
 
@@ -161,10 +168,10 @@ def simulate(sizes, boxes_list=(1, 2, 4)):
                     t += (4 + 1 + 1 + 4 / n + 4 / n + 1 / n + 1 + 4) * e / hbm
                 row[name] = t
             lay = Layout.of(e, max(1, round(0.01 * e)), n)
-            slots = 8 * lay.groups
-            # select (read 4), owner's sum and selection (read ~4/n * 2), scatter to the dense output (write 4)
-            row["top-k 1%"] = (run(Collective.REDUCE_SCATTER, slots, slots)
-                               + run(Collective.ALL_GATHER, slots // n, slots) + (4 + 8 / n + 4) * e / hbm)
+            hop1, hop2 = 8 * n * lay.capacity, 8 * lay.kept  # a rank's N buckets out; one owner's kept bucket
+            # select (read 4), the owner's merge of O(k) slots (negligible), write the dense result (write 4)
+            row["top-k 1%"] = (run(Collective.REDUCE_SCATTER, hop1, hop1)
+                               + run(Collective.ALL_GATHER, hop2, n * hop2) + (4 + 4) * e / hbm)
             rows.append((topo.name, n, size, row))
     return rows
 

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "csrc/memory.hpp"
+
 namespace jaxcoll {
 namespace {
 
@@ -146,6 +148,8 @@ Status topk_reduce(const int32_t* received, int64_t nranks, int64_t capacity, in
 }
 
 Status topk_result(const int32_t* gathered, const TopkRegions& regions, int64_t kept, float* out) {
+  // A fresh output of XLA's faults in 4 KiB pages, which costs more than the writing (csrc/memory.hpp).
+  advise_huge_pages(out, sizeof(float) * regions.elements);
   std::memset(out, 0, sizeof(float) * regions.elements);
   for (int64_t p = 0; p < regions.nranks; ++p) {
     const int32_t* positions = gathered + p * 2 * kept;
@@ -159,7 +163,10 @@ Status topk_result(const int32_t* gathered, const TopkRegions& regions, int64_t 
 
 Status topk_residual(const float* x, const int32_t* sent, int64_t capacity, const int32_t* gathered, int64_t kept,
                      const TopkRegions& regions, float* residual) {
-  if (residual != x) std::memcpy(residual, x, sizeof(float) * regions.elements);
+  if (residual != x) {
+    advise_huge_pages(residual, sizeof(float) * regions.elements);
+    std::memcpy(residual, x, sizeof(float) * regions.elements);
+  }
   for (int64_t p = 0; p < regions.nranks; ++p) {
     const int32_t* mine = sent + p * 2 * capacity;
     const int32_t* owners = gathered + p * 2 * kept;
