@@ -148,6 +148,21 @@ def test_zeros_are_never_selected():
     assert np.all(result == 0) and np.all(residual == 0)
 
 
+def test_the_kernels_refuse_malformed_buckets_naming_them():
+    # What the kernels read comes from other ranks: a bucket whose positions do not ascend, or name elements past
+    # x, is an error rather than a write out of bounds.
+    result = jax.jit(lambda g: sparse._kernel(2, g, 40, jnp.float32, g, nranks=2))
+    ok = np.array([0, 3, 7, 1] + [-1, 0, 0, 0], np.int32)  # owner 0 holds positions 0 and 3; owner 1 none
+    np.testing.assert_array_equal(np.nonzero(np.asarray(result(ok)))[0], [0, 3])
+    with pytest.raises(Exception, match=r"owner 0 has position 3 in slot 1; positions must ascend"):
+        result(np.array([3, 3, 7, 1] + [-1, 0, 0, 0], np.int32)).block_until_ready()
+    with pytest.raises(Exception, match=r"owner 1 has position 16, past x's 40 elements"):
+        result(np.array([0, 3, 7, 1] + [16, -1, 0, 0], np.int32)).block_until_ready()
+    select = jax.jit(lambda v: sparse._kernel(0, v, 8, jnp.int32, v, k=5, nranks=2, threshold=np.float32(0)))
+    with pytest.raises(Exception, match=r"k=5 is out of range for x of 4 elements"):
+        select(np.ones(4, np.float32)).block_until_ready()
+
+
 def test_traffic_is_order_k():
     lay = Layout.of(16 * 2 ** 20, 16 * 2 ** 20 // 100, 8)
     assert lay.wire_bytes() == 8 * 7 * (2 * -(-lay.k // 8) + -(-lay.k // 8))  # hop 1's buckets, hop 2's
