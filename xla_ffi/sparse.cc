@@ -12,8 +12,8 @@ namespace ffi = xla::ffi;
 namespace jaxcoll::xla_cpu {
 namespace {
 
-// Under vmap (vmap_method="broadcast_all") every operand and result gains the same leading batch dimensions;
-// each handler runs its stage once per batch item. An operand's shape is (*batch, *item).
+// Every operand and result is (*batch, length): under vmap (vmap_method="broadcast_all") they gain the same
+// leading batch dimensions, and each handler runs its stage once per batch item.
 struct Items {
   int64_t count = 1;
   ffi::Span<const int64_t> batch;
@@ -46,25 +46,27 @@ bool SameBatch(const Items& a, ffi::Span<const int64_t> dims, size_t item_rank) 
   return true;
 }
 
-// A bucket array's trailing dims (N, 2, c): N and c, or an error naming the operand.
+// A bucket array of N buckets, flat: (*batch, N * 2 * capacity) with the batch of x. Flat, so that its jax type
+// is x's with another length (jaxcoll/compress/sparse.py); its capacity, or an error naming the operand.
 ffi::Error BucketDims(const char* target, const char* name, ffi::Span<const int64_t> dims, const Items& items,
-                      int64_t& nranks, int64_t& capacity) {
-  if (!SameBatch(items, dims, 3) || dims[dims.size() - 2] != 2)
-    return Invalid(target, std::string(name) + " has shape " + Shape(dims) + "; expected (*batch, N, 2, capacity) "
-                                               "with the batch of x");
-  nranks = dims[dims.size() - 3];
-  capacity = dims[dims.size() - 1];
+                      int64_t nranks, int64_t& capacity) {
+  if (nranks < 1) return Invalid(target, "nranks=" + std::to_string(nranks) + " must be >= 1");
+  if (!SameBatch(items, dims, 1) || dims.back() % (2 * nranks))
+    return Invalid(target, std::string(name) + " has shape " + Shape(dims) + "; expected (*batch, " +
+                               std::to_string(nranks) + " * 2 * capacity) with the batch of x");
+  capacity = dims.back() / (2 * nranks);
   return ffi::Error::Success();
 }
 
 ffi::Error Fail(const char* target, const Status& st) { return ffi::Error::Internal(std::string(target) + ": " + st.message()); }
 
-ffi::Error Select(ffi::Buffer<ffi::F32> x, int64_t k, float threshold, ffi::ResultBuffer<ffi::S32> buckets) {
+ffi::Error Select(ffi::Buffer<ffi::F32> x, int64_t k, int64_t nranks, float threshold,
+                  ffi::ResultBuffer<ffi::S32> buckets) {
   const char* target = kSparseTargets[0];
   Items items;
   if (!BatchOf(x.dimensions(), 1, items)) return Invalid(target, "x must have at least one dimension");
   const int64_t elements = x.dimensions().back();
-  int64_t nranks = 0, capacity = 0;
+  int64_t capacity = 0;
   if (ffi::Error e = BucketDims(target, "the buckets result", buckets->dimensions(), items, nranks, capacity);
       e.failure())
     return e;
@@ -72,7 +74,6 @@ ffi::Error Select(ffi::Buffer<ffi::F32> x, int64_t k, float threshold, ffi::Resu
     return Invalid(target, "k=" + std::to_string(k) + " is out of range for x of " + std::to_string(elements) +
                                " elements; it must be in [1, " + std::to_string(elements) + "]");
   if (!(threshold >= 0)) return Invalid(target, "threshold=" + std::to_string(threshold) + " must be >= 0");
-  if (nranks < 1) return Invalid(target, "the buckets result has no ranks");
   const TopkRegions regions{elements, nranks};
   const int64_t stride = nranks * 2 * capacity;
   for (int64_t b = 0; b < items.count; ++b) {
@@ -82,17 +83,14 @@ ffi::Error Select(ffi::Buffer<ffi::F32> x, int64_t k, float threshold, ffi::Resu
   return ffi::Error::Success();
 }
 
-ffi::Error Reduce(ffi::Buffer<ffi::S32> received, int64_t region, ffi::ResultBuffer<ffi::S32> out) {
+ffi::Error Reduce(ffi::Buffer<ffi::S32> received, int64_t nranks, int64_t region, ffi::ResultBuffer<ffi::S32> out) {
   const char* target = kSparseTargets[1];
   Items items;
-  if (!BatchOf(received.dimensions(), 3, items)) return Invalid(target, "received must be (*batch, N, 2, capacity)");
-  int64_t nranks = 0, capacity = 0;
+  if (!BatchOf(received.dimensions(), 1, items)) return Invalid(target, "received must have at least one dimension");
+  int64_t capacity = 0, kept = 0;
   if (ffi::Error e = BucketDims(target, "received", received.dimensions(), items, nranks, capacity); e.failure())
     return e;
-  const auto od = out->dimensions();
-  if (!SameBatch(items, od, 2) || od[od.size() - 2] != 2)
-    return Invalid(target, "the kept bucket has shape " + Shape(od) + "; expected (*batch, 2, kept)");
-  const int64_t kept = od.back();
+  if (ffi::Error e = BucketDims(target, "the kept bucket", out->dimensions(), items, 1, kept); e.failure()) return e;
   for (int64_t b = 0; b < items.count; ++b) {
     const Status st = topk_reduce(received.typed_data() + b * nranks * 2 * capacity, nranks, capacity, region, kept,
                                   out->typed_data() + b * 2 * kept);
@@ -101,11 +99,11 @@ ffi::Error Reduce(ffi::Buffer<ffi::S32> received, int64_t region, ffi::ResultBuf
   return ffi::Error::Success();
 }
 
-ffi::Error Result(ffi::Buffer<ffi::S32> gathered, ffi::ResultBuffer<ffi::F32> out) {
+ffi::Error Result(ffi::Buffer<ffi::S32> gathered, int64_t nranks, ffi::ResultBuffer<ffi::F32> out) {
   const char* target = kSparseTargets[2];
   Items items;
   if (!BatchOf(out->dimensions(), 1, items)) return Invalid(target, "the result must have at least one dimension");
-  int64_t nranks = 0, kept = 0;
+  int64_t kept = 0;
   if (ffi::Error e = BucketDims(target, "gathered", gathered.dimensions(), items, nranks, kept); e.failure()) return e;
   const TopkRegions regions{out->dimensions().back(), nranks};
   for (int64_t b = 0; b < items.count; ++b) {
@@ -117,17 +115,14 @@ ffi::Error Result(ffi::Buffer<ffi::S32> gathered, ffi::ResultBuffer<ffi::F32> ou
 }
 
 ffi::Error Residual(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> sent, ffi::Buffer<ffi::S32> gathered,
-                    ffi::ResultBuffer<ffi::F32> residual) {
+                    int64_t nranks, ffi::ResultBuffer<ffi::F32> residual) {
   const char* target = kSparseTargets[3];
   Items items;
   if (!BatchOf(x.dimensions(), 1, items)) return Invalid(target, "x must have at least one dimension");
-  int64_t nranks = 0, capacity = 0, gathered_ranks = 0, kept = 0;
+  int64_t capacity = 0, kept = 0;
   if (ffi::Error e = BucketDims(target, "sent", sent.dimensions(), items, nranks, capacity); e.failure()) return e;
-  if (ffi::Error e = BucketDims(target, "gathered", gathered.dimensions(), items, gathered_ranks, kept); e.failure())
+  if (ffi::Error e = BucketDims(target, "gathered", gathered.dimensions(), items, nranks, kept); e.failure())
     return e;
-  if (gathered_ranks != nranks)
-    return Invalid(target, "sent has " + std::to_string(nranks) + " buckets but gathered has " +
-                               std::to_string(gathered_ranks));
   if (residual->element_count() != x.element_count()) return Invalid(target, "the residual's shape differs from x's");
   const TopkRegions regions{x.dimensions().back(), nranks};
   for (int64_t b = 0; b < items.count; ++b) {
@@ -146,17 +141,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxcoll_topk_select_handler, jaxcoll::xla_cpu::Sel
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("k")
+                                  .Attr<int64_t>("nranks")
                                   .Attr<float>("threshold")
                                   .Ret<ffi::Buffer<ffi::S32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxcoll_topk_reduce_handler, jaxcoll::xla_cpu::Reduce,
-                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::S32>>().Attr<int64_t>("region").Ret<ffi::Buffer<ffi::S32>>());
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("nranks")
+                                  .Attr<int64_t>("region")
+                                  .Ret<ffi::Buffer<ffi::S32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxcoll_topk_result_handler, jaxcoll::xla_cpu::Result,
-                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::F32>>());
+                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::S32>>().Attr<int64_t>("nranks").Ret<ffi::Buffer<ffi::F32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxcoll_topk_residual_handler, jaxcoll::xla_cpu::Residual,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("nranks")
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 namespace jaxcoll::xla_cpu {
