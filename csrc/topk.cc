@@ -6,12 +6,35 @@
 #include <string>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "csrc/memory.hpp"
 
 namespace jaxcoll {
 namespace {
 
 inline uint32_t magnitude_bits(float v) { return std::bit_cast<uint32_t>(v) & 0x7fffffffu; }
+
+// Whether one of the kTopkStripe entries at x has |x| bits >= t (t >= 1). Signed compares: SSE2, which every
+// x86-64 has, has no unsigned one, and both sides are below 2^31. GCC leaves the plain loop scalar.
+inline bool stripe_hits(const float* x, int32_t t) {
+#if defined(__SSE2__)
+  static_assert(kTopkStripe == 16);
+  const __m128i magnitude = _mm_set1_epi32(0x7fffffff), below = _mm_set1_epi32(t - 1);
+  __m128i any = _mm_setzero_si128();
+  for (int i = 0; i < 16; i += 4) {
+    const __m128i bits = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)), magnitude);
+    any = _mm_or_si128(any, _mm_cmpgt_epi32(bits, below));
+  }
+  return _mm_movemask_epi8(any) != 0;
+#else
+  int32_t hit = 0;
+  for (int64_t i = 0; i < kTopkStripe; ++i) hit |= static_cast<int32_t>(magnitude_bits(x[i])) >= t;
+  return hit;
+#endif
+}
 
 // The used length of a bucket's position row: its slots up to the first kNoEntry.
 int64_t used(const int32_t* positions, int64_t capacity) {
@@ -62,8 +85,7 @@ uint32_t topk_threshold(const float* x, int64_t elements, int64_t k, float floor
 
 void topk_select(const float* x, const TopkRegions& regions, uint32_t threshold, int64_t capacity,
                  int32_t* buckets) {
-  // Signed compares vectorize on every x86-64 (SSE2 has no unsigned one); both sides are below 2^31.
-  const auto t = static_cast<int32_t>(threshold);
+  const auto t = static_cast<int32_t>(threshold);  // below 2^31: compared with |x| bits as int32
   const int64_t n = regions.nranks, elements = regions.elements;
   std::vector<int64_t> count(n, 0);
   // Most stripes hold no entry that reaches the threshold (at 1%, 85% of them): test a stripe at once and look
@@ -74,12 +96,7 @@ void topk_select(const float* x, const TopkRegions& regions, uint32_t threshold,
                base += p ? 0 : kTopkStripe) {
     const int64_t stop = std::min(elements, start + kTopkStripe);
     if (count[p] == capacity) continue;
-    int32_t hit = 0;
-    if (stop - start == kTopkStripe) {
-      for (int64_t i = 0; i < kTopkStripe; ++i)
-        hit |= static_cast<int32_t>(std::bit_cast<uint32_t>(x[start + i]) & 0x7fffffffu) >= t;
-      if (!hit) continue;
-    }
+    if (stop - start == kTopkStripe && !stripe_hits(x + start, t)) continue;
     int32_t* positions = buckets + p * 2 * capacity;
     for (int64_t i = start; i < stop && count[p] < capacity; ++i) {
       const uint32_t bits = std::bit_cast<uint32_t>(x[i]);
@@ -99,7 +116,7 @@ void topk_select(const float* x, const TopkRegions& regions, uint32_t threshold,
 Status topk_reduce(const int32_t* received, int64_t nranks, int64_t capacity, int64_t region, int64_t kept,
                    int32_t* out) {
   std::vector<const int32_t*> positions(nranks), values(nranks);
-  std::vector<int64_t> length(nranks), head(nranks, 0);
+  std::vector<int64_t> length(nranks);
   int64_t total = 0;
   for (int64_t p = 0; p < nranks; ++p) {
     positions[p] = received + p * 2 * capacity;
@@ -109,23 +126,33 @@ Status topk_reduce(const int32_t* received, int64_t nranks, int64_t capacity, in
       return st;
     total += length[p];
   }
-  // The N buckets ascend, so merging them visits each position once, its ranks' values in rank order: the sum
-  // a dense scatter-add in rank order would give, without a region-sized buffer.
-  std::vector<Candidate> sums;
+  // The buckets ascend: merging them into the running sums one rank after another adds each position's values
+  // in rank order (the sum a dense scatter-add in rank order would give) without a region-sized buffer, in
+  // N - 1 two-way merges that branch predictably.
+  std::vector<Candidate> sums, merged;
   sums.reserve(total);
-  for (;;) {
-    int32_t next = INT32_MAX;
-    for (int64_t p = 0; p < nranks; ++p)
-      if (head[p] < length[p]) next = std::min(next, positions[p][head[p]]);
-    if (next == INT32_MAX) break;
-    float sum = 0.0f;
-    for (int64_t p = 0; p < nranks; ++p) {
-      if (head[p] < length[p] && positions[p][head[p]] == next) {
-        sum += std::bit_cast<float>(values[p][head[p]]);
-        ++head[p];
+  merged.reserve(total);
+  for (int64_t p = 0; p < nranks; ++p) {
+    merged.clear();
+    const int32_t* pos = positions[p];
+    const int32_t* val = values[p];
+    size_t i = 0;
+    int64_t j = 0;
+    while (i < sums.size() && j < length[p]) {
+      if (sums[i].position < pos[j]) {
+        merged.push_back(sums[i++]);
+      } else if (pos[j] < sums[i].position) {
+        merged.push_back({pos[j], std::bit_cast<uint32_t>(0.0f + std::bit_cast<float>(val[j]))});
+        ++j;
+      } else {
+        merged.push_back({pos[j], std::bit_cast<uint32_t>(std::bit_cast<float>(sums[i].bits) + std::bit_cast<float>(val[j]))});
+        ++i;
+        ++j;
       }
     }
-    sums.push_back({next, std::bit_cast<uint32_t>(sum)});
+    merged.insert(merged.end(), sums.begin() + i, sums.end());
+    for (; j < length[p]; ++j) merged.push_back({pos[j], std::bit_cast<uint32_t>(0.0f + std::bit_cast<float>(val[j]))});
+    std::swap(sums, merged);
   }
   if (static_cast<int64_t>(sums.size()) > kept) {
     auto larger = [](const Candidate& a, const Candidate& b) {
