@@ -99,12 +99,6 @@ class CudaTimer:
 # ---------------------------------------------------------------------------------------------------------------
 # The parts
 # ---------------------------------------------------------------------------------------------------------------
-def elements(plan: Plan, larger_buffer_bytes: int, itemsize: int = 4) -> tuple[int, int]:
-    """(input, output) elements of a rank whose larger buffer holds `larger_buffer_bytes`."""
-    block = larger_buffer_bytes // itemsize // max(plan.in_blocks, plan.out_blocks)
-    return block * plan.in_blocks, block * plan.out_blocks
-
-
 def size_label(nbytes: int) -> str:
     return f"{nbytes // MiB} MiB" if nbytes >= MiB else f"{nbytes // KiB} KiB"
 
@@ -124,7 +118,7 @@ def bulk_table(timer, n: int, sizes: Sizes, iters: int) -> list[str]:
     for collective, name in ((Collective.ALL_REDUCE, "two_shot"), (Collective.ALL_REDUCE, "ring"),
                              (Collective.ALL_GATHER, "direct"), (Collective.ALL_GATHER, "ring")):
         plan = algorithms.builtin(collective, name, n)
-        ins, outs = elements(plan, sizes.bulk_bytes)
+        ins, outs = plan.elements_for_bytes(sizes.bulk_bytes, 4)
         r = timer.plan(plan, ins, outs, iters=iters, graph=False, protocol="bulk")
         traffic = r["traffic_bytes"] / r["seconds_per_call"]
         share = traffic / copy_traffic
@@ -139,7 +133,7 @@ def packet_table(timer, n: int, sizes: Sizes, iters: int) -> list[str]:
     lines = [f"| collective | algorithm | protocol | per rank | launch | time per call | goal < "
              f"{PACKET_GOAL_S * 1e6:.0f} us |", "|---|---|---|---|---|---|---|"]
     plan = algorithms.builtin(Collective.ALL_REDUCE, "direct", n)
-    ins, outs = elements(plan, sizes.packet_bytes)
+    ins, outs = plan.elements_for_bytes(sizes.packet_bytes, 4)
     for graph in (False, True):
         launch = "CUDA graph replay" if graph else "back to back"
         try:

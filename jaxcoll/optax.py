@@ -13,7 +13,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
+
+try:
+    import optax
+except ImportError as e:  # optax is an extra: say how to get it rather than a bare "No module named optax"
+    raise ImportError("jaxcoll.optax needs optax: pip install 'jaxcoll[optax]' (or pip install optax)") from e
 
 from jaxcoll.collectives.all_reduce import all_reduce
 from jaxcoll.compress import formats, sparse

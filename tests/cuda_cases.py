@@ -94,11 +94,7 @@ def elements_for_bytes(plan: Plan, nbytes: int, dtype) -> int:
     """A rank's input elements such that its larger buffer (input or output) holds at most `nbytes` and the input
     splits into the plan's in_blocks: 256 MiB per rank means 256 MiB in and out for all_reduce, 32 MiB in and
     256 MiB out for an 8-rank all_gather, 256 MiB in and 32 MiB out for reduce_scatter."""
-    block = nbytes // np.dtype(dtype).itemsize // max(plan.in_blocks, plan.out_blocks)
-    if block < 1:
-        raise ValueError(f"elements_for_bytes: {nbytes} bytes hold no block of the plan's "
-                         f"{max(plan.in_blocks, plan.out_blocks)} chunks of {np.dtype(dtype).name}")
-    return block * plan.in_blocks
+    return plan.elements_for_bytes(nbytes, np.dtype(dtype).itemsize)[0]
 
 
 def misaligned_offsets(n: int, dtype, seed: int = 0) -> tuple[list[int], list[int]]:

@@ -1,6 +1,8 @@
 """jaxcoll.optax.compressed_sync inside a shard_map'd step: the exact sync is lax.pmean, error feedback keeps
 exactly what the compression lost, and the convergence example (short) trains like the exact run."""
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -95,3 +97,11 @@ def test_example_trains_like_the_exact_run_in_a_short_run():
         assert np.all(np.isfinite(losses)), name
         tolerance = example.TOLERANCE if name != "top-k 1%" else 0.5  # top-k catches up later (docs)
         assert abs(example.final(losses) / exact - 1) <= tolerance, (name, example.final(losses), exact)
+
+
+def test_without_optax_the_import_says_which_extra_to_install():
+    code = ("import sys; sys.modules['optax'] = None\n"  # a None entry makes `import optax` fail as if absent
+            "try:\n    import jaxcoll.optax\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert "pip install 'jaxcoll[optax]'" in out.stdout, out.stdout + out.stderr

@@ -376,6 +376,17 @@ class Plan:
     def num_steps(self) -> int:
         return sum(len(lane.steps) for prog in self.ranks for lane in prog.lanes)
 
+    def elements_for_bytes(self, nbytes: int, itemsize: int) -> tuple[int, int]:
+        """(input, output) elements of a rank whose larger buffer holds at most `nbytes` of `itemsize`-byte
+        elements, the input a whole number of the plan's in_blocks: sizes as the benchmarks and the GPU round
+        quote them (256 MiB per rank: 256 MiB in and out for all_reduce, 32 MiB in and 256 MiB out for an 8-rank
+        all_gather). ValueError when `nbytes` holds no block."""
+        block = nbytes // itemsize // max(self.in_blocks, self.out_blocks)
+        if block < 1:
+            raise ValueError(f"elements_for_bytes: {nbytes} bytes hold no block of the plan's "
+                             f"{max(self.in_blocks, self.out_blocks)} chunks of {itemsize}-byte elements")
+        return block * self.in_blocks, block * self.out_blocks
+
     # -- files -----------------------------------------------------------------------------------------------
     def to_json(self) -> dict:
         d = {
