@@ -1,5 +1,6 @@
 #include "csrc/topk.hpp"
 
+#include <array>
 #include <bit>
 #include <climits>
 #include <cstring>
@@ -70,13 +71,28 @@ struct Candidate {
   uint32_t bits;  // the float32 value's or sum's bits
 };
 
-// The owner's stage's scratch, kept by each thread across calls: O(k) slots each, but a fresh allocation of that
-// size faults in page by page, which took half the stage's time (2.4 of 4.7 ms of CPU at 64 MiB a rank, 1%).
-struct ReduceScratch {
+// The stages' scratch, kept by each thread across calls: O(k) slots each, but a fresh allocation of that size
+// faults in page by page, which took half the owner's stage's time (2.4 of 4.7 ms of CPU at 64 MiB a rank, 1%).
+struct Scratch {
   std::vector<Candidate> entries, sorted, sums;
   std::vector<uint64_t> keys;
 };
-thread_local ReduceScratch reduce_scratch;
+thread_local Scratch scratch;
+
+// Sorts `entries` by position (all below `limit`), stably: an LSD radix sort, 11 bits a pass; `spare` is scratch.
+void sort_by_position(std::vector<Candidate>& entries, std::vector<Candidate>& spare, int64_t limit) {
+  constexpr int kDigitBits = 11;
+  std::array<int64_t, (1 << kDigitBits) + 1> offsets;
+  spare.resize(entries.size());
+  for (int shift = 0; (limit - 1) >> shift; shift += kDigitBits) {
+    offsets.fill(0);
+    const auto digit = [shift](const Candidate& e) { return (e.position >> shift) & ((1 << kDigitBits) - 1); };
+    for (const Candidate& e : entries) ++offsets[digit(e) + 1];
+    for (size_t d = 1; d < offsets.size(); ++d) offsets[d] += offsets[d - 1];
+    for (const Candidate& e : entries) spare[offsets[digit(e)]++] = e;
+    std::swap(entries, spare);
+  }
+}
 
 }  // namespace
 
@@ -138,25 +154,13 @@ Status topk_reduce(const int32_t* received, int64_t nranks, int64_t capacity, in
   // position stay in rank order, so adding each run from 0 gives the sum a dense scatter-add in rank order would,
   // without a region-sized buffer, in a few passes over the O(k) received slots (N - 1 two-way merges made
   // N / 2 passes).
-  ReduceScratch& scratch = reduce_scratch;
   std::vector<Candidate>& entries = scratch.entries;
-  std::vector<Candidate>& sorted = scratch.sorted;
   entries.clear();
   entries.reserve(total);
   for (int64_t p = 0; p < nranks; ++p)
     for (int64_t j = 0; j < length[p]; ++j)
       entries.push_back({positions[p][j], static_cast<uint32_t>(values[p][j])});
-  sorted.resize(entries.size());
-  constexpr int kDigitBits = 11;
-  std::vector<int64_t> offsets((1 << kDigitBits) + 1);
-  for (int shift = 0; (region - 1) >> shift; shift += kDigitBits) {
-    std::fill(offsets.begin(), offsets.end(), 0);
-    const auto digit = [shift](const Candidate& e) { return (e.position >> shift) & ((1 << kDigitBits) - 1); };
-    for (const Candidate& e : entries) ++offsets[digit(e) + 1];
-    for (size_t d = 1; d < offsets.size(); ++d) offsets[d] += offsets[d - 1];
-    for (const Candidate& e : entries) sorted[offsets[digit(e)]++] = e;
-    std::swap(entries, sorted);
-  }
+  sort_by_position(entries, scratch.sorted, region);
   std::vector<Candidate>& sums = scratch.sums;  // position order
   sums.clear();
   sums.reserve(entries.size());
