@@ -18,22 +18,22 @@ namespace {
 
 inline uint32_t magnitude_bits(float v) { return std::bit_cast<uint32_t>(v) & 0x7fffffffu; }
 
-// Whether one of the kTopkStripe entries at x has |x| bits >= t (t >= 1). Signed compares: SSE2, which every
-// x86-64 has, has no unsigned one, and both sides are below 2^31. GCC leaves the plain loop scalar.
-inline bool stripe_hits(const float* x, int32_t t) {
-#if defined(__SSE2__)
+// Bit i set where entry i of the kTopkStripe at x has |x| bits >= t (t >= 1). Signed compares: SSE2, which
+// every x86-64 has, has no unsigned one, and both sides are below 2^31. GCC leaves the plain loop scalar.
+inline uint32_t stripe_hits(const float* x, int32_t t) {
   static_assert(kTopkStripe == 16);
+#if defined(__SSE2__)
   const __m128i magnitude = _mm_set1_epi32(0x7fffffff), below = _mm_set1_epi32(t - 1);
-  __m128i any = _mm_setzero_si128();
+  uint32_t mask = 0;
   for (int i = 0; i < 16; i += 4) {
     const __m128i bits = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)), magnitude);
-    any = _mm_or_si128(any, _mm_cmpgt_epi32(bits, below));
+    mask |= static_cast<uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(bits, below)))) << i;
   }
-  return _mm_movemask_epi8(any) != 0;
+  return mask;
 #else
-  int32_t hit = 0;
-  for (int64_t i = 0; i < kTopkStripe; ++i) hit |= static_cast<int32_t>(magnitude_bits(x[i])) >= t;
-  return hit;
+  uint32_t mask = 0;
+  for (int i = 0; i < 16; ++i) mask |= uint32_t{static_cast<int32_t>(magnitude_bits(x[i])) >= t} << i;
+  return mask;
 #endif
 }
 
@@ -120,14 +120,19 @@ void topk_select(const float* x, const TopkRegions& regions, uint32_t threshold,
                base += p ? 0 : kTopkStripe) {
     const int64_t stop = std::min(elements, start + kTopkStripe);
     if (count[p] == capacity) continue;
-    if (stop - start == kTopkStripe && !stripe_hits(x + start, t)) continue;
     int32_t* positions = buckets + p * 2 * capacity;
-    for (int64_t i = start; i < stop && count[p] < capacity; ++i) {
-      const uint32_t bits = std::bit_cast<uint32_t>(x[i]);
-      if (static_cast<int32_t>(bits & 0x7fffffffu) < t) continue;
+    auto take = [&](int64_t i) {
       positions[count[p]] = static_cast<int32_t>(base + (i - start));
-      positions[capacity + count[p]] = static_cast<int32_t>(bits);
+      positions[capacity + count[p]] = std::bit_cast<int32_t>(x[i]);
       ++count[p];
+    };
+    if (stop - start == kTopkStripe) {
+      // Only the entries whose bits are set: at 1% a stripe that has one mostly has one.
+      for (uint32_t hits = stripe_hits(x + start, t); hits && count[p] < capacity; hits &= hits - 1)
+        take(start + std::countr_zero(hits));
+    } else {
+      for (int64_t i = start; i < stop && count[p] < capacity; ++i)
+        if (static_cast<int32_t>(magnitude_bits(x[i])) >= t) take(i);
     }
   }
   for (int64_t r = 0; r < n; ++r) {
