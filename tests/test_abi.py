@@ -36,6 +36,12 @@ def test_native_sparse_targets_are_the_python_table():
     assert set(_jaxcoll.sparse_registrations()) == set(abi.SPARSE_TARGETS)
 
 
+def test_the_sparse_kernels_constants_are_the_jnp_stages():
+    from jaxcoll.compress import sparse
+    assert dict(_jaxcoll.abi()["topk"]) == {"sample": sparse.SAMPLE, "stripe": sparse.STRIPE,
+                                            "no_entry": sparse.NO_ENTRY}
+
+
 def test_every_target_is_registered_for_each_platform():
     assert set(_jaxcoll.registrations()) == set(abi.TARGETS)
     if _jaxcoll.with_cuda:  # the network steps exist on XLA's CUDA platform only

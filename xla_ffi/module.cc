@@ -19,6 +19,7 @@
 #include "csrc/net.hpp"
 #include "csrc/plan.hpp"
 #include "csrc/spanning.hpp"
+#include "csrc/topk.hpp"
 #include "csrc/world.hpp"
 #include "xla_ffi/handler.hpp"
 #include "xla_ffi/sparse.hpp"
@@ -86,6 +87,11 @@ NB_MODULE(_jaxcoll, m) {
     nb::list sparse_targets;
     for (const char* name : jaxcoll::kSparseTargets) sparse_targets.append(name);
     out["sparse_targets"] = sparse_targets;
+    nb::dict topk;  // the constants jaxcoll.compress.sparse's jnp stages share with csrc/topk.hpp
+    topk["sample"] = jaxcoll::kTopkSample;
+    topk["stripe"] = jaxcoll::kTopkStripe;
+    topk["no_entry"] = jaxcoll::kNoEntry;
+    out["topk"] = topk;
     return out;
   }, "The custom call's interface as compiled in (csrc/abi.hpp): reduction name -> code, and the FFI targets.");
 

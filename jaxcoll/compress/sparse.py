@@ -50,8 +50,9 @@ from jaxcoll.plan import abi
 
 @dataclasses.dataclass(frozen=True)
 class TopK:
-    """Sparse compression: keep about `k` entries per rank (or `fraction` of them), each at least `threshold`
-    in magnitude (None: no floor). Pass as `compression=` to jaxcoll.all_reduce, or to `topk_all_reduce`."""
+    """Sparse compression: each rank selects about `k` of its entries (or `fraction` of them), each at least
+    `threshold` in magnitude (None: no floor), and about k of their sums are kept in all (the module docstring
+    says how). Pass as `compression=` to jaxcoll.all_reduce, or to `topk_all_reduce`."""
 
     k: int | None = None
     fraction: float | None = None
@@ -83,7 +84,8 @@ class TopK:
 # the selected entries (gradients are rarely spread evenly over the index space) at 1.5x the traffic of none.
 SLACK = 2
 
-# The threshold's sample size and the regions' stripe (csrc/topk.hpp's kTopkSample and kTopkStripe).
+# The threshold's sample size and the regions' stripe (csrc/topk.hpp's kTopkSample and kTopkStripe; the native
+# module reports them and tests/test_abi.py holds the two together).
 SAMPLE = 1 << 16
 STRIPE = 16
 
@@ -92,8 +94,8 @@ NO_ENTRY = -1  # a bucket's unused slot (csrc/topk.hpp's kNoEntry)
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """A rank's L `elements` over `nranks` regions of `region` elements, and the buckets' slots: `capacity` per
-    region a rank sends (hop 1), `kept` per owner (hop 2)."""
+    """A rank's L `elements` dealt to `nranks` regions of `region` positions, and the buckets' slots for `k`:
+    `capacity` per region a rank sends (hop 1), `kept` per owner (hop 2)."""
 
     elements: int
     k: int
