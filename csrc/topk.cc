@@ -175,7 +175,9 @@ Status topk_reduce(const int32_t* received, int64_t nranks, int64_t capacity, in
     for (; i < entries.size() && entries[i].position == position; ++i) sum += std::bit_cast<float>(entries[i].bits);
     sums.push_back({position, std::bit_cast<uint32_t>(sum)});
   }
-  if (static_cast<int64_t>(sums.size()) > kept) {
+  if (kept == 0) {
+    sums.clear();
+  } else if (static_cast<int64_t>(sums.size()) > kept) {
     // The kept-th largest key (magnitude, then the lower position first); the sums at or above it, in position
     // order, are the kept ones.
     const auto key = [](const Candidate& c) { return (uint64_t{c.bits & 0x7fffffffu} << 32) | ~uint32_t(c.position); };

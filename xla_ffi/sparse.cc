@@ -1,5 +1,6 @@
 #include "xla_ffi/sparse.hpp"
 
+#include <climits>
 #include <cstdint>
 #include <string>
 
@@ -91,6 +92,8 @@ ffi::Error Reduce(ffi::Buffer<ffi::S32> received, int64_t nranks, int64_t region
   if (ffi::Error e = BucketDims(target, "received", received.dimensions(), items, nranks, capacity); e.failure())
     return e;
   if (ffi::Error e = BucketDims(target, "the kept bucket", out->dimensions(), items, 1, kept); e.failure()) return e;
+  if (region < 1 || region > INT32_MAX)
+    return Invalid(target, "region=" + std::to_string(region) + " must be in [1, 2^31)");
   for (int64_t b = 0; b < items.count; ++b) {
     const Status st = topk_reduce(received.typed_data() + b * nranks * 2 * capacity, nranks, capacity, region, kept,
                                   out->typed_data() + b * 2 * kept);
