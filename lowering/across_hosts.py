@@ -3,9 +3,10 @@ call (docs/cuda.md, "Across hosts").
 
 An ipc phase is an ordinary jaxcoll custom call over sub-groups of one host (its plan chosen by
 `jaxcoll.algorithms.select`; its sub-groups may span the host's processes, reached through CUDA IPC); a network
-phase is the `jaxcoll_network` custom call, whose replica groups are the rails as XLA numbers devices (flattened
-ids). Each device's sub-rank and sub-group are constants of tables indexed by its rank and group, so every
-device of the SPMD program still sees the same attributes.
+phase is the `jaxcoll_network` custom call, whose replica groups are its sub-groups (the rails, or the whole group
+for all_to_all, broadcast and ppermute) as XLA numbers devices (flattened ids), with the broadcast's `root` and the
+ppermute's `pairs` as attributes. Each device's sub-rank and sub-group are constants of tables indexed by its
+rank and group, so every device of the SPMD program still sees the same attributes.
 """
 
 from __future__ import annotations
@@ -37,32 +38,35 @@ def check_network_steps(api_name: str) -> None:
         raise RuntimeError(f"{api_name}: this group spans GPU hosts, and jaxcoll cannot run its network steps: {why}")
 
 
-def schedules(processes: np.ndarray, hosts, nranks: int, collective: Collective, api_name: str):
-    """The schedule of every group (same shape in all: one custom call serves every group of a phase)."""
+def schedules(processes: np.ndarray, hosts, nranks: int, collective: Collective, api_name: str, **params):
+    """The schedule of every group (same phases in all: one custom call serves every group of a phase); `params`
+    are the collective's root or perm."""
     out = []
     for g in range(len(processes) // nranks):
         host_of_rank = [hosts[int(p)] for p in processes[g * nranks:(g + 1) * nranks]]
         try:
-            out.append(across_hosts.schedule(collective, host_of_rank))
+            out.append(across_hosts.schedule(collective, host_of_rank, **params))
         except ValueError as e:
             raise ValueError(f"{api_name}: {e}") from e
-    shapes = {(len(s.hosts), len(s.hosts[0])) for s in out}
+    shapes = {tuple((p.transport, len(p.groups), len(p.groups[0])) for p in s.phases) for s in out}
     if len(shapes) != 1:
+        layouts = sorted({(len(s.hosts), len(s.hosts[0])) for s in out})
         raise ValueError(f"{api_name}: the groups of this call span different numbers of hosts or GPUs per host "
-                         f"({sorted(shapes)} as (hosts, GPUs per host)); jaxcoll needs one layout for every group")
+                         f"({layouts} as (hosts, GPUs per host)); jaxcoll needs one layout for every group")
     return out
 
 
 def emit(ctx, value, aval, out_aval, collective: Collective, *, axes: tuple, op: str, api_name: str,
-         processes: np.ndarray, hosts, algorithm="auto"):
-    """The phases of `collective` on block-leading `value` (wire dtype), giving `out_aval`."""
+         processes: np.ndarray, hosts, algorithm="auto", root: int = 0, perm=()):
+    """The phases of `collective` on block-leading `value` (wire dtype), giving `out_aval`; `root` and `perm` are a
+    broadcast's and a ppermute's parameters."""
     from jaxcoll.lowering import custom_call
     if algorithm != "auto":
         raise ValueError(f"{api_name}: algorithm={algorithm!r} names one plan for the whole group, but the group "
                          "spans GPU hosts, where jaxcoll runs host-local plans and network steps (algorithm='auto')")
     check_network_steps(api_name)
     nranks = groups.lowered_group_size(ctx, axes)
-    plan_of = schedules(processes, hosts, nranks, collective, api_name)
+    plan_of = schedules(processes, hosts, nranks, collective, api_name, root=root, perm=perm)
     ngroups = len(plan_of)
     rank, group = groups.rank_and_group(ctx, axes)
     devices = groups.device_ids(ctx, axes)
@@ -82,8 +86,8 @@ def emit(ctx, value, aval, out_aval, collective: Collective, *, axes: tuple, op:
         flat = _permute_blocks(flat, size, [s.input_blocks for s in plan_of])
     for k, phase in enumerate(plan_of[0].phases):
         parts = len(phase.groups[0])
-        new_size = {Collective.ALL_REDUCE: size, Collective.REDUCE_SCATTER: size // parts,
-                    Collective.ALL_GATHER: size * parts}[phase.collective]
+        new_size = {Collective.REDUCE_SCATTER: size // parts, Collective.ALL_GATHER: size * parts}.get(
+            phase.collective, size)  # the others keep the rank's size
         in_aval, result_aval = aval.update(shape=(size,)), aval.update(shape=(new_size,))
         subgroups = [s.phases[k].groups for s in plan_of]
         if phase.transport == across_hosts.IPC:
@@ -98,7 +102,7 @@ def emit(ctx, value, aval, out_aval, collective: Collective, *, axes: tuple, op:
         else:
             ids = np.array([devices[g * nranks + r] for g, sub in enumerate(subgroups) for rail in sub for r in rail],
                            np.int64)
-            flat = _network_call(ctx, flat, in_aval, result_aval, phase.collective, op, ids, parts)
+            flat = _network_call(ctx, flat, in_aval, result_aval, phase, op, ids)
         size = new_size
     if plan_of[0].output_blocks is not None:
         flat = _permute_blocks(flat, size, [s.output_blocks for s in plan_of])
@@ -123,17 +127,26 @@ def _sub_tables(subgroups, processes: np.ndarray, nranks: int):
     return sub_rank, sub_group, sub_processes
 
 
-def _network_call(ctx, value, aval, out_aval, collective: Collective, op: str, ids: np.ndarray, group_size: int):
+def network_attributes(phase: across_hosts.Phase, op: str, ids: np.ndarray) -> dict:
+    """The attributes of `phase`'s `jaxcoll_network` custom call (read by xla_ffi/cuda_network.cc), as numpy
+    values: `groups` holds the sub-groups' flattened device ids, `group_size` ranks each; `root` (s32) and `pairs`
+    (s64, source and target sub-ranks interleaved) are read by broadcast and ppermute, 0 and empty for the others."""
+    return {
+        "collective": np.int32(COLLECTIVE_CODES[phase.collective]),
+        "reduce_op": np.int32(REDUCE_OP_CODES[op]),
+        "groups": np.asarray(ids, np.int64),
+        "group_size": np.int64(len(phase.groups[0])),
+        "root": np.int32(phase.root),
+        "pairs": np.array(phase.pairs, np.int64).reshape(-1),
+    }
+
+
+def _network_call(ctx, value, aval, out_aval, phase: across_hosts.Phase, op: str, ids: np.ndarray):
     return _jax.custom_call(
         NETWORK_TARGET,
         result_types=[mlir.aval_to_ir_type(ctx.module_context, out_aval)],
         operands=[value],
-        backend_config={
-            "collective": mlir.ir_attribute(np.int32(COLLECTIVE_CODES[collective])),
-            "reduce_op": mlir.ir_attribute(np.int32(REDUCE_OP_CODES[op])),
-            "groups": mlir.ir_attribute(ids),
-            "group_size": mlir.ir_attribute(np.int64(group_size)),
-        },
+        backend_config={name: mlir.ir_attribute(v) for name, v in network_attributes(phase, op, ids).items()},
         api_version=4,
         operand_layouts=[(0,)],
         result_layouts=[(0,)],

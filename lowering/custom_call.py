@@ -70,7 +70,8 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
         # CUDA executor reach one host's GPUs only).
         from jaxcoll.lowering import across_hosts
         result = across_hosts.emit(ctx, value, wire_aval, wire_out, collective, axes=axes, op=op,
-                                   api_name=api_name, processes=processes, hosts=hosts, algorithm=algorithm)
+                                   api_name=api_name, processes=processes, hosts=hosts, algorithm=algorithm,
+                                   **params)
     else:
         nbytes = math.prod(aval.shape) * wire_aval.dtype.itemsize
         plan = plans.choose(api_name, collective, nranks, nbytes, wire_aval.dtype, algorithm,

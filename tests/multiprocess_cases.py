@@ -154,10 +154,14 @@ def case_collectives() -> str:
             perm = [(r, (r + 1) % n) for r in range(n)]
             check(f"ppermute {label}", mesh, in_order, lambda v: jaxcoll.ppermute(v, in_order, perm),
                   lambda v: lax.ppermute(v, in_order, perm), x, "ppermute", perm=perm)
+            # A shift that stops short: rank n - 1 is no target and gets zeros.
+            partial = [(r, r - 1) for r in range(1, n)] or [(0, 0)]
+            check(f"ppermute, partial, {label}", mesh, in_order, lambda v: jaxcoll.ppermute(v, in_order, partial),
+                  lambda v: lax.ppermute(v, in_order, partial), x, "ppermute", perm=partial)
             root = n - 1
             check(f"broadcast {label}", mesh, axes, lambda v: jaxcoll.broadcast(v, axes, root=root),
                   lambda v: lax.all_gather(v, axes)[root], x, "broadcast", root=root)
-            nchecks += 8
+            nchecks += 9
     return f"{nchecks} checks, hosts {jaxcoll.distributed.world().hosts}"
 
 
@@ -422,6 +426,17 @@ def case_never_arrives() -> str:
     _report(lambda: f(x).block_until_ready())
 
 
+def case_never_starts_jaxcoll() -> str:
+    """Process 1 joins the job (jax.distributed, and its devices: the CPU client waits for every process's) but
+    never reaches jaxcoll: a process that never starts its part."""
+    if PROCESS == 1:
+        jax.devices()
+        time.sleep(60)
+        os._exit(0)
+    f, x = _fault_call()
+    _report(lambda: f(x).block_until_ready())
+
+
 def case_different_plan() -> str:
     f, x = _fault_call(algorithm="ring" if PROCESS == 1 else "two_shot")
     _report(lambda: f(x).block_until_ready(), everyone_reports=True)
@@ -485,11 +500,17 @@ def case_gpu_lowering() -> str:
         calls = []
         for target, attrs in re.findall(r"stablehlo.custom_call @(\w+)\((.*?)\n", text):
             call = {"target": target}
-            for name in ("processes", "groups"):
-                m = re.search(name + r" = dense<(\[[-\d, ]*\]|-?\d+)> : tensor<(\d+)x", attrs)
+            for name in ("processes", "groups", "pairs"):
+                m = re.search(r"\b" + name + r" = dense<(\[[-\d, ]*\]|-?\d+)> : tensor<(\d+)x", attrs)
                 if m:  # a splat (one value for all) prints as dense<v>
                     values = json.loads(m.group(1))
                     call[name] = values if isinstance(values, list) else [values] * int(m.group(2))
+                elif re.search(r"\b" + name + r" = dense<> : tensor<0x", attrs):
+                    call[name] = []
+            for name in ("collective", "root", "group_size"):
+                m = re.search(r"\b" + name + r" = (-?\d+) : i", attrs)
+                if m and "jaxcoll_network" == target:
+                    call[name] = int(m.group(1))
             calls.append(call)
         print("lowered", label, json.dumps({"calls": calls}), flush=True)
 
@@ -502,6 +523,11 @@ def case_gpu_lowering() -> str:
     lowered("reduce_scatter", lambda v: jaxcoll.reduce_scatter(v, ("x", "y"), tiled=True), spec)
     lowered("all_gather_rails", lambda v: jaxcoll.all_gather(v, "x", tiled=True), spec)
     lowered("all_to_all", lambda v: jaxcoll.all_to_all(v, ("x", "y"), 0, 0, tiled=True), spec)
+    lowered("broadcast", lambda v: jaxcoll.broadcast(v, ("x", "y"), root=5), spec)
+    # rank r sends to r + 4 (its peer on the other host); ranks 0-3 are no target and get zeros.
+    lowered("ppermute", lambda v: jaxcoll.ppermute(v, ("x", "y"), [(r, r + 4) for r in range(4)]), spec)
+    lowered("all_to_all_algorithm", lambda v: jaxcoll.all_to_all(v, ("x", "y"), 0, 0, tiled=True,
+                                                                  algorithm="direct"), spec)
     return f"hosts {jaxcoll.distributed.world().hosts}"
 
 

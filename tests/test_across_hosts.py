@@ -11,6 +11,7 @@ from jaxcoll.algorithms.across_hosts import IPC, NETWORK
 from jaxcoll.plan import Collective
 
 AR, RS, AG = Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER
+A2A, BC, PP = Collective.ALL_TO_ALL, Collective.BROADCAST, Collective.PPERMUTE
 
 
 def run_phases(schedule, inputs):
@@ -27,12 +28,21 @@ def run_phases(schedule, inputs):
     for phase in schedule.phases:
         for members in phase.groups:
             xs = [data[r] for r in members]
+            n = len(xs)
             if phase.collective is AR:
-                outs = [sum(xs)] * len(xs)
+                outs = [sum(xs)] * n
             elif phase.collective is RS:
-                outs = list(np.split(sum(xs), len(xs)))
-            else:
-                outs = [np.concatenate(xs)] * len(xs)
+                outs = list(np.split(sum(xs), n))
+            elif phase.collective is AG:
+                outs = [np.concatenate(xs)] * n
+            elif phase.collective is A2A:  # what grouped ncclSend/ncclRecv of block p to and from sub-rank p do
+                outs = [np.concatenate([np.split(xs[p], n)[q] for p in range(n)]) for q in range(n)]
+            elif phase.collective is BC:  # ncclBroadcast from sub-rank root
+                outs = [xs[phase.root]] * n
+            else:  # ppermute: a send/recv per pair; a sub-rank no pair targets writes zeros
+                outs = [np.zeros_like(x) for x in xs]
+                for source, target in phase.pairs:
+                    outs[target] = xs[source]
             for r, out in zip(members, outs):
                 data[r] = out
     if schedule.output_blocks is not None:
@@ -94,10 +104,50 @@ def test_all_gather_crosses_the_network_first_and_puts_blocks_back_in_rank_order
     assert s.output_blocks == (0, 2, 1, 3)
 
 
-@pytest.mark.parametrize("collective", [Collective.ALL_TO_ALL, Collective.BROADCAST, Collective.PPERMUTE])
-def test_collectives_without_a_rail_decomposition_are_refused_by_name(collective):
-    with pytest.raises(ValueError, match=rf"{collective.value} across GPU hosts is not built"):
-        across_hosts.schedule(collective, (0, 0, 1, 1))
+UNEVEN = {**LAYOUTS, "3 + 1 ranks": (0, 0, 0, 1), "1 + 2 + 3, interleaved": (2, 1, 2, 0, 1, 2)}
+
+
+def _reference(collective, inputs, root, perm):
+    n = len(inputs)
+    if collective is A2A:  # lax.all_to_all, tiled, split and concat along the one axis
+        return [np.concatenate([np.split(inputs[p], n)[q] for p in range(n)]) for q in range(n)]
+    if collective is BC:
+        return [inputs[root]] * n
+    out = [np.zeros_like(x) for x in inputs]
+    for source, target in perm:
+        out[target] = inputs[source]
+    return out
+
+
+@pytest.mark.parametrize("layout", UNEVEN.values(), ids=UNEVEN.keys())
+@pytest.mark.parametrize("collective", [A2A, BC, PP])
+def test_the_whole_group_phase_computes_the_collective_on_any_host_layout(collective, layout):
+    n = len(layout)
+    rng = np.random.default_rng(n)
+    inputs = [rng.integers(-50, 50, size=(n * 2,)) for _ in range(n)]
+    root = n - 1
+    # A shift that skips rank 0 as a target (it gets zeros), and one rank sending to itself.
+    perm = tuple((r, r + 1) for r in range(n - 1)) + ((n - 1, n - 1),) if n > 2 else ((0, 1),)
+    schedule = across_hosts.schedule(collective, layout, root=root, perm=perm)
+    got = run_phases(schedule, inputs)
+    for r, want in enumerate(_reference(collective, inputs, root, perm)):
+        np.testing.assert_array_equal(got[r], want, err_msg=f"rank {r}")
+
+
+@pytest.mark.parametrize("collective", [A2A, BC, PP])
+def test_collectives_without_a_rail_decomposition_are_one_network_phase_over_the_group(collective):
+    s = across_hosts.schedule(collective, (0, 1, 0, 1, 1), root=3, perm=((0, 4), (4, 0)))
+    phase, = s.phases
+    assert (phase.transport, phase.collective, phase.groups) == (NETWORK, collective, ((0, 1, 2, 3, 4),))
+    assert phase.root == (3 if collective is BC else 0)
+    assert phase.pairs == (((0, 4), (4, 0)) if collective is PP else ())
+    assert s.hosts == ((0, 2), (1, 3, 4))  # hosts need not hold equal numbers of the group's ranks
+
+
+def test_a_collective_not_built_across_hosts_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"custom across GPU hosts is not built: jaxcoll runs all_reduce, "
+                                         r"reduce_scatter, all_gather, all_to_all, broadcast, ppermute"):
+        across_hosts.schedule(Collective.CUSTOM, (0, 0, 1, 1))
 
 
 def test_hosts_with_different_numbers_of_ranks_are_refused_naming_the_counts():

@@ -27,7 +27,7 @@ CHECKS = ROOT / "tools" / "gpu_round_checks.py"
 
 # The round as issue 14 lists it, in its order (an independent statement of what the script must run).
 STEPS = ["env", "prereqs", "build", "import", "harness", "harness_large", "memcheck", "racecheck", "synccheck",
-         "jax", "never_arrives", "bench"]
+         "jax", "network", "never_arrives", "bench"]
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
                                 reason="the round script needs bash and coreutils' timeout")
@@ -417,7 +417,7 @@ def test_the_checks_program_says_why_it_cannot_run_without_a_gpu(tmp_path):
     if usable:
         pytest.skip("a GPU is usable here: the round runs these checks for real")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for check in ("import", "sanitize"):
+    for check in ("import", "sanitize", "network"):
         done = subprocess.run([sys.executable, str(CHECKS), check], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 1 and why in done.stderr, done.stderr
@@ -506,3 +506,21 @@ def test_a_test_step_whose_tests_skip_for_want_of_a_gpu_has_not_passed(tmp_path)
     assert rows["harness"]["status"] == "FAILED (11 skipped for want of a GPU)"
     assert rows["harness"]["detail"] == "1 passed, 12 skipped in 0.5s"
     assert rows["jax"]["status"] == "passed"
+
+
+def test_the_network_checks_cases_are_the_collectives_over_one_rank_and_lower_with_the_lowerings_attributes():
+    """The network step's cases (tools/gpu_round_checks.py network): every collective, their expectations from
+    the one-rank contract (identity; zeros for a ppermute rank no pair targets), and the call each lowers to for
+    XLA's CUDA platform carrying every attribute the handler binds."""
+    import jax
+    from jaxcoll.plan import Collective
+    checks = load_checks()
+    cases = checks.network_cases()
+    assert {phase.collective for _, phase, _, _ in cases} == set(Collective) - {Collective.CUSTOM}
+    for label, phase, x, want in cases:
+        no_target = phase.collective is Collective.PPERMUTE and not phase.pairs
+        np.testing.assert_array_equal(want, np.zeros_like(x) if no_target else x, err_msg=label)
+        text = checks.one_rank_network_call(phase, x).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+        call = next(line for line in text.splitlines() if "@jaxcoll_network" in line)
+        for name in ("collective", "reduce_op", "groups", "group_size", "root", "pairs"):
+            assert f"{name} = " in call, (label, name, call)

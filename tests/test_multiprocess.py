@@ -111,6 +111,12 @@ def test_a_process_that_never_arrives_is_named_after_the_timeout(transport):
     assert 4 < seconds < 30, seconds
 
 
+def test_a_process_that_never_starts_jaxcoll_is_named_after_the_timeout():
+    seconds, message = error_of(job("never_starts_jaxcoll", JAXCOLL_TIMEOUT=5)[0])
+    assert "process 1 did not publish" in message and "within 5 s" in message, message
+    assert 4 < seconds < 30, seconds
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_process_running_another_plan_is_refused_by_fingerprint(transport):
     for r in job("different_plan", JAXCOLL_TIMEOUT=60, **TRANSPORTS[transport]):

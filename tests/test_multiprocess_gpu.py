@@ -12,6 +12,8 @@ import json
 import pytest
 
 from jaxcoll import _jaxcoll
+from jaxcoll.plan import Collective
+from jaxcoll.plan.ir import COLLECTIVE_CODES
 from test_multiprocess import assert_all_ok, error_of, job
 
 needs_cuda_build = pytest.mark.skipif(not _jaxcoll.with_cuda, reason="jaxcoll was built without the CUDA executor "
@@ -43,25 +45,48 @@ def test_a_group_within_a_host_is_one_plan_across_its_processes(gpu_lowering):
         {"target": "jaxcoll_all_reduce", "processes": [0, 0, 1, 1, 2, 2, 3, 3]}]}
 
 
+def network(collective, groups, group_size, root=0, pairs=()) -> dict:
+    """A `jaxcoll_network` call as the case reports it: its attributes (xla_ffi/cuda_network.hpp)."""
+    return {"target": "jaxcoll_network", "collective": COLLECTIVE_CODES[collective], "groups": groups,
+            "group_size": group_size, "root": root, "pairs": list(pairs)}
+
+
+RAILS = [0, 4, 1, 5, 2, 6, 3, 7]  # rank l of each host: devices (l, 4 + l)
+WHOLE = list(range(8))  # the group in rank order: XLA's communicator ranks are the group's ranks
+
+
 def test_all_reduce_across_hosts_is_host_plans_around_a_network_step_on_the_rails(gpu_lowering):
     # ranks 0-3 on host a (processes 0, 1), 4-7 on host b (processes 2, 3): a reduce_scatter plan within each
-    # host, the network all_reduce over the rails (rank l of each host: devices (l, 4 + l)), an all_gather plan.
+    # host, the network all_reduce over the rails, an all_gather plan.
     assert gpu_lowering["all_reduce"] == {"calls": [
         {"target": "jaxcoll_reduce_scatter", "processes": [0, 0, 1, 1, 2, 2, 3, 3]},
-        {"target": "jaxcoll_network", "groups": [0, 4, 1, 5, 2, 6, 3, 7]},
+        network(Collective.ALL_REDUCE, RAILS, 2),
         {"target": "jaxcoll_all_gather", "processes": [0, 0, 1, 1, 2, 2, 3, 3]}]}
 
 
 def test_reduce_scatter_and_all_gather_across_hosts(gpu_lowering):
-    assert [c["target"] for c in gpu_lowering["reduce_scatter"]["calls"]] == ["jaxcoll_reduce_scatter",
-                                                                           "jaxcoll_network"]
+    assert gpu_lowering["reduce_scatter"]["calls"][1:] == [network(Collective.REDUCE_SCATTER, RAILS, 2)]
+    assert gpu_lowering["reduce_scatter"]["calls"][0]["target"] == "jaxcoll_reduce_scatter"
     # all_gather over "x" alone: one GPU per host in each group, so the network step is all there is.
-    assert gpu_lowering["all_gather_rails"] == {"calls": [
-        {"target": "jaxcoll_network", "groups": [0, 4, 1, 5, 2, 6, 3, 7]}]}
+    assert gpu_lowering["all_gather_rails"] == {"calls": [network(Collective.ALL_GATHER, RAILS, 2)]}
 
 
-def test_all_to_all_across_gpu_hosts_is_refused_at_trace_time(gpu_lowering):
-    assert "all_to_all across GPU hosts is not built" in gpu_lowering["all_to_all"]["error"]
+def test_all_to_all_across_hosts_is_one_network_step_over_the_whole_group(gpu_lowering):
+    assert gpu_lowering["all_to_all"] == {"calls": [network(Collective.ALL_TO_ALL, WHOLE, 8)]}
+
+
+def test_broadcast_across_hosts_is_one_network_step_from_the_root(gpu_lowering):
+    assert gpu_lowering["broadcast"] == {"calls": [network(Collective.BROADCAST, WHOLE, 8, root=5)]}
+
+
+def test_ppermute_across_hosts_is_one_network_step_carrying_the_pairs(gpu_lowering):
+    # (source, target) interleaved: rank r of host a sends to rank r + 4 on host b.
+    assert gpu_lowering["ppermute"] == {"calls": [
+        network(Collective.PPERMUTE, WHOLE, 8, pairs=[0, 4, 1, 5, 2, 6, 3, 7])]}
+
+
+def test_a_named_plan_for_a_group_across_hosts_is_refused_naming_the_algorithm(gpu_lowering):
+    assert "algorithm='direct' names one plan for the whole group" in gpu_lowering["all_to_all_algorithm"]["error"]
 
 
 def test_network_steps_without_the_collectives_extension_fail_at_trace_time_saying_what_is_needed(gpu_lowering):
@@ -128,3 +153,26 @@ def test_collectives_across_processes_on_gpus_equal_xla_and_numpy():
     # against XLA's own (NCCL) and numpy, through the CUDA executor's groups spanning processes.
     results = job("collectives", 2, 1, process_env={p: {"CUDA_VISIBLE_DEVICES": str(p)} for p in range(2)})
     assert_all_ok(results, "collectives")
+
+
+def _network_steps() -> tuple[bool, str]:
+    if not _jaxcoll.with_cuda:
+        return False, "jaxcoll was built without the CUDA executor"
+    return _jaxcoll.network_steps()
+
+
+@pytest.mark.skipif(_gpus()[0] < 2 or not _network_steps()[0],
+                    reason=f"needs 2 GPUs and a jaxcoll built against a jaxlib with XLA's FFI collectives extension "
+                           f"(0.11.2 or later): GPUs {_gpus()}, network steps {_network_steps()}")
+@pytest.mark.parametrize("gpus_per_process", [1, 2])
+def test_collectives_across_gpu_hosts_equal_xla_and_numpy(gpus_per_process):
+    # Two processes told they are on two hosts (JAXCOLL_HOST): every group across them runs its steps across
+    # "hosts" on XLA's NCCL communicator (all six collectives: rails for all_reduce, reduce_scatter, all_gather,
+    # one whole-group network phase for all_to_all, broadcast, ppermute), against XLA's own and numpy. With 2 GPUs
+    # a process the rail collectives also run their host-local plans (peer memory within the process).
+    if _gpus()[0] < 2 * gpus_per_process:
+        pytest.skip(f"needs {2 * gpus_per_process} GPUs, has {_gpus()[0]}")
+    env = {p: {"JAXCOLL_HOST": "ab"[p],
+               "CUDA_VISIBLE_DEVICES": ",".join(str(p * gpus_per_process + g) for g in range(gpus_per_process))}
+           for p in range(2)}
+    assert_all_ok(job("collectives", 2, gpus_per_process, process_env=env), "collectives")

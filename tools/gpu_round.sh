@@ -2,8 +2,8 @@
 # The GPU round of issue 14, in one go on a lent GPU machine (bare each time, no package index): environment
 # facts, the prerequisites (carried wheels installed where missing), a build against that machine's own
 # jax/jaxlib for its own GPU architecture only, the import check, the emulated-rank harness, compute-sanitizer,
-# (its 256 MiB-per-rank cases a step of their own), JAX end to end on the one-GPU mesh, the peer that never
-# arrives, and benchmarks/cuda.py.
+# (its 256 MiB-per-rank cases a step of their own), JAX end to end on the one-GPU mesh, the network step of
+# collectives across GPU hosts over a group of the one GPU, the peer that never arrives, and benchmarks/cuda.py.
 #
 # Every step runs under `timeout`. A step the later ones depend on (prereqs, build, import) stops the round when
 # it fails; the others let it go on, so one round reports as much as it can. The round as a whole keeps within
@@ -19,14 +19,14 @@ ME="tools/gpu_round.sh"
 # The steps, in order. Limits in seconds (the issue's budget: build <= 4 min, tests <= 4 min, sanitizer <= 2 min,
 # bench <= 3 min); `stop` steps end the round when they fail.
 # ---------------------------------------------------------------------------------------------------------------
-STEPS=(env prereqs build import harness harness_large memcheck racecheck synccheck jax never_arrives bench)
+STEPS=(env prereqs build import harness harness_large memcheck racecheck synccheck jax network never_arrives bench)
 declare -A LIMIT=([env]=30 [prereqs]=60 [build]=240 [import]=60
-                  [harness]=95 [harness_large]=55 [jax]=70 [never_arrives]=20
+                  [harness]=95 [harness_large]=55 [jax]=70 [network]=30 [never_arrives]=20
                   [memcheck]=50 [racecheck]=40 [synccheck]=30
                   [bench]=180)
 declare -A ON_FAIL=([env]=continue [prereqs]=stop [build]=stop [import]=stop [harness]=continue
                     [harness_large]=continue [memcheck]=continue [racecheck]=continue [synccheck]=continue
-                    [jax]=continue [never_arrives]=continue [bench]=continue)
+                    [jax]=continue [network]=continue [never_arrives]=continue [bench]=continue)
 declare -A ABOUT=(
   [env]="GPU, driver, Python, jax/jaxlib, nvcc, cmake, sanitizer (env.txt)"
   [prereqs]="Python packages the build and tests need; carried wheels installed where missing or too old"
@@ -38,6 +38,7 @@ declare -A ABOUT=(
   [racecheck]="compute-sanitizer racecheck: the same plans"
   [synccheck]="compute-sanitizer synccheck: the same plans"
   [jax]="tests/test_cuda_jax.py: collectives, grads, 200-step scan, fused ops; CUDA graphs on and off"
+  [network]="jaxcoll_network (XLA's NCCL via the FFI collectives extension), every collective over one GPU, vs numpy"
   [never_arrives]="a wait whose signal is withheld ends in an error naming rank, lane, step and semaphore"
   [bench]="benchmarks/cuda.py: bulk vs copy bandwidth, packet latency, fused ops vs GEMM (bench.md)")
 MIN_START_S=10   # a step is not started with less than this left of the round (unless its own limit is smaller)
@@ -250,6 +251,7 @@ step_command() {  # step_command STEP -> the shell command, run from the checkou
       echo "$(q "$SANITIZER") --tool $step --error-exitcode 1 --print-limit 50 $py tools/gpu_round_checks.py sanitize" ;;
     # The checks' CPU-device runs passed where the round was prepared; on the GPU machine only the GPU's run.
     jax) echo "$pytest tests/test_cuda_jax.py -k 'not cpu and not cases_program'" ;;
+    network) echo "$py tools/gpu_round_checks.py network" ;;
     never_arrives) echo "$pytest tests/test_cuda.py -k never_signalled" ;;
     bench) echo "set -o pipefail; $py benchmarks/cuda.py --iters 20 | tee $(q "$DIR/bench.md")" ;;
   esac

@@ -6,6 +6,13 @@
     python tools/gpu_round_checks.py sanitize   all_reduce at N = 4 on the bulk protocol and on packets, and on
                                                 bulk at misaligned offsets, two calls each, against numpy: small
                                                 enough for compute-sanitizer
+    python tools/gpu_round_checks.py network    the network step of collectives across GPU hosts
+                                                (`jaxcoll_network`, XLA's NCCL communicator lent through the FFI
+                                                collectives extension) for every collective, over a group of this
+                                                one GPU, against numpy: attribute decoding in both stages, the
+                                                extension, NCCL's entry points (grouped send/recv to itself,
+                                                broadcast, the zeros of a ppermute rank no pair targets). Where
+                                                the jaxlib has no extension it prints `skipped: <why>` and exits 0
 
 Each exits non-zero with a message saying what is wrong. The pieces take the device or the executor as an
 argument, so tests/test_gpu_round.py runs them on the CPU, where no GPU is."""
@@ -116,10 +123,59 @@ def sanitize(ranks: int, chunk_elements: int, timeout_s: float) -> None:
         print(line)
 
 
+def network_cases() -> list[tuple[str, object, np.ndarray, np.ndarray]]:
+    """(label, phase, x, want): every collective's network phase over a group of one rank (device 0), with what
+    it must give: the identity, except a ppermute that sends rank 0 nowhere, which gives zeros (lax's contract)."""
+    from jaxcoll.algorithms.across_hosts import NETWORK, Phase
+    from jaxcoll.plan import Collective
+
+    one = ((0,),)
+    x = np.arange(-6, 18, dtype=np.float32)
+    return [(c.value, Phase(NETWORK, c, one), x, x)
+            for c in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER, Collective.ALL_TO_ALL)
+            ] + [("broadcast from rank 0", Phase(NETWORK, Collective.BROADCAST, one, root=0), x, x),
+                 ("ppermute (0, 0)", Phase(NETWORK, Collective.PPERMUTE, one, pairs=((0, 0),)), x, x),
+                 ("ppermute without pairs", Phase(NETWORK, Collective.PPERMUTE, one), x, np.zeros_like(x))]
+
+
+def one_rank_network_call(phase, x: np.ndarray):
+    """A jitted function running `phase`'s `jaxcoll_network` call on x, on one device (flattened id 0), with the
+    attributes the lowering gives it (jaxcoll.lowering.across_hosts.network_attributes)."""
+    import jax
+
+    import jaxcoll.runtime  # noqa: F401 - registers the targets
+    from jaxcoll.lowering.across_hosts import network_attributes
+    from jaxcoll.plan.abi import NETWORK_TARGET
+
+    call = jax.ffi.ffi_call(NETWORK_TARGET, jax.ShapeDtypeStruct(x.shape, x.dtype))
+    attributes = network_attributes(phase, "sum", np.zeros(1, np.int64))
+    return jax.jit(lambda v: call(v, **attributes))
+
+
+def network_check() -> None:
+    import jax
+
+    from jaxcoll import runtime
+
+    usable, why = runtime.cuda_status()
+    if not usable:
+        sys.exit(f"the CUDA executor is not usable: {why}")
+    ok, why = runtime._jaxcoll.network_steps()
+    if not ok:
+        print(f"skipped: the network steps cannot run with this build: {why}")
+        return
+    gpu = jax.devices("cuda")[0]
+    for label, phase, x, want in network_cases():
+        got = np.asarray(one_rank_network_call(phase, x)(jax.device_put(x, gpu)))
+        np.testing.assert_array_equal(got, want, err_msg=f"network step {label}")
+        print(f"ok: network step {label} over one GPU")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="check", required=True)
     sub.add_parser("import", help="jaxcoll imports and its CUDA handler is registered")
+    sub.add_parser("network", help="the network step of every collective over a group of one GPU, against numpy")
     s = sub.add_parser("sanitize", help="all_reduce on both protocols, small, against numpy")
     s.add_argument("--ranks", type=int, default=4)
     s.add_argument("--chunk-elements", type=int, default=1001, help="elements per input chunk (odd: scalar tails)")
@@ -128,6 +184,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.check == "import":
         import_check()
+    elif args.check == "network":
+        network_check()
     else:
         if args.ranks < 2:
             ap.error(f"--ranks must be at least 2, got {args.ranks}")

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "csrc/abi.hpp"
@@ -107,7 +108,9 @@ ffi::Error check_groups(ffi::Span<const int64_t> ids, int64_t size, const char* 
   return ffi::Error::Success();
 }
 
-ffi::Error Prepare(Collectives c, ffi::Span<const int64_t> groups, int64_t group_size) {
+// The prepare stage reads the groups only, but binds every attribute of the call (see kPrepare).
+ffi::Error Prepare(Collectives c, int32_t /*collective*/, int32_t /*reduce_op*/, ffi::Span<const int64_t> groups,
+                   int64_t group_size, int32_t /*root*/, ffi::Span<const int64_t> /*pairs*/) {
   if (!c.ext) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, site("prepare") + ": " + c.why + ". " + kNeeds);
   if (ffi::Error e = check_groups(groups, group_size, "prepare"); e.failure()) return e;
   std::vector<XLA_FFI_ReplicaGroup> raw = replica_groups(groups, group_size);
@@ -123,34 +126,61 @@ ffi::Error Prepare(Collectives c, ffi::Span<const int64_t> groups, int64_t group
   return ffi::Error::Success();
 }
 
+// `root` (broadcast) and `pairs` (ppermute: source and target ranks interleaved) name ranks of a group of
+// `group_size`; both are checked whatever the collective, so a malformed call fails the same way for every one.
+ffi::Error check_root_and_pairs(int32_t root, ffi::Span<const int64_t> pairs, int64_t group_size) {
+  const std::string n = std::to_string(group_size);
+  if (root < 0 || root >= group_size)
+    return ffi::Error::InvalidArgument(site("execute") + ": root=" + std::to_string(root) +
+                                       " is not a rank of a group of group_size=" + n);
+  if (pairs.size() % 2)
+    return ffi::Error::InvalidArgument(site("execute") + ": pairs holds " + std::to_string(pairs.size()) +
+                                       " values, not (source, target) pairs");
+  std::vector<bool> sends(static_cast<size_t>(group_size), false), receives(sends);
+  for (size_t i = 0; i < pairs.size(); i += 2) {
+    const int64_t source = pairs[i], target = pairs[i + 1];
+    const std::string pair = "(" + std::to_string(source) + ", " + std::to_string(target) + ")";
+    if (source < 0 || source >= group_size || target < 0 || target >= group_size)
+      return ffi::Error::InvalidArgument(site("execute") + ": pairs holds " + pair + ", outside a group of "
+                                         "group_size=" + n);
+    if (sends[source] || receives[target])
+      return ffi::Error::InvalidArgument(site("execute") + ": pairs holds " + pair + ", whose " +
+                                         (sends[source] ? "source" : "target") + " repeats");
+    sends[source] = receives[target] = true;
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error Execute(cudaStream_t stream, Collectives c, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
-                   int32_t collective, int32_t reduce_op, ffi::Span<const int64_t> groups, int64_t group_size) {
+                   int32_t collective, int32_t reduce_op, ffi::Span<const int64_t> groups, int64_t group_size,
+                   int32_t root, ffi::Span<const int64_t> pairs) {
   if (!c.ext) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, site("execute") + ": " + c.why + ". " + kNeeds);
   if (ffi::Error e = check_groups(groups, group_size, "execute"); e.failure()) return e;
+  if (ffi::Error e = check_root_and_pairs(root, pairs, group_size); e.failure()) return e;
+  if (collective < 0 || collective >= kNumCollectives || static_cast<Collective>(collective) == Collective::kCustom)
+    return ffi::Error::InvalidArgument(site("execute") + ": collective=" + std::to_string(collective) +
+                                       " is not the code of all_reduce, all_gather, reduce_scatter, all_to_all, "
+                                       "broadcast or ppermute");
+  const auto what = static_cast<Collective>(collective);
+  const bool reduces = what == Collective::kAllReduce || what == Collective::kReduceScatter;
   const auto dtype = dtype_of(x.element_type());
   const auto op = reduce_op_from_code(reduce_op);
-  if (!dtype || out->element_type() != x.element_type() || !op)
-    return ffi::Error::InvalidArgument(site("execute") + ": unsupported element type or reduce_op=" +
-                                       std::to_string(reduce_op));
+  if (out->element_type() != x.element_type())
+    return ffi::Error::InvalidArgument(site("execute") + ": the result's element type differs from the operand's");
+  if (!op)
+    return ffi::Error::InvalidArgument(site("execute") + ": reduce_op=" + std::to_string(reduce_op) + " is not " +
+                                       reduce_op_codes());
+  if (!dtype && (reduces || what == Collective::kAllGather))
+    return ffi::Error::InvalidArgument(site("execute") + ": unsupported element type for " + collective_name(what));
   const size_t in = x.element_count(), result = out->element_count(), n = size_t(group_size);
-  cuda::NetworkCollective what;
-  size_t count = 0;
-  switch (static_cast<Collective>(collective)) {
-    case Collective::kAllReduce: what = cuda::NetworkCollective::kAllReduce, count = in; break;
-    case Collective::kReduceScatter: what = cuda::NetworkCollective::kReduceScatter, count = result; break;
-    case Collective::kAllGather: what = cuda::NetworkCollective::kAllGather, count = in; break;
-    default:
-      return ffi::Error::InvalidArgument(site("execute") + ": collective code " + std::to_string(collective) +
-                                         " is not all_reduce, reduce_scatter or all_gather");
-  }
-  const bool sizes_ok = what == cuda::NetworkCollective::kAllReduce       ? result == in
-                        : what == cuda::NetworkCollective::kReduceScatter ? in == result * n
-                                                                          : result == in * n;
+  const bool sizes_ok = what == Collective::kReduceScatter ? in == result * n
+                        : what == Collective::kAllGather   ? result == in * n
+                        : what == Collective::kAllToAll    ? result == in && in % n == 0
+                                                           : result == in;
   if (!sizes_ok)
     return ffi::Error::InvalidArgument(site("execute") + ": operand of " + std::to_string(in) + " and result of " +
-                                       std::to_string(result) + " elements do not fit a " +
-                                       collective_name(static_cast<Collective>(collective)) + " over " +
-                                       std::to_string(n) + " ranks");
+                                       std::to_string(result) + " elements do not fit a " + collective_name(what) +
+                                       " over " + std::to_string(n) + " ranks");
   std::vector<XLA_FFI_ReplicaGroup> raw = replica_groups(groups, group_size);
   XLA_FFI_Communicator_Get_Args args;
   args.struct_size = XLA_FFI_Communicator_Get_Args_STRUCT_SIZE;
@@ -162,11 +192,56 @@ ffi::Error Execute(cudaStream_t stream, Collectives c, ffi::AnyBuffer x, ffi::Re
   args.communicator = nullptr;
   if (XLA_FFI_Error* err = c.ext->get_communicator(c.ext, &args))
     return take_error(c, err, site("execute") + ": getting XLA's communicator for the network groups");
-  if (Status st = cuda::nccl_collective(what, x.untyped_data(), out->untyped_data(), count, *dtype, *op,
-                                        reinterpret_cast<void*>(args.communicator),
-                                        reinterpret_cast<CUstream_st*>(stream));
-      !st.ok())
-    return ffi::Error::Internal(site("execute") + ": " + st.message());
+  void* comm = reinterpret_cast<void*>(args.communicator);
+  auto* cu_stream = reinterpret_cast<CUstream_st*>(stream);
+  const size_t bytes = x.size_bytes();
+  // The communicator's ranks are the group's (XLA orders a clique as the replica group lists it): a communicator
+  // of another size means that does not hold, and every collective below would pair the wrong ranks.
+  int rank = -1, size = 0;
+  Status st = cuda::nccl_rank(comm, &rank, &size);
+  if (st.ok() && size != group_size)
+    st = Status::Error("XLA's communicator for these groups has " + std::to_string(size) + " ranks, not group_size=" +
+                       std::to_string(group_size));
+  if (!st.ok()) return ffi::Error::Internal(site("execute") + ": " + st.message());
+  switch (what) {
+    case Collective::kAllReduce:
+      st = cuda::nccl_collective(cuda::NetworkCollective::kAllReduce, x.untyped_data(), out->untyped_data(), in,
+                                 *dtype, *op, comm, cu_stream);
+      break;
+    case Collective::kReduceScatter:
+      st = cuda::nccl_collective(cuda::NetworkCollective::kReduceScatter, x.untyped_data(), out->untyped_data(),
+                                 result, *dtype, *op, comm, cu_stream);
+      break;
+    case Collective::kAllGather:
+      st = cuda::nccl_collective(cuda::NetworkCollective::kAllGather, x.untyped_data(), out->untyped_data(), in,
+                                 *dtype, *op, comm, cu_stream);
+      break;
+    case Collective::kAllToAll:
+      st = cuda::nccl_all_to_all(x.untyped_data(), out->untyped_data(), bytes / n, int(n), comm, cu_stream);
+      break;
+    case Collective::kBroadcast:
+      st = cuda::nccl_broadcast(x.untyped_data(), out->untyped_data(), bytes, root, comm, cu_stream);
+      break;
+    case Collective::kCustom:  // refused above
+      break;
+    case Collective::kPpermute: {  // this rank's send and receive among the pairs
+      int to = -1, from = -1;
+      for (size_t i = 0; i < pairs.size(); i += 2) {
+        if (pairs[i] == rank) to = int(pairs[i + 1]);
+        if (pairs[i + 1] == rank) from = int(pairs[i]);
+      }
+      // lax.ppermute's contract: a rank that no pair targets gets zeros.
+      if (from < 0 && bytes > 0)
+        if (cudaError_t e = cudaMemsetAsync(out->untyped_data(), 0, bytes, stream); e != cudaSuccess) {
+          st = Status::Error(std::string("cudaMemsetAsync of the zeros of a rank no pair targets: ") +
+                             cudaGetErrorString(e));
+          break;
+        }
+      st = cuda::nccl_send_recv(x.untyped_data(), to, out->untyped_data(), from, bytes, comm, cu_stream);
+      break;
+    }
+  }
+  if (!st.ok()) return ffi::Error::Internal(site("execute") + ": " + st.message());
   return ffi::Error::Success();
 }
 
@@ -185,21 +260,30 @@ ffi::Error Refuse(ffi::RemainingArgs, ffi::RemainingRets, ffi::Dictionary) { ret
 }  // namespace
 
 #ifdef JAXCOLL_FFI_COLLECTIVES
+namespace {
+// The call's attributes (jaxcoll/lowering/across_hosts.py, _network_call), bound alike in both stages: XLA's FFI
+// refuses a call frame whose number of attributes differs from the binding's ("Wrong number of attributes"), even
+// in a stage that reads only some of them.
+template <typename Binding>
+auto network_attributes(Binding binding) {
+  return std::move(binding)
+      .template Attr<int32_t>("collective")
+      .template Attr<int32_t>("reduce_op")
+      .template Attr<ffi::Span<const int64_t>>("groups")
+      .template Attr<int64_t>("group_size")
+      .template Attr<int32_t>("root")
+      .template Attr<ffi::Span<const int64_t>>("pairs");
+}
+}  // namespace
+
 XLA_FFI_DEFINE_HANDLER(kPrepare, Prepare,
-                       ffi::Ffi::Bind<ffi::ExecutionStage::kPrepare>()
-                           .Ctx<Collectives>()
-                           .Attr<ffi::Span<const int64_t>>("groups")
-                           .Attr<int64_t>("group_size"));
+                       network_attributes(ffi::Ffi::Bind<ffi::ExecutionStage::kPrepare>().Ctx<Collectives>()));
 XLA_FFI_DEFINE_HANDLER(kExecute, Execute,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .Ctx<Collectives>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Attr<int32_t>("collective")
-                           .Attr<int32_t>("reduce_op")
-                           .Attr<ffi::Span<const int64_t>>("groups")
-                           .Attr<int64_t>("group_size"));
+                       network_attributes(ffi::Ffi::Bind()
+                                              .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                              .Ctx<Collectives>()
+                                              .Arg<ffi::AnyBuffer>()
+                                              .Ret<ffi::AnyBuffer>()));
 bool available(std::string*) { return true; }
 #else
 XLA_FFI_DEFINE_HANDLER(kPrepare, Refuse,

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace jaxcoll::cuda {
 
@@ -18,12 +19,24 @@ using AllReduceFn = int (*)(const void*, void*, size_t, int, int, void*, CUstrea
 using ReduceScatterFn = int (*)(const void*, void*, size_t, int, int, void*, CUstream_st*);
 using AllGatherFn = int (*)(const void*, void*, size_t, int, void*, CUstream_st*);
 using ErrorStringFn = const char* (*)(int);
+using BroadcastFn = int (*)(const void*, void*, size_t, int, int, void*, CUstream_st*);
+using SendFn = int (*)(const void*, size_t, int, int, void*, CUstream_st*);
+using RecvFn = int (*)(void*, size_t, int, int, void*, CUstream_st*);
+using GroupFn = int (*)();
+using CommIntFn = int (*)(void*, int*);  // ncclCommUserRank, ncclCommCount
 
 struct Nccl {
   AllReduceFn all_reduce = nullptr;
   ReduceScatterFn reduce_scatter = nullptr;
   AllGatherFn all_gather = nullptr;
   ErrorStringFn error_string = nullptr;
+  BroadcastFn broadcast = nullptr;
+  SendFn send = nullptr;  // ncclSend, ncclRecv, ncclGroupStart/End: NCCL 2.7 and later
+  RecvFn recv = nullptr;
+  GroupFn group_start = nullptr;
+  GroupFn group_end = nullptr;
+  CommIntFn user_rank = nullptr;
+  CommIntFn count = nullptr;
   std::string missing;  // why the entry points are not there
 };
 
@@ -42,8 +55,26 @@ const Nccl& nccl() {
     n.reduce_scatter = reinterpret_cast<ReduceScatterFn>(dlsym(lib, "ncclReduceScatter"));
     n.all_gather = reinterpret_cast<AllGatherFn>(dlsym(lib, "ncclAllGather"));
     n.error_string = reinterpret_cast<ErrorStringFn>(dlsym(lib, "ncclGetErrorString"));
-    if (!n.all_reduce || !n.reduce_scatter || !n.all_gather)
-      n.missing = "the loaded libnccl lacks ncclAllReduce, ncclReduceScatter or ncclAllGather";
+    n.broadcast = reinterpret_cast<BroadcastFn>(dlsym(lib, "ncclBroadcast"));
+    n.send = reinterpret_cast<SendFn>(dlsym(lib, "ncclSend"));
+    n.recv = reinterpret_cast<RecvFn>(dlsym(lib, "ncclRecv"));
+    n.group_start = reinterpret_cast<GroupFn>(dlsym(lib, "ncclGroupStart"));
+    n.group_end = reinterpret_cast<GroupFn>(dlsym(lib, "ncclGroupEnd"));
+    n.user_rank = reinterpret_cast<CommIntFn>(dlsym(lib, "ncclCommUserRank"));
+    n.count = reinterpret_cast<CommIntFn>(dlsym(lib, "ncclCommCount"));
+    std::string lacks;
+    for (auto [fn, name] : {std::pair<const void*, const char*>{(const void*)n.all_reduce, "ncclAllReduce"},
+                            {(const void*)n.reduce_scatter, "ncclReduceScatter"},
+                            {(const void*)n.all_gather, "ncclAllGather"},
+                            {(const void*)n.broadcast, "ncclBroadcast"},
+                            {(const void*)n.send, "ncclSend"},
+                            {(const void*)n.recv, "ncclRecv"},
+                            {(const void*)n.group_start, "ncclGroupStart"},
+                            {(const void*)n.group_end, "ncclGroupEnd"},
+                            {(const void*)n.user_rank, "ncclCommUserRank"},
+                            {(const void*)n.count, "ncclCommCount"}})
+      if (!fn) lacks += (lacks.empty() ? "" : ", ") + std::string(name);
+    if (!lacks.empty()) n.missing = "the loaded libnccl lacks " + lacks + " (jaxcoll needs NCCL 2.7 or later)";
     return n;
   }();
   return n;
@@ -64,7 +95,77 @@ std::optional<int> nccl_type(DType d) {
   }
 }
 
+Status failed(const Nccl& n, const char* call, int rc) {
+  return Status::Error(std::string(call) + " failed: " + (n.error_string ? n.error_string(rc) : "NCCL error") +
+                       " (code " + std::to_string(rc) + ")");
+}
+
+// Runs `enqueue` (NCCL calls returning their codes, the first failure's name in `call`) between ncclGroupStart
+// and ncclGroupEnd: the group is always closed, so a failed call leaves no group open on this thread.
+template <typename Enqueue>
+Status in_group(const Nccl& n, Enqueue enqueue) {
+  if (int rc = n.group_start()) return failed(n, "ncclGroupStart", rc);
+  const char* call = "";
+  const int rc = enqueue(&call);
+  if (int end = n.group_end(); rc == 0 && end != 0) return failed(n, "ncclGroupEnd", end);
+  return rc ? failed(n, call, rc) : Status{};
+}
+
 }  // namespace
+
+Status nccl_rank(void* comm, int* rank, int* size) {
+  const Nccl& n = nccl();
+  if (!n.missing.empty()) return Status::Error(n.missing);
+  if (int rc = n.user_rank(comm, rank)) return failed(n, "ncclCommUserRank", rc);
+  if (int rc = n.count(comm, size)) return failed(n, "ncclCommCount", rc);
+  return {};
+}
+
+Status nccl_broadcast(const void* send, void* recv, size_t bytes, int root, void* comm, CUstream_st* stream) {
+  const Nccl& n = nccl();
+  if (!n.missing.empty()) return Status::Error(n.missing);
+  if (int rc = n.broadcast(send, recv, bytes, kUint8, root, comm, stream)) return failed(n, "ncclBroadcast", rc);
+  return {};
+}
+
+Status nccl_all_to_all(const void* send, void* recv, size_t block_bytes, int size, void* comm, CUstream_st* stream) {
+  const Nccl& n = nccl();
+  if (!n.missing.empty()) return Status::Error(n.missing);
+  const auto* from = static_cast<const char*>(send);
+  auto* to = static_cast<char*>(recv);
+  return in_group(n, [&](const char** call) {
+    for (int p = 0; p < size; ++p) {
+      const size_t at = size_t(p) * block_bytes;
+      if (int rc = n.send(from + at, block_bytes, kUint8, p, comm, stream)) {
+        *call = "ncclSend";
+        return rc;
+      }
+      if (int rc = n.recv(to + at, block_bytes, kUint8, p, comm, stream)) {
+        *call = "ncclRecv";
+        return rc;
+      }
+    }
+    return 0;
+  });
+}
+
+Status nccl_send_recv(const void* send, int to, void* recv, int from, size_t bytes, void* comm, CUstream_st* stream) {
+  const Nccl& n = nccl();
+  if (!n.missing.empty()) return Status::Error(n.missing);
+  if (to < 0 && from < 0) return {};
+  return in_group(n, [&](const char** call) {
+    int rc = 0;
+    if (to >= 0 && (rc = n.send(send, bytes, kUint8, to, comm, stream))) {
+      *call = "ncclSend";
+      return rc;
+    }
+    if (from >= 0 && (rc = n.recv(recv, bytes, kUint8, from, comm, stream))) {
+      *call = "ncclRecv";
+      return rc;
+    }
+    return 0;
+  });
+}
 
 Status nccl_collective(NetworkCollective what, const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                        void* comm, CUstream_st* stream) {
@@ -89,9 +190,7 @@ Status nccl_collective(NetworkCollective what, const void* send, void* recv, siz
       rc = n.all_gather(send, recv, count, *type, comm, stream);
       break;
   }
-  if (rc != 0)
-    return Status::Error(std::string(call) + " failed: " + (n.error_string ? n.error_string(rc) : "NCCL error") +
-                         " (code " + std::to_string(rc) + ")");
+  if (rc != 0) return failed(n, call, rc);
   return {};
 }
 

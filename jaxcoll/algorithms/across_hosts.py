@@ -20,8 +20,24 @@ With H hosts of L ranks each (rank (h, l) is the l-th rank of host h, in rank or
 | all_gather | network all_gather, ipc all_gather, output blocks rearranged to rank order | (H-1) * S |
 
 which is what crosses the network in NCCL's and the ForestColl bound's hierarchical schedules: each byte crosses
-once per host pair on one rail, never once per GPU pair. all_to_all, broadcast and ppermute across GPU hosts are
-not built (a clear error at trace time): they have no rail decomposition of this kind.
+once per host pair on one rail, never once per GPU pair.
+
+all_to_all, broadcast and ppermute have no such decomposition, and run as ONE network phase over the whole group
+(its ranks in rank order, which are the communicator's ranks), as XLA runs them itself:
+
+| collective | the network phase (NCCL on XLA's communicator) | bytes a rank sends across hosts |
+|---|---|---|
+| all_to_all | grouped ncclSend/ncclRecv of block p to and from every rank p | S/N for each rank on another host |
+| broadcast | ncclBroadcast from the root | NCCL's ring or tree: S over each host boundary |
+| ppermute | grouped ncclSend/ncclRecv of the pairs; a rank no pair targets writes zeros | S if its target is remote |
+
+Why no host-local phase: in an all_to_all or a ppermute every byte has one source and one destination, so it
+already crosses the network at most once, directly; an ipc phase could only gather a host's blocks onto fewer GPUs
+before they leave (fewer, larger messages: an aggregation that helps small messages only, and sends from fewer
+NICs), never move fewer bytes across hosts. A broadcast's ring or tree in NCCL already sends each byte across each
+host boundary once and takes intra-host hops over NVLink/P2P, which is what an ipc phase would add. NCCL routes
+the group's intra-host pairs over NVLink/P2P and its inter-host pairs over the NIC by itself, so the one phase
+leaves the transport to it. These phases need no equal number of ranks per host.
 
 Everything here is pure planning, used by the lowering (jaxcoll/lowering/across_hosts.py) and tested without a GPU.
 """
@@ -36,16 +52,23 @@ from jaxcoll.plan import Collective
 
 IPC, NETWORK = "ipc", "network"
 
-SUPPORTED = (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER)
+# The collectives that run across GPU hosts: the first three as host-local and rail phases, the rest as one
+# network phase over the whole group.
+RAILS = (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER)
+WHOLE_GROUP = (Collective.ALL_TO_ALL, Collective.BROADCAST, Collective.PPERMUTE)
+SUPPORTED = RAILS + WHOLE_GROUP
 
 
 @dataclasses.dataclass(frozen=True)
 class Phase:
     """One collective over sub-groups of the group's ranks: `groups[i]` lists the ranks of sub-group i in the order
-    of their sub-ranks; `transport` is IPC (a jaxcoll plan within one host) or NETWORK (XLA's communicator)."""
+    of their sub-ranks; `transport` is IPC (a jaxcoll plan within one host) or NETWORK (XLA's communicator).
+    `root` (broadcast) and `pairs` (ppermute: (source, target) sub-ranks) are the collective's own parameters."""
     transport: str
     collective: Collective
     groups: tuple[tuple[int, ...], ...]
+    root: int = 0
+    pairs: tuple[tuple[int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,19 +92,28 @@ def spans_hosts(host_of_rank: Sequence[int]) -> bool:
     return len(set(host_of_rank)) > 1
 
 
-def schedule(collective, host_of_rank: Sequence[int]) -> Schedule:
+def schedule(collective, host_of_rank: Sequence[int], *, root: int = 0, perm=()) -> Schedule:
     """The phases of `collective` over a group whose rank r runs on host `host_of_rank[r]` (any labels; hosts are
-    ordered by their first rank). Raises ValueError, naming what is wrong, for a group on one host, a collective
-    without a rail decomposition, or hosts holding different numbers of the group's ranks."""
+    ordered by their first rank); `root` is a broadcast's root, `perm` a ppermute's (source, target) pairs, both
+    in ranks of the group (checked by the collectives' argument checks before they get here). Raises ValueError,
+    naming what is wrong, for a group on one host, a collective not built across hosts, or, for the collectives
+    run on rails, hosts holding different numbers of the group's ranks."""
     collective = Collective(collective)
     hosts_of = tuple(int(h) for h in host_of_rank)
     if not spans_hosts(hosts_of):
         raise ValueError(f"the group's ranks are all on one host (host_of_rank={hosts_of}): no network phase")
     if collective not in SUPPORTED:
-        raise ValueError(f"{collective.value} across GPU hosts is not built: jaxcoll runs all_reduce, reduce_scatter "
-                         f"and all_gather across hosts (host-local plans and network steps, docs/cuda.md); the group "
-                         f"spans hosts {sorted(set(hosts_of))}")
+        raise ValueError(f"{collective.value} across GPU hosts is not built: jaxcoll runs "
+                         f"{', '.join(c.value for c in SUPPORTED)} across hosts (docs/cuda.md); the group spans hosts "
+                         f"{sorted(set(hosts_of))}")
     members, where, local = _layout(hosts_of)
+    if collective in WHOLE_GROUP:
+        # One network phase over the group in rank order: sub-rank = rank, so root and pairs carry over as they are.
+        whole = (tuple(range(len(hosts_of))),)
+        pairs = tuple((int(s), int(t)) for s, t in perm) if collective is Collective.PPERMUTE else ()
+        phase = Phase(NETWORK, collective, whole, root=int(root) if collective is Collective.BROADCAST else 0,
+                      pairs=pairs)
+        return Schedule(collective, tuple(tuple(m) for m in members), (phase,))
     if len({len(m) for m in members}) != 1:
         raise ValueError(f"{collective.value} across GPU hosts needs the same number of the group's ranks on every "
                          f"host, got {[len(m) for m in members]} (host_of_rank={hosts_of})")

@@ -17,6 +17,7 @@ function per crossing, and it drops the compiled programs of every other functio
 
 from __future__ import annotations
 
+import os
 import threading
 
 import jax
@@ -110,5 +111,8 @@ def _rule(block: Block, name: str, original):
 
 def _where(ctx) -> str:
     """Where the lowered call was written: the user's file, line and function (and the name stack jax keeps,
-    where it keeps one)."""
-    return source_info_util.summarize(source_info_util.SourceInfo(ctx.traceback, ctx.name_stack))
+    where it keeps one); a file under the working directory relative to it, as pytest and tracebacks' readers
+    expect, so the report's column shows the name rather than a long absolute prefix."""
+    where = source_info_util.summarize(source_info_util.SourceInfo(ctx.traceback, ctx.name_stack))
+    cwd = os.getcwd() + os.sep
+    return where[len(cwd):] if where.startswith(cwd) else where

@@ -76,7 +76,9 @@ class Report:
         table = Table(title=f"{self.source}: {len(self.replaced) - len(casts)} collectives replaced{cast_count}, "
                             f"{len(self.left_to_xla)} left to XLA")
         for column in ("collective", "where", "axes", "operand", "runs on", "algorithm / reason", "count"):
-            table.add_column(column, justify="right" if column == "count" else "left")
+            # A long "where" wraps rather than losing its file name to an ellipsis.
+            table.add_column(column, justify="right" if column == "count" else "left",
+                             overflow="fold" if column == "where" else "ellipsis")
         for e, count in self.rows():
             if e.replaced and e.collective == "pvary":
                 continue
