@@ -59,7 +59,9 @@ ffi::Error BucketDims(const char* target, const char* name, ffi::Span<const int6
   return ffi::Error::Success();
 }
 
-ffi::Error Fail(const char* target, const Status& st) { return ffi::Error::Internal(std::string(target) + ": " + st.message()); }
+ffi::Error Fail(const char* target, const Status& st) {
+  return ffi::Error::Internal(std::string(target) + ": " + st.message());
+}
 
 ffi::Error Select(ffi::Buffer<ffi::F32> x, int64_t k, int64_t nranks, float threshold,
                   ffi::ResultBuffer<ffi::S32> buckets) {
@@ -129,8 +131,9 @@ ffi::Error Residual(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> sent, ffi::Bu
   if (residual->element_count() != x.element_count()) return Invalid(target, "the residual's shape differs from x's");
   const TopkRegions regions{x.dimensions().back(), nranks};
   for (int64_t b = 0; b < items.count; ++b) {
-    const Status st = topk_residual(x.typed_data() + b * regions.elements, sent.typed_data() + b * nranks * 2 * capacity,
-                                    capacity, gathered.typed_data() + b * nranks * 2 * kept, kept, regions,
+    const Status st = topk_residual(x.typed_data() + b * regions.elements,
+                                    sent.typed_data() + b * nranks * 2 * capacity, capacity,
+                                    gathered.typed_data() + b * nranks * 2 * kept, kept, regions,
                                     residual->typed_data() + b * regions.elements);
     if (!st.ok()) return Fail(target, st);
   }
@@ -154,7 +157,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxcoll_topk_reduce_handler, jaxcoll::xla_cpu::Red
                                   .Attr<int64_t>("region")
                                   .Ret<ffi::Buffer<ffi::S32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxcoll_topk_result_handler, jaxcoll::xla_cpu::Result,
-                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::S32>>().Attr<int64_t>("nranks").Ret<ffi::Buffer<ffi::F32>>());
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("nranks")
+                                  .Ret<ffi::Buffer<ffi::F32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxcoll_topk_residual_handler, jaxcoll::xla_cpu::Residual,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
