@@ -83,8 +83,9 @@ def numpy_topk(x, k, threshold=None, slack=2, sample=65536, details=False):
     docs/compression.md: every rank selects the entries whose magnitude reaches its threshold (numpy_threshold;
     inf and NaN always), puts them in index order into the bucket of their region (element i belongs to region
     (i // 16) % N, of ceil(L / 16N) 16 positions) up to slack * ceil(k/N) of them; each owner sums its buckets'
-    values per index in rank order in float32 and keeps the ceil(k/N) largest magnitudes (NaN first, then ties to the lower index); the result holds the kept sums,
-    and an entry leaves its rank's residual when it was sent and kept. With details=True also returns the
+    values per index in rank order in float32 and keeps the ceil(k/N) largest magnitudes (NaN first, then ties to
+    the lower index); the result holds the kept sums, and an entry leaves its rank's residual when it was sent
+    and kept. With details=True also returns the
     selected, sent and kept masks."""
     n, length = x.shape
     owner = np.arange(length) // 16 % n
