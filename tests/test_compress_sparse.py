@@ -42,6 +42,19 @@ def test_topk_all_reduce_equals_the_numpy_reference(mesh_name, axis, length, k, 
     np.testing.assert_array_equal(residual, want_residual)
 
 
+def test_topk_over_one_axis_of_a_2d_mesh_sums_each_group():
+    # On the 2x4 mesh, reducing over "y" sums the 4 ranks of each x row: two independent groups.
+    x = np.random.default_rng(9).standard_normal((8, 500)).astype(np.float32)
+    f = jax.jit(jax.shard_map(lambda v: jax.tree.map(lambda a: a[None], topk_all_reduce(v[0], "y", k=20)),
+                              mesh=mesh("2x4"), in_specs=P(("x", "y")), out_specs=P(("x", "y"))))
+    result, residual = (np.asarray(a) for a in f(put(x, "2x4")))
+    for row in range(2):
+        ranks = slice(4 * row, 4 * row + 4)
+        want, want_residual = numpy_topk(x[ranks], 20)
+        np.testing.assert_array_equal(result[ranks], np.broadcast_to(want, (4, 500)))
+        np.testing.assert_array_equal(residual[ranks], want_residual)
+
+
 def test_topk_public_function_is_the_reference_on_a_pytree():
     x = np.random.default_rng(3).standard_normal((8, 2, 300)).astype(np.float32)
     f = jax.jit(jax.shard_map(lambda v: topk_all_reduce({"a": v[0, 0], "b": v[0, 1]}, "i", k=12),
