@@ -76,8 +76,32 @@ struct Candidate {
 struct Scratch {
   std::vector<Candidate> entries, sorted, sums;
   std::vector<uint64_t> keys;
+  std::vector<uint32_t> sample;
 };
 thread_local Scratch scratch;
+
+// The rank-th largest (1-based) of `values` (each below 2^31): a most-significant-digit radix select, three
+// passes that count the digits of bits 30-20, 19-9 and 8-0 among the values that share the digits found so far.
+uint32_t kth_largest(const std::vector<uint32_t>& values, int64_t rank) {
+  constexpr std::array<std::pair<int, int>, 3> kDigits = {{{20, 11}, {9, 11}, {0, 9}}};  // (shift, width)
+  std::array<int64_t, 1 << 11> count;
+  uint32_t prefix = 0, fixed = 0;  // the value's bits found so far, and which bits those are
+  for (const auto& [shift, width] : kDigits) {
+    const uint32_t digit_mask = (1u << width) - 1;
+    count.fill(0);
+    for (uint32_t v : values)
+      if ((v & fixed) == prefix) ++count[(v >> shift) & digit_mask];
+    for (int64_t d = digit_mask; d >= 0; --d) {
+      if (rank <= count[d]) {
+        prefix |= static_cast<uint32_t>(d) << shift;
+        fixed |= digit_mask << shift;
+        break;
+      }
+      rank -= count[d];
+    }
+  }
+  return prefix;
+}
 
 // Sorts `entries` by position (all below `limit`), stably: an LSD radix sort, 11 bits a pass; `spare` is scratch.
 void sort_by_position(std::vector<Candidate>& entries, std::vector<Candidate>& spare, int64_t limit) {
@@ -98,11 +122,21 @@ void sort_by_position(std::vector<Candidate>& entries, std::vector<Candidate>& s
 
 uint32_t topk_threshold(const float* x, int64_t elements, int64_t k, float floor) {
   const int64_t samples = std::min(elements, kTopkSample);
-  std::vector<uint32_t> sample(samples);
-  for (int64_t j = 0; j < samples; ++j) sample[j] = magnitude_bits(x[j * elements / samples]);
+  std::vector<uint32_t>& sample = scratch.sample;
+  sample.resize(samples);
+  // Runs of kTopkSampleRun consecutive elements, run r from element floor(r L / (S / run)): a few cache lines each
+  // rather than one per sample (strided samples cost half as much as the selection pass at 16 MiB a rank).
+  if (elements <= kTopkSample) {
+    for (int64_t i = 0; i < elements; ++i) sample[i] = magnitude_bits(x[i]);
+  } else {
+    const int64_t runs = kTopkSample / kTopkSampleRun;
+    for (int64_t r = 0; r < runs; ++r) {
+      const float* run = x + r * elements / runs;
+      for (int64_t i = 0; i < kTopkSampleRun; ++i) sample[r * kTopkSampleRun + i] = magnitude_bits(run[i]);
+    }
+  }
   const int64_t rank = (k * samples + elements - 1) / elements;  // k_s in [1, samples] for k in [1, elements]
-  std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(), std::greater<uint32_t>());
-  uint32_t t = sample[rank - 1];
+  uint32_t t = kth_largest(sample, rank);
   t = std::max({t, 1u, magnitude_bits(floor)});
   return std::min(t, kInfBits);
 }

@@ -22,8 +22,10 @@ namespace jaxcoll {
 
 inline constexpr int32_t kNoEntry = -1;
 
-// The threshold estimate reads this many elements of x, evenly spaced (all of them in a vector up to this size).
+// The threshold estimate reads this many elements of x (all of them in a vector up to this size), in runs of
+// kTopkSampleRun consecutive elements evenly spaced over x.
 inline constexpr int64_t kTopkSample = int64_t{1} << 16;
+inline constexpr int64_t kTopkSampleRun = 64;
 
 // The float32 bits of +inf: |x| bits at or above it are inf or NaN, which are always selected.
 inline constexpr uint32_t kInfBits = 0x7f800000u;
@@ -44,8 +46,8 @@ struct TopkRegions {
 };
 
 // The selection threshold as the float32 bits of a magnitude (for |x| these order as the magnitudes do, NaN
-// above inf): the k_s-th largest |x| bits of the sample x[floor(j L / S)], j < S = min(L, kTopkSample), with
-// k_s = ceil(k S / L); then raised to `floor`'s bits and to 1 (zeros are never selected) and lowered to kInfBits
+// above inf): the k_s-th largest |x| bits of the sample, k_s = ceil(k S / L) with S = min(L, kTopkSample). The
+// sample is x itself when L <= kTopkSample, else the S / 64 runs x[floor(r L / (S / 64)) + i], i < 64; then raised to `floor`'s bits and to 1 (zeros are never selected) and lowered to kInfBits
 // (inf and NaN are always selected). About k entries of x reach it; when L <= kTopkSample exactly the k largest
 // magnitudes and their ties do. Deterministic: the same x gives the same threshold.
 uint32_t topk_threshold(const float* x, int64_t elements, int64_t k, float floor);

@@ -66,13 +66,19 @@ def bound(x, fmt, block=256):
     return e.reshape(np.shape(x))
 
 
-def numpy_threshold(x, k, threshold=None, sample=65536):
+def numpy_threshold(x, k, threshold=None, sample=65536, run=64):
     """The selection threshold of one rank's x (L,), as a float32 magnitude: the ceil(k S / L)-th largest |x| of
-    the S = min(L, sample) entries x[floor(j L / S)], at least `threshold` and the least positive float, at most inf
-    (NaN compares above inf: magnitudes are compared as their float32 bits)."""
+    S = min(L, sample) entries (all of x, or sample / run runs of `run` consecutive entries, run r starting at
+    floor(r L / (sample / run))), at least `threshold` and the least positive float, at most inf (NaN compares
+    above inf: magnitudes are compared as their float32 bits)."""
     length = x.size
     s = min(length, sample)
-    bits = np.sort(np.abs(x[np.arange(s) * length // s]).view(np.uint32))[::-1]
+    if length <= sample:
+        chosen = x
+    else:
+        runs = sample // run
+        chosen = np.concatenate([x[r * length // runs:][:run] for r in range(runs)])
+    bits = np.sort(np.abs(chosen).view(np.uint32))[::-1]
     t = int(bits[-(-k * s // length) - 1])
     t = max(t, 1, int(np.float32(threshold or 0).view(np.uint32)))
     return np.uint32(min(t, 0x7F800000)).view(np.float32)

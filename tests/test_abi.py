@@ -38,8 +38,8 @@ def test_native_sparse_targets_are_the_python_table():
 
 def test_the_sparse_kernels_constants_are_the_jnp_stages():
     from jaxcoll.compress import sparse
-    assert dict(_jaxcoll.abi()["topk"]) == {"sample": sparse.SAMPLE, "stripe": sparse.STRIPE,
-                                            "no_entry": sparse.NO_ENTRY}
+    assert dict(_jaxcoll.abi()["topk"]) == {"sample": sparse.SAMPLE, "sample_run": sparse.SAMPLE_RUN,
+                                            "stripe": sparse.STRIPE, "no_entry": sparse.NO_ENTRY}
 
 
 def test_every_target_is_registered_for_each_platform():

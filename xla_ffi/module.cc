@@ -89,6 +89,7 @@ NB_MODULE(_jaxcoll, m) {
     out["sparse_targets"] = sparse_targets;
     nb::dict topk;  // the constants jaxcoll.compress.sparse's jnp stages share with csrc/topk.hpp
     topk["sample"] = jaxcoll::kTopkSample;
+    topk["sample_run"] = jaxcoll::kTopkSampleRun;
     topk["stripe"] = jaxcoll::kTopkStripe;
     topk["no_entry"] = jaxcoll::kNoEntry;
     out["topk"] = topk;

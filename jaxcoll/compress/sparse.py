@@ -2,11 +2,11 @@
 global threshold, a balanced sparse reduce-scatter, an all-gather of the result, error feedback; O(k) traffic.
 
 Per rank, on its flat float32 vector x of L elements (N ranks, k slots):
-1. Threshold: t is the ceil(k S / L)-th largest magnitude of S = min(L, 65536) evenly spaced entries
-   x[floor(j L / S)], raised to `threshold` and to the least positive float (zeros are never selected); inf and
-   NaN always reach it (so a sum shows them, as the dense one would). About k entries of x reach t; when
-   L <= 65536 the sample is x itself: exactly the k largest magnitudes and their ties. Ok-Topk, too, estimates
-   its threshold rather than sorting.
+1. Threshold: t is the ceil(k S / L)-th largest magnitude of S = min(L, 65536) entries of x: all of them, or
+   1024 runs of 64 consecutive entries evenly spaced (run r from x[floor(r L / 1024)]); it is raised to
+   `threshold` and to the least positive float (zeros are never selected); inf and NaN always reach it (so a
+   sum shows them, as the dense one would). About k entries of x reach t; when L <= 65536 exactly the k largest
+   magnitudes and their ties do. Ok-Topk, too, estimates its threshold rather than sorting.
 2. Buckets: the index space is dealt to the N ranks in stripes of B = 16 elements (a cache line): stripe j is
    part of region j mod N, which rank j mod N owns, so a layer whose gradients outweigh the rest spreads over
    every owner (Ok-Topk balances its regions by moving their boundaries, which needs the ranks to agree first).
@@ -84,9 +84,10 @@ class TopK:
 # the selected entries (gradients are rarely spread evenly over the index space) at 1.5x the traffic of none.
 SLACK = 2
 
-# The threshold's sample size and the regions' stripe (csrc/topk.hpp's kTopkSample and kTopkStripe; the native
-# module reports them and tests/test_abi.py holds the two together).
+# The threshold's sample size and run, and the regions' stripe (csrc/topk.hpp's kTopkSample, kTopkSampleRun and
+# kTopkStripe; the native module reports them and tests/test_abi.py holds the two together).
 SAMPLE = 1 << 16
+SAMPLE_RUN = 64
 STRIPE = 16
 
 NO_ENTRY = -1  # a bucket's unused slot (csrc/topk.hpp's kNoEntry)
@@ -134,7 +135,10 @@ _INF_BITS = 0x7F800000
 
 def _select_jnp(x, layout: Layout, threshold):
     n, r, c = layout.nranks, layout.region, layout.capacity
-    sample = np.arange(min(x.size, SAMPLE), dtype=np.int64) * x.size // min(x.size, SAMPLE)
+    sample = np.arange(x.size)
+    if x.size > SAMPLE:  # SAMPLE / SAMPLE_RUN runs of SAMPLE_RUN consecutive elements, evenly spaced
+        runs = SAMPLE // SAMPLE_RUN
+        sample = (np.arange(runs, dtype=np.int64)[:, None] * x.size // runs + np.arange(SAMPLE_RUN)).reshape(-1)
     rank = -(-layout.k * sample.size // x.size)
     t = lax.top_k(_magnitude_bits(x[sample]), rank)[0][rank - 1]
     floor = int(np.float32(threshold or 0).view(np.int32))
