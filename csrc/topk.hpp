@@ -47,8 +47,9 @@ struct TopkRegions {
 
 // The selection threshold as the float32 bits of a magnitude (for |x| these order as the magnitudes do, NaN
 // above inf): the k_s-th largest |x| bits of the sample, k_s = ceil(k S / L) with S = min(L, kTopkSample). The
-// sample is x itself when L <= kTopkSample, else the S / 64 runs x[floor(r L / (S / 64)) + i], i < 64; then raised to `floor`'s bits and to 1 (zeros are never selected) and lowered to kInfBits
-// (inf and NaN are always selected). About k entries of x reach it; when L <= kTopkSample exactly the k largest
+// sample is x itself when L <= kTopkSample, else the S / 64 runs x[floor(r L / (S / 64)) + i], i < 64. The
+// threshold is then raised to `floor`'s bits and to 1 (zeros are never selected) and lowered to kInfBits (inf
+// and NaN are always selected). About k entries of x reach it; when L <= kTopkSample exactly the k largest
 // magnitudes and their ties do. Deterministic: the same x gives the same threshold.
 uint32_t topk_threshold(const float* x, int64_t elements, int64_t k, float floor);
 
