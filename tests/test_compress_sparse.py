@@ -1,5 +1,7 @@
 """The sparse all-reduce (Ok-Topk design) and Adasum against numpy references written from their definitions."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -174,6 +176,18 @@ def test_the_kernels_refuse_malformed_buckets_naming_them():
     select = jax.jit(lambda v: sparse._kernel(0, v, 8, jnp.int32, v, k=5, nranks=2, threshold=np.float32(0)))
     with pytest.raises(Exception, match=r"k=5 is out of range for x of 4 elements"):
         select(np.ones(4, np.float32)).block_until_ready()
+
+
+def test_other_platforms_lower_the_jnp_stages_not_the_cpu_kernels():
+    # The kernels are registered for XLA:CPU only: a program lowered for CUDA must not name them.
+    x = jax.ShapeDtypeStruct((8 * 4096,), jnp.float32, sharding=jax.sharding.NamedSharding(mesh("1d8"), P("i")))
+    f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "i", compression=TopK(fraction=0.01)),
+                              mesh=mesh("1d8"), in_specs=P("i"), out_specs=P()))
+    targets = {p: set(re.findall(r"custom_call @(\w+)", f.trace(x).lower(lowering_platforms=(p,)).as_text()))
+               for p in ("cpu", "cuda")}
+    assert targets["cpu"] == {"jaxcoll_all_to_all", "jaxcoll_all_gather", "jaxcoll_topk_select",
+                              "jaxcoll_topk_reduce", "jaxcoll_topk_result"}  # the residual is unused: dropped
+    assert targets["cuda"] == {"jaxcoll_all_to_all", "jaxcoll_all_gather"}
 
 
 def test_traffic_is_order_k():
