@@ -3,6 +3,7 @@ call, all methods alternating call by call in one run; then the simulator's pred
 the GPU presets (DGX H100, 1, 2 and 4 boxes).
 
     PYTHONPATH=. python benchmarks/compressed_collectives.py --sizes 1M,16M,64M --reps 7 --markdown /tmp/compression.md
+    PYTHONPATH=$PWD python benchmarks/compressed_collectives.py --sizes 16M --processes 2 --transport tcp
 
 Each cell is the median of `reps` calls after `warmup` untimed calls of each method. "sent/rank" counts the
 bytes a rank sends to the others in one call (the wire form: codes, scales, indices); "speedup" is jaxcoll's
@@ -15,11 +16,15 @@ exact float32 all_reduce's time over the method's.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import jax
 
-if __name__ == "__main__":
+from jaxcoll import launch
+
+if __name__ == "__main__" and not launch.in_job():  # a job's processes take their device count from the launcher
     jax.config.update("jax_num_cpu_devices", 8)
 
 import numpy as np  # noqa: E402
@@ -27,7 +32,7 @@ from jax import lax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jaxcoll  # noqa: E402
-from jaxcoll.cli.bench import copy_bandwidth, format_size, parse_size  # noqa: E402
+from jaxcoll.cli.bench import copy_bandwidth, copy_bandwidth_setting, format_size, parse_size  # noqa: E402
 from jaxcoll.compress import TopK, formats, quantized  # noqa: E402
 from jaxcoll.compress.sparse import Layout  # noqa: E402
 
@@ -56,8 +61,9 @@ def measure(sizes, reps: int, warmup: int):
     rows = []
     for size in sizes:
         elements = size // 4
-        x = jax.device_put(np.random.default_rng(0).standard_normal((n * elements,), np.float32),
-                           NamedSharding(mesh, P("i")))
+        data = np.random.default_rng(0).standard_normal((n * elements,), np.float32)
+        # From a callback: in a job of several processes each process places only its own devices' shards.
+        x = jax.make_array_from_callback(data.shape, NamedSharding(mesh, P("i")), lambda index: data[index])
         programs = {name: jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P()))
                     for name, fn in METHODS.items()}
         for prog in programs.values():
@@ -81,10 +87,12 @@ def profile(size: int, reps: int = 9):
     """CPU milliseconds of each local stage of one rank's compressed all_reduce at `size` bytes per rank (one
     device, no communication; process time, which counts every thread and is steadier than wall time on a
     shared machine; the least of `reps` calls, since a call whose output lands on fresh pages also pays the
-    kernel's zeroing of them), next to one pass over the same float32 data."""
+    kernel's zeroing of them), next to one pass over the same float32 data. Each block-format stage is timed
+    as formats.py's jax.numpy run by XLA:CPU and as the native codec (jaxcoll.compress.codec) with its
+    bandwidth: the bytes it reads and writes over its CPU time. Returns {stage: (xla ms, native ms, GB/s)}."""
     import jax.numpy as jnp
 
-    from jaxcoll.compress import sparse
+    from jaxcoll.compress import codec, sparse
 
     def cpu_ms(f, *args):
         f = jax.jit(f)
@@ -99,11 +107,12 @@ def profile(size: int, reps: int = 9):
     n, e = 8, size // 4
     per = e // n
     x = jnp.asarray(np.random.default_rng(0).standard_normal(e).astype(np.float32))
-    rows = {"one pass over x (x + 1)": cpu_ms(lambda v: v + 1, x)}
+    rows = {"one pass over x (x + 1)": (cpu_ms(lambda v: v + 1, x), None, 8 * e)}
     for name in ("int8", "fp8"):
         fmt = formats.parse("benchmark", name)
         wire = fmt.encode(x.reshape(n, per))
         gathered = jax.tree.map(lambda a: jnp.broadcast_to(a[:1], a.shape), wire)
+        encoded = e * (1 + 4 / fmt.block_size)  # bytes of the encoded x: codes and scales
 
         def reduce_rows(w, fmt=fmt):
             d = fmt.decode(*w)
@@ -112,23 +121,40 @@ def profile(size: int, reps: int = 9):
                 part = part + d[p]
             return part
 
-        rows[f"{name}: encode x (hop 1)"] = cpu_ms(lambda v, fmt=fmt: fmt.encode(v.reshape(n, per)), x)
-        rows[f"{name}: decode N chunks and sum"] = cpu_ms(reduce_rows, wire)
-        rows[f"{name}: encode the sum (hop 2)"] = cpu_ms(lambda v, fmt=fmt: fmt.encode(v), x[:per])
-        rows[f"{name}: decode the gathered sums"] = cpu_ms(lambda w, fmt=fmt: fmt.decode(*w).reshape(-1), gathered)
+        def decode_flat(w, fmt=fmt):
+            return codec.decode(fmt, w[0].reshape(-1), w[1].reshape(-1))
+
+        rows[f"{name}: encode x (hop 1)"] = (
+            cpu_ms(lambda v, fmt=fmt: fmt.encode(v.reshape(n, per)), x),
+            cpu_ms(lambda v, fmt=fmt: codec.encode(fmt, v), x), 4 * e + encoded)
+        rows[f"{name}: decode N chunks and sum"] = (
+            cpu_ms(reduce_rows, wire), cpu_ms(lambda w, fmt=fmt: codec.decode_sum(fmt, *w), wire),
+            encoded + 4 * per)
+        rows[f"{name}: encode the sum (hop 2)"] = (
+            cpu_ms(lambda v, fmt=fmt: fmt.encode(v), x[:per]), cpu_ms(lambda v, fmt=fmt: codec.encode(fmt, v), x[:per]),
+            4 * per + encoded / n)
+        rows[f"{name}: decode, sum and encode the sum (fused)"] = (
+            None, cpu_ms(lambda w, fmt=fmt: codec.decode_sum_encode(fmt, *w), wire), encoded + encoded / n)
+        rows[f"{name}: decode the gathered sums"] = (
+            cpu_ms(lambda w, fmt=fmt: fmt.decode(*w).reshape(-1), gathered), cpu_ms(decode_flat, gathered),
+            encoded + 4 * e)
     lay = Layout.of(e, max(1, round(0.01 * e)), n)
     wire = sparse._kernel(0, x, n * 2 * lay.capacity, jnp.int32, x, k=lay.k, nranks=n, threshold=np.float32(0))
     gathered = jnp.tile(wire[:2 * lay.kept], n)  # hop 2's buckets: n owners' kept slots (positions ascend)
-    rows["top-k: select the buckets (kernel)"] = cpu_ms(
+    buckets, kept = 4 * n * 2 * lay.capacity, 4 * n * 2 * lay.kept  # bytes of hop 1's and hop 2's buckets
+    rows["top-k: select the buckets (kernel)"] = (None, cpu_ms(
         lambda v: sparse._kernel(0, v, n * 2 * lay.capacity, jnp.int32, v, k=lay.k, nranks=n,
-                                 threshold=np.float32(0)), x)
-    rows["top-k: owner's sum and reselection (kernel)"] = cpu_ms(
-        lambda w: sparse._kernel(1, w, 2 * lay.kept, jnp.int32, w, nranks=n, region=lay.region), wire)
-    rows["top-k: write the dense result (kernel)"] = cpu_ms(
-        lambda g: sparse._kernel(2, g, e, jnp.float32, g, nranks=n), gathered)
-    rows["top-k: write the residual (kernel)"] = cpu_ms(
-        lambda v, w, g: sparse._kernel(3, v, e, jnp.float32, v, w, g, nranks=n), x, wire, gathered)
-    return rows
+                                 threshold=np.float32(0)), x), 4 * e + buckets)
+    rows["top-k: owner's sum and reselection (kernel)"] = (None, cpu_ms(
+        lambda w: sparse._kernel(1, w, 2 * lay.kept, jnp.int32, w, nranks=n, region=lay.region), wire),
+        buckets + kept / n)
+    rows["top-k: write the dense result (kernel)"] = (None, cpu_ms(
+        lambda g: sparse._kernel(2, g, e, jnp.float32, g, nranks=n), gathered), kept + 4 * e)
+    rows["top-k: write the residual (kernel)"] = (None, cpu_ms(
+        lambda v, w, g: sparse._kernel(3, v, e, jnp.float32, v, w, g, nranks=n), x, wire, gathered),
+        8 * e + buckets + kept)
+    return {stage: (xla, native, traffic / (native * 1e6) if native and traffic else None)
+            for stage, (xla, native, traffic) in rows.items()}
 
 
 def simulate(sizes, boxes_list=(1, 2, 4)):
@@ -191,6 +217,24 @@ def markdown(rows, sim_rows, copy_gbps) -> str:
     return "\n".join(out)
 
 
+TRANSPORTS = {"shm": {}, "tcp": {"JAXCOLL_TRANSPORT": "tcp"}}
+
+
+def launch_job(args) -> int:
+    """This benchmark as a job of `args.processes` processes (jaxcoll.launch, as `jaxcoll bench --processes`):
+    the copy bandwidth measured here first, while no process runs; process 0's tables printed."""
+    if 8 % args.processes:
+        raise SystemExit(f"--processes={args.processes} does not divide the 8 devices")
+    env = {"JAXCOLL_BENCH_COPY_BW": repr(copy_bandwidth()), **TRANSPORTS[args.transport]}
+    results = launch.launch(args.processes, [__file__, *sys.argv[1:]], local_devices=8 // args.processes, env=env,
+                            timeout_s=3600)
+    print(results[0].stdout, end="")
+    for r in results:
+        if r.returncode != 0:
+            print(f"process {r.process} exited with {r.returncode}:\n{r.stderr[-3000:]}", file=sys.stderr)
+    return 1 if any(r.returncode != 0 for r in results) else 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1M,16M,64M", help="bytes per rank (float32), comma separated")
@@ -199,15 +243,30 @@ def main():
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--sim-only", action="store_true")
     parser.add_argument("--profile", default=None, help="a size per rank: print the CPU time of each local stage")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="run as a jax.distributed job of this many processes on this machine (jaxcoll.launch), "
+                             "the 8 devices split between them")
+    parser.add_argument("--transport", choices=sorted(TRANSPORTS), default="shm",
+                        help="between processes: shared memory, or TCP over loopback sockets (JAXCOLL_TRANSPORT)")
     args = parser.parse_args()
+    if args.processes > 1 and not launch.in_job():
+        return launch_job(args)
+    process = launch.initialize()[0] if launch.in_job() else 0
     if args.profile:
-        print(f"| stage ({args.profile} per rank, one device) | CPU ms |\n|---|---:|")
-        for stage, ms in profile(parse_size(args.profile)).items():
-            print(f"| {stage} | {ms:.2f} |")
+        print(f"| stage ({args.profile} per rank, one device) | XLA:CPU ms (jax.numpy) | native ms | native GB/s |\n"
+              "|---|---:|---:|---:|")
+        cell = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
+        for stage, (xla, native, gbps) in profile(parse_size(args.profile)).items():
+            print(f"| {stage} | {cell(xla, '.2f')} | {cell(native, '.2f')} | {cell(gbps, '.1f')} |")
         return
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     rows = [] if args.sim_only else measure(sizes, args.reps, args.warmup)
-    text = markdown(rows, simulate(sizes), copy_bandwidth() / 1e9)
+    if process:
+        return
+    text = markdown(rows, simulate(sizes), copy_bandwidth_setting() / 1e9)
+    if launch.in_job():
+        text = (f"{jax.process_count()} processes x {jax.local_device_count()} devices, transport "
+                f"{os.environ.get('JAXCOLL_TRANSPORT', 'shm')} (XLA psum: gloo).\n\n" + text)
     print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:
@@ -215,4 +274,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

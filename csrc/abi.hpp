@@ -53,6 +53,15 @@ inline constexpr const char* kNetworkTarget = "jaxcoll_network";
 inline constexpr std::array<const char*, 4> kSparseTargets = {"jaxcoll_topk_select", "jaxcoll_topk_reduce",
                                                               "jaxcoll_topk_result", "jaxcoll_topk_residual"};
 
+// The codec of the quantized collectives (xla_ffi/codec.cc over csrc/codec.hpp): stateless kernels, registered
+// for platform "cpu" only (other platforms run the jax.numpy formats). The codes' element type names the format.
+inline constexpr const char* kCodecEncodeTarget = "jaxcoll_codec_encode";
+inline constexpr const char* kCodecDecodeTarget = "jaxcoll_codec_decode";
+inline constexpr const char* kCodecDecodeSumTarget = "jaxcoll_codec_decode_sum";
+inline constexpr const char* kCodecDecodeSumEncodeTarget = "jaxcoll_codec_decode_sum_encode";
+inline constexpr std::array<const char*, 4> kCodecTargets = {kCodecEncodeTarget, kCodecDecodeTarget,
+                                                              kCodecDecodeSumTarget, kCodecDecodeSumEncodeTarget};
+
 // Every FFI target, in the order of the collectives' codes.
 inline std::array<std::string, kNumCollectives> ffi_targets() {
   std::array<std::string, kNumCollectives> names;

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 try:
     import optax
@@ -20,7 +21,7 @@ except ImportError as e:  # optax is an extra: say how to get it rather than a b
     raise ImportError("jaxcoll.optax needs optax: pip install 'jaxcoll[optax]' (or pip install optax)") from e
 
 from jaxcoll.collectives.all_reduce import all_reduce
-from jaxcoll.compress import formats, sparse
+from jaxcoll.compress import codec, formats, sparse
 from jaxcoll.lowering import groups
 
 API = "jaxcoll.optax.compressed_sync"
@@ -82,7 +83,8 @@ def compressed_sync(axis_name, compression="int8", *, error_feedback=True, mean=
             synced = all_reduce(flat, axes, compression=fmt)
             # What this rank's first encoding lost (the chunks of the first hop are whole blocks of this
             # buffer); the owner's re-encoding of the sum is shared by all ranks, no one rank's to feed back.
-            lost = flat - formats.roundtrip(flat, fmt)
+            # The residual is a constant of the step: no derivative flows into the codec (native on CPU).
+            lost = flat - codec.roundtrip(fmt, lax.stop_gradient(flat))
         synced = unflatten(synced * scale)
         if state.residual is None:
             return synced, state

@@ -62,6 +62,9 @@ def register() -> None:
         # The sparse all-reduce's local stages: stateless, XLA:CPU only (other platforms take sparse.py's jnp path).
         for name, handler in _jaxcoll.sparse_registrations().items():
             jax.ffi.register_ffi_target(name, handler, platform="cpu", api_version=1)
+        # The codec of the quantized collectives (jaxcoll.compress.codec): stateless kernels, CPU only.
+        for name, handler in _jaxcoll.codec_registrations().items():
+            jax.ffi.register_ffi_target(name, handler, platform="cpu", api_version=1)
         if _jaxcoll.with_cuda:
             # The same target names on XLA's CUDA platform: XLA resolves a custom call by (name, platform), so
             # the lowering stays one rule. Registration is deferred by jaxlib until a CUDA backend exists, and

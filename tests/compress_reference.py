@@ -60,6 +60,7 @@ def bound(x, fmt, block=256):
     else:
         e = np.maximum(b * 2.0 ** -4, s * 2.0 ** -10)
     e = e * (1 + 2.0 ** -15)
+    e = np.where(b < 2.0 ** -126, np.maximum(e, 2.0 ** -126), e)  # a subnormal input reads as 0
     small = absmax < CODE_MAX[fmt] * 2.0 ** -126  # scale would be subnormal: the block encodes as zeros
     e = np.where(small, absmax, e)
     e = np.where(np.isfinite(absmax), e, np.nan)

@@ -42,6 +42,17 @@ def test_the_sparse_kernels_constants_are_the_jnp_stages():
                                             "stripe": sparse.STRIPE, "no_entry": sparse.NO_ENTRY}
 
 
+def test_native_codec_targets_are_the_python_ones():
+    assert list(_jaxcoll.abi()["codec_targets"]) == list(abi.CODEC_TARGETS)
+    assert abi.CODEC_TARGETS == tuple("jaxcoll_codec_" + op for op in
+                                      ("encode", "decode", "decode_sum", "decode_sum_encode"))
+
+
+def test_the_codec_targets_are_registered_for_cpu():
+    # Stateless handlers, CPU only: other platforms run the jax.numpy formats (jaxcoll.compress.codec).
+    assert set(_jaxcoll.codec_registrations()) == set(abi.CODEC_TARGETS)
+
+
 def test_every_target_is_registered_for_each_platform():
     assert set(_jaxcoll.registrations()) == set(abi.TARGETS)
     if _jaxcoll.with_cuda:  # the network steps exist on XLA's CUDA platform only

@@ -21,6 +21,7 @@
 #include "csrc/spanning.hpp"
 #include "csrc/topk.hpp"
 #include "csrc/world.hpp"
+#include "xla_ffi/codec.hpp"
 #include "xla_ffi/handler.hpp"
 #include "xla_ffi/sparse.hpp"
 #ifdef JAXCOLL_WITH_CUDA
@@ -75,6 +76,15 @@ NB_MODULE(_jaxcoll, m) {
     return out;
   }, "The sparse all-reduce's FFI target name -> execute capsule, for jax.ffi.register_ffi_target(platform='cpu').");
 
+  m.def("codec_registrations", [] {
+    nb::dict out;
+    out[jaxcoll::kCodecEncodeTarget] = capsule(JaxcollCodecEncode);
+    out[jaxcoll::kCodecDecodeTarget] = capsule(JaxcollCodecDecode);
+    out[jaxcoll::kCodecDecodeSumTarget] = capsule(JaxcollCodecDecodeSum);
+    out[jaxcoll::kCodecDecodeSumEncodeTarget] = capsule(JaxcollCodecDecodeSumEncode);
+    return out;
+  }, "The codec's FFI target name -> handler capsule (stateless), for jax.ffi.register_ffi_target(platform='cpu').");
+
   m.def("abi", [] {
     nb::dict reduce_ops;
     for (int32_t code = 0; code < jaxcoll::kNumReduceOps; ++code) reduce_ops[jaxcoll::kReduceOpNames[code]] = code;
@@ -93,6 +103,10 @@ NB_MODULE(_jaxcoll, m) {
     topk["stripe"] = jaxcoll::kTopkStripe;
     topk["no_entry"] = jaxcoll::kNoEntry;
     out["topk"] = topk;
+
+    nb::list codec_targets;
+    for (const char* name : jaxcoll::kCodecTargets) codec_targets.append(name);
+    out["codec_targets"] = codec_targets;
     return out;
   }, "The custom call's interface as compiled in (csrc/abi.hpp): reduction name -> code, and the FFI targets.");
 

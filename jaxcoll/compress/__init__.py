@@ -2,6 +2,8 @@
 
 - Wire formats (formats.py): `Bf16`, `Fp8` (e4m3, a scale per block), `Int8` (absmax scale per block), each
   with its per-element error bound; `quantize` is a format's round trip with a straight-through derivative.
+- The codec (codec.py): the block formats' encode, decode and decode-and-sum passes, native kernels on CPU
+  (csrc/codec.cc), bitwise equal to formats.py's jax.numpy, which runs on other platforms.
 - Quantized collectives (quantized.py): `compression=` on jaxcoll.all_reduce, reduce_scatter, all_gather.
 - Sparse all-reduce (sparse.py): `TopK`, `topk_all_reduce` (Ok-Topk's design, O(k) traffic, error feedback).
 - Adasum (adasum.py): `adasum`, also `jaxcoll.all_reduce(..., op="adasum")`.

@@ -32,3 +32,11 @@ NETWORK_TARGET = TARGET_PREFIX + "network"
 # The sparse all-reduce's local stages (jaxcoll.compress.sparse; csrc/topk.hpp), in the order of a call: select
 # the buckets, the owner's sum and reselection, the dense result, the residual. Registered for platform "cpu" only.
 SPARSE_TARGETS = ("jaxcoll_topk_select", "jaxcoll_topk_reduce", "jaxcoll_topk_result", "jaxcoll_topk_residual")
+
+# The codec of the quantized collectives (jaxcoll.compress.codec, xla_ffi/codec.cc): stateless kernels, registered
+# for platform "cpu" only; their operands and attributes are documented in jaxcoll/compress/codec.py.
+CODEC_ENCODE_TARGET = TARGET_PREFIX + "codec_encode"
+CODEC_DECODE_TARGET = TARGET_PREFIX + "codec_decode"
+CODEC_DECODE_SUM_TARGET = TARGET_PREFIX + "codec_decode_sum"
+CODEC_DECODE_SUM_ENCODE_TARGET = TARGET_PREFIX + "codec_decode_sum_encode"
+CODEC_TARGETS = (CODEC_ENCODE_TARGET, CODEC_DECODE_TARGET, CODEC_DECODE_SUM_TARGET, CODEC_DECODE_SUM_ENCODE_TARGET)
