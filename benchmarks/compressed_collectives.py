@@ -93,6 +93,7 @@ def profile(size: int, reps: int = 9):
     import jax.numpy as jnp
 
     from jaxcoll.compress import codec, sparse
+    from jaxcoll.plan import abi
 
     def cpu_ms(f, *args):
         f = jax.jit(f)
@@ -139,19 +140,23 @@ def profile(size: int, reps: int = 9):
             cpu_ms(lambda w, fmt=fmt: fmt.decode(*w).reshape(-1), gathered), cpu_ms(decode_flat, gathered),
             encoded + 4 * e)
     lay = Layout.of(e, max(1, round(0.01 * e)), n)
-    wire = sparse._kernel(0, x, n * 2 * lay.capacity, jnp.int32, x, k=lay.k, nranks=n, threshold=np.float32(0))
+    select, reduce, result, residual = abi.SPARSE_TARGETS
+
+    def buckets_of(v):
+        return sparse._kernel(select, v, n * 2 * lay.capacity, jnp.int32, v, k=lay.k, nranks=n,
+                              threshold=np.float32(0))
+
+    wire = buckets_of(x)
     gathered = jnp.tile(wire[:2 * lay.kept], n)  # hop 2's buckets: n owners' kept slots (positions ascend)
     buckets, kept = 4 * n * 2 * lay.capacity, 4 * n * 2 * lay.kept  # bytes of hop 1's and hop 2's buckets
-    rows["top-k: select the buckets (kernel)"] = (None, cpu_ms(
-        lambda v: sparse._kernel(0, v, n * 2 * lay.capacity, jnp.int32, v, k=lay.k, nranks=n,
-                                 threshold=np.float32(0)), x), 4 * e + buckets)
+    rows["top-k: select the buckets (kernel)"] = (None, cpu_ms(buckets_of, x), 4 * e + buckets)
     rows["top-k: owner's sum and reselection (kernel)"] = (None, cpu_ms(
-        lambda w: sparse._kernel(1, w, 2 * lay.kept, jnp.int32, w, nranks=n, region=lay.region), wire),
+        lambda w: sparse._kernel(reduce, w, 2 * lay.kept, jnp.int32, w, nranks=n, region=lay.region), wire),
         buckets + kept / n)
     rows["top-k: write the dense result (kernel)"] = (None, cpu_ms(
-        lambda g: sparse._kernel(2, g, e, jnp.float32, g, nranks=n), gathered), kept + 4 * e)
+        lambda g: sparse._kernel(result, g, e, jnp.float32, g, nranks=n), gathered), kept + 4 * e)
     rows["top-k: write the residual (kernel)"] = (None, cpu_ms(
-        lambda v, w, g: sparse._kernel(3, v, e, jnp.float32, v, w, g, nranks=n), x, wire, gathered),
+        lambda v, w, g: sparse._kernel(residual, v, e, jnp.float32, v, w, g, nranks=n), x, wire, gathered),
         8 * e + buckets + kept)
     return {stage: (xla, native, traffic / (native * 1e6) if native and traffic else None)
             for stage, (xla, native, traffic) in rows.items()}

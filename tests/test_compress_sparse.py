@@ -14,6 +14,7 @@ from compress_reference import numpy_adasum, numpy_threshold, numpy_topk
 from jaxcoll.compress import TopK, topk_all_reduce
 from jaxcoll.compress import sparse
 from jaxcoll.compress.sparse import Layout
+from jaxcoll.plan import abi
 from sharded import mesh, per_rank, put, sharded
 
 
@@ -166,14 +167,15 @@ def test_zeros_are_never_selected():
 def test_the_kernels_refuse_malformed_buckets_naming_them():
     # What the kernels read comes from other ranks: a bucket whose positions do not ascend, or name elements past
     # x, is an error rather than a write out of bounds.
-    result = jax.jit(lambda g: sparse._kernel(2, g, 40, jnp.float32, g, nranks=2))
+    result = jax.jit(lambda g: sparse._kernel(abi.TOPK_RESULT_TARGET, g, 40, jnp.float32, g, nranks=2))
     ok = np.array([0, 3, 7, 1] + [-1, 0, 0, 0], np.int32)  # owner 0 holds positions 0 and 3; owner 1 none
     np.testing.assert_array_equal(np.nonzero(np.asarray(result(ok)))[0], [0, 3])
     with pytest.raises(Exception, match=r"owner 0 has position 3 in slot 1; positions must ascend"):
         result(np.array([3, 3, 7, 1] + [-1, 0, 0, 0], np.int32)).block_until_ready()
     with pytest.raises(Exception, match=r"owner 1 has position 16, past x's 40 elements"):
         result(np.array([0, 3, 7, 1] + [16, -1, 0, 0], np.int32)).block_until_ready()
-    select = jax.jit(lambda v: sparse._kernel(0, v, 8, jnp.int32, v, k=5, nranks=2, threshold=np.float32(0)))
+    select = jax.jit(lambda v: sparse._kernel(abi.TOPK_SELECT_TARGET, v, 8, jnp.int32, v, k=5, nranks=2,
+                                              threshold=np.float32(0)))
     with pytest.raises(Exception, match=r"k=5 is out of range for x of 4 elements"):
         select(np.ones(4, np.float32)).block_until_ready()
 

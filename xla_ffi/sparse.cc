@@ -65,7 +65,7 @@ ffi::Error Fail(const char* target, const Status& st) {
 
 ffi::Error Select(ffi::Buffer<ffi::F32> x, int64_t k, int64_t nranks, float threshold,
                   ffi::ResultBuffer<ffi::S32> buckets) {
-  const char* target = kSparseTargets[0];
+  const char* target = kTopkSelectTarget;
   Items items;
   if (!BatchOf(x.dimensions(), 1, items)) return Invalid(target, "x must have at least one dimension");
   const int64_t elements = x.dimensions().back();
@@ -87,7 +87,7 @@ ffi::Error Select(ffi::Buffer<ffi::F32> x, int64_t k, int64_t nranks, float thre
 }
 
 ffi::Error Reduce(ffi::Buffer<ffi::S32> received, int64_t nranks, int64_t region, ffi::ResultBuffer<ffi::S32> out) {
-  const char* target = kSparseTargets[1];
+  const char* target = kTopkReduceTarget;
   Items items;
   if (!BatchOf(received.dimensions(), 1, items)) return Invalid(target, "received must have at least one dimension");
   int64_t capacity = 0, kept = 0;
@@ -105,7 +105,7 @@ ffi::Error Reduce(ffi::Buffer<ffi::S32> received, int64_t nranks, int64_t region
 }
 
 ffi::Error Result(ffi::Buffer<ffi::S32> gathered, int64_t nranks, ffi::ResultBuffer<ffi::F32> out) {
-  const char* target = kSparseTargets[2];
+  const char* target = kTopkResultTarget;
   Items items;
   if (!BatchOf(out->dimensions(), 1, items)) return Invalid(target, "the result must have at least one dimension");
   int64_t kept = 0;
@@ -121,7 +121,7 @@ ffi::Error Result(ffi::Buffer<ffi::S32> gathered, int64_t nranks, ffi::ResultBuf
 
 ffi::Error Residual(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> sent, ffi::Buffer<ffi::S32> gathered,
                     int64_t nranks, ffi::ResultBuffer<ffi::F32> residual) {
-  const char* target = kSparseTargets[3];
+  const char* target = kTopkResidualTarget;
   Items items;
   if (!BatchOf(x.dimensions(), 1, items)) return Invalid(target, "x must have at least one dimension");
   int64_t capacity = 0, kept = 0;
@@ -172,10 +172,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxcoll_topk_residual_handler, jaxcoll::xla_cpu::R
 namespace jaxcoll::xla_cpu {
 
 std::array<std::pair<const char*, XLA_FFI_Handler*>, 4> sparse_handlers() {
-  return {{{kSparseTargets[0], jaxcoll_topk_select_handler},
-           {kSparseTargets[1], jaxcoll_topk_reduce_handler},
-           {kSparseTargets[2], jaxcoll_topk_result_handler},
-           {kSparseTargets[3], jaxcoll_topk_residual_handler}}};
+  return {{{kTopkSelectTarget, jaxcoll_topk_select_handler},
+           {kTopkReduceTarget, jaxcoll_topk_reduce_handler},
+           {kTopkResultTarget, jaxcoll_topk_result_handler},
+           {kTopkResidualTarget, jaxcoll_topk_residual_handler}}};
 }
 
 }  // namespace jaxcoll::xla_cpu

@@ -194,11 +194,11 @@ def _residual_jnp(x, sent, gathered, layout: Layout):
 
 # -- The same stages as jaxcoll's kernels (XLA:CPU) -------------------------------------------------------------
 
-def _kernel(stage: int, like, length: int, dtype, *args, **attributes):
-    """The sparse target `stage` of abi.SPARSE_TARGETS on args, its one result of `length` elements typed as
+def _kernel(target: str, like, length: int, dtype, *args, **attributes):
+    """The sparse kernel `target` (abi.SPARSE_TARGETS) on args: its one result of `length` elements, typed as
     `like` varies (ffi_call types its results from the declared ones under shard_map(check_vma=True))."""
     runtime.register()
-    call = jax.ffi.ffi_call(abi.SPARSE_TARGETS[stage], _jax.result_like(like, (length,), dtype),
+    call = jax.ffi.ffi_call(target, _jax.result_like(like, (length,), dtype),
                             vmap_method="broadcast_all")
     return call(*args, **{k: np.int64(v) if isinstance(v, int) else v for k, v in attributes.items()})
 
@@ -218,24 +218,33 @@ def _stage(kernels: bool | None, native, fallback, *args):
 
 def _sparse_all_reduce(flat, axes: tuple, layout: Layout, threshold, kernels: bool | None = None):
     """(result, residual) for one rank's float32 vector `flat`; `kernels`: see _stage (tests pick the jnp path)."""
-    n, c, kept = layout.nranks, layout.capacity, layout.kept
+    n, c, kept, length = layout.nranks, layout.capacity, layout.kept, layout.elements
     floor = np.float32(threshold or 0)
-    sent = _stage(kernels, lambda v: _kernel(0, v, n * 2 * c, jnp.int32, v, k=layout.k, nranks=n, threshold=floor),
-                  lambda v: _select_jnp(v, layout, threshold), flat)
+
+    def select(v):
+        return _kernel(abi.TOPK_SELECT_TARGET, v, n * 2 * c, jnp.int32, v, k=layout.k, nranks=n, threshold=floor)
+
+    def reduce(v):
+        return _kernel(abi.TOPK_REDUCE_TARGET, v, 2 * kept, jnp.int32, v, nranks=n, region=layout.region)
+
+    def result(g):
+        return _kernel(abi.TOPK_RESULT_TARGET, g, length, jnp.float32, g, nranks=n)
+
+    def residual(v, s, g):
+        return _kernel(abi.TOPK_RESIDUAL_TARGET, v, length, jnp.float32, v, s, g, nranks=n)
+
+    sent = _stage(kernels, select, lambda v: _select_jnp(v, layout, threshold), flat)
     # Hop 1: bucket p goes to rank p; it receives the N ranks' buckets for its region, in rank order.
     received = all_to_all(sent, axes, 0, 0, tiled=True)
-    kept_bucket = _stage(kernels, lambda v: _kernel(1, v, 2 * kept, jnp.int32, v, nranks=n, region=layout.region),
-                         lambda v: _reduce_jnp(v, layout), received)
+    kept_bucket = _stage(kernels, reduce, lambda v: _reduce_jnp(v, layout), received)
     # Hop 2: every rank gathers every owner's kept bucket; the result is invariant, as psum's is.
     gathered = all_gather_prim.bind(kept_bucket, axes=axes, all_gather_dimension=0, tiled=True, algorithm="auto",
                                     invariant=True)
-    result = _stage(kernels, lambda g: _kernel(2, g, layout.elements, jnp.float32, g, nranks=n),
-                    lambda g: _result_jnp(g, layout), gathered)
+    out = _stage(kernels, result, lambda g: _result_jnp(g, layout), gathered)
     # The residual varies like x, and an ffi_call's operands must vary alike: type the gathered buckets so.
     gathered = _varying_like(gathered, flat)
-    residual = _stage(kernels, lambda v, s, g: _kernel(3, v, layout.elements, jnp.float32, v, s, g, nranks=n),
-                      lambda v, s, g: _residual_jnp(v, s, g, layout), flat, sent, gathered)
-    return result, residual
+    rest = _stage(kernels, residual, lambda v, s, g: _residual_jnp(v, s, g, layout), flat, sent, gathered)
+    return out, rest
 
 
 def check(api_name: str, topk: TopK, x) -> int:
