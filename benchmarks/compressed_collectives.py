@@ -151,6 +151,7 @@ def profile(size: int, reps: int = 9):
     import jax.numpy as jnp
 
     from jaxcoll.compress import codec, sparse
+    from jaxcoll.plan import abi
 
     def cpu_ms(f, *args):
         f = jax.jit(f)
@@ -197,11 +198,24 @@ def profile(size: int, reps: int = 9):
             cpu_ms(lambda w, fmt=fmt: fmt.decode(*w).reshape(-1), gathered), cpu_ms(decode_flat, gathered),
             encoded + 4 * e)
     lay = Layout.of(e, max(1, round(0.01 * e)), n)
-    g = lay.size
-    rows["top-k: select per group"] = (
-        cpu_ms(lambda v: [sparse._select(r, None) for r in sparse._grouped(v, lay)], x), None, None)
-    index, value = sparse._select(sparse._grouped(x, lay)[0], None)
-    rows["top-k: write the dense result"] = (cpu_ms(lambda i, v: sparse._dense(i, v, g, e), index, value), None, None)
+    select, reduce, result, residual = abi.SPARSE_TARGETS
+
+    def buckets_of(v):
+        return sparse._kernel(select, v, n * 2 * lay.capacity, jnp.int32, v, k=lay.k, nranks=n,
+                              threshold=np.float32(0))
+
+    wire = buckets_of(x)
+    gathered = jnp.tile(wire[:2 * lay.kept], n)  # hop 2's buckets: n owners' kept slots (positions ascend)
+    buckets, kept = 4 * n * 2 * lay.capacity, 4 * n * 2 * lay.kept  # bytes of hop 1's and hop 2's buckets
+    rows["top-k: select the buckets (kernel)"] = (None, cpu_ms(buckets_of, x), 4 * e + buckets)
+    rows["top-k: owner's sum and reselection (kernel)"] = (None, cpu_ms(
+        lambda w: sparse._kernel(reduce, w, 2 * lay.kept, jnp.int32, w, nranks=n, region=lay.region), wire),
+        buckets + kept / n)
+    rows["top-k: write the dense result (kernel)"] = (None, cpu_ms(
+        lambda g: sparse._kernel(result, g, e, jnp.float32, g, nranks=n), gathered), kept + 4 * e)
+    rows["top-k: write the residual (kernel)"] = (None, cpu_ms(
+        lambda v, w, g: sparse._kernel(residual, v, e, jnp.float32, v, w, g, nranks=n), x, wire, gathered),
+        8 * e + buckets + kept)
     return {stage: (xla, native, traffic / (native * 1e6) if native and traffic else None)
             for stage, (xla, native, traffic) in rows.items()}
 
@@ -243,10 +257,10 @@ def simulate(sizes, boxes_list=(1, 2, 4)):
                     t += (4 + 1 + 1 + 4 / n + 4 / n + 1 / n + 1 + 4) * e / hbm
                 row[name] = t
             lay = Layout.of(e, max(1, round(0.01 * e)), n)
-            slots = 8 * lay.groups
-            # select (read 4), owner's sum and selection (read ~4/n * 2), scatter to the dense output (write 4)
-            row["top-k 1%"] = (run(Collective.REDUCE_SCATTER, slots, slots)
-                               + run(Collective.ALL_GATHER, slots // n, slots) + (4 + 8 / n + 4) * e / hbm)
+            hop1, hop2 = 8 * n * lay.capacity, 8 * lay.kept  # a rank's N buckets out; one owner's kept bucket
+            # select (read 4), the owner's merge of O(k) slots (negligible), write the dense result (write 4)
+            row["top-k 1%"] = (run(Collective.REDUCE_SCATTER, hop1, hop1)
+                               + run(Collective.ALL_GATHER, hop2, n * hop2) + (4 + 4) * e / hbm)
             rows.append((topo.name, n, size, row))
     return rows
 

@@ -48,6 +48,15 @@ inline std::string ffi_target(Collective c) { return std::string(kTargetPrefix) 
 // XLA's CUDA platform only; its `collective` attribute is a Collective code.
 inline constexpr const char* kNetworkTarget = "jaxcoll_network";
 
+// The sparse all-reduce's local stages (csrc/topk.hpp, xla_ffi/sparse.cc), in the order of a call: select the
+// buckets, the owner's sum and reselection, the dense result, the residual. Stateless; platform "cpu" only.
+inline constexpr const char* kTopkSelectTarget = "jaxcoll_topk_select";
+inline constexpr const char* kTopkReduceTarget = "jaxcoll_topk_reduce";
+inline constexpr const char* kTopkResultTarget = "jaxcoll_topk_result";
+inline constexpr const char* kTopkResidualTarget = "jaxcoll_topk_residual";
+inline constexpr std::array<const char*, 4> kSparseTargets = {kTopkSelectTarget, kTopkReduceTarget,
+                                                              kTopkResultTarget, kTopkResidualTarget};
+
 // The codec of the quantized collectives (xla_ffi/codec.cc over csrc/codec.hpp): stateless kernels, registered
 // for platform "cpu" only (other platforms run the jax.numpy formats). The codes' element type names the format.
 inline constexpr const char* kCodecEncodeTarget = "jaxcoll_codec_encode";

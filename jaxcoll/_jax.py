@@ -88,6 +88,17 @@ def varying_over(aval, axes):
                        manual_axis_type=aval.mat.update(varying=aval.mat.varying | frozenset(axes)))
 
 
+def result_like(like, shape: tuple, dtype):
+    """The declared type of a jax.ffi.ffi_call result of `shape` and `dtype` that varies over the mesh axes `like`
+    varies over (under shard_map(check_vma=True) ffi_call types its results from the declared ones). Public API:
+    jax.ShapeDtypeStruct, whose argument for those axes changed name (vma, then manual_axis_type at 0.10);
+    updating jax.typeof(like) keeps them on every version. `shape` has like's rank (the aval's sharding names one
+    entry per dimension)."""
+    import jax
+    import numpy as np
+    return jax.typeof(like).update(shape=tuple(shape), dtype=np.dtype(dtype))
+
+
 # -- Primitives and their rules ---------------------------------------------------------------------------------
 # jaxcoll's primitives are built from jax.extend.core.Primitive and registered through the public modules
 # jax.interpreters.{ad, batching, mlir}; these are the pieces of the rules that JAX does not export.

@@ -59,6 +59,9 @@ def register() -> None:
         _register_state_type()
         for name, bundle in _jaxcoll.registrations().items():
             jax.ffi.register_ffi_target(name, bundle, platform="cpu", api_version=1)
+        # The sparse all-reduce's local stages: stateless, XLA:CPU only (other platforms take sparse.py's jnp path).
+        for name, handler in _jaxcoll.sparse_registrations().items():
+            jax.ffi.register_ffi_target(name, handler, platform="cpu", api_version=1)
         # The codec of the quantized collectives (jaxcoll.compress.codec): stateless kernels, CPU only.
         for name, handler in _jaxcoll.codec_registrations().items():
             jax.ffi.register_ffi_target(name, handler, platform="cpu", api_version=1)

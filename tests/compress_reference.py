@@ -6,7 +6,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from jaxcoll.compress.sparse import Layout
 
 TINY = np.float32(2.0 ** -126)
 CODE_MAX = {"int8": 127.0, "fp8": 448.0}
@@ -68,43 +67,60 @@ def bound(x, fmt, block=256):
     return e.reshape(np.shape(x))
 
 
-def numpy_select(rows, threshold=None):
-    """Per row: the first entry of largest magnitude, magnitudes compared as their float32 bits floored at
-    2^-126 with the low b mantissa bits dropped (b = bits for the positions of a row); its index and value."""
-    g = rows.shape[-1]
-    bits = max(1, (g - 1).bit_length())
-    magnitude = np.maximum(np.abs(rows).view(np.int32), 0x00800000) & ~((1 << bits) - 1)
-    index = np.argmax(magnitude, axis=-1)  # the first of the largest
-    value = np.take_along_axis(rows, index[..., None], -1)[..., 0]
-    if threshold is not None:
-        index = np.where(np.abs(value) >= threshold, index, g)
-        value = np.where(index < g, value, 0).astype(np.float32)
-    return index, value
+def numpy_threshold(x, k, threshold=None, sample=65536, run=64):
+    """The selection threshold of one rank's x (L,), as a float32 magnitude: the ceil(k S / L)-th largest |x| of
+    S = min(L, sample) entries (all of x, or sample / run runs of `run` consecutive entries, run r starting at
+    floor(r L / (sample / run))), at least `threshold` and the least positive float, at most inf (NaN compares
+    above inf: magnitudes are compared as their float32 bits)."""
+    length = x.size
+    s = min(length, sample)
+    if length <= sample:
+        chosen = x
+    else:
+        runs = sample // run
+        chosen = np.concatenate([x[r * length // runs:][:run] for r in range(runs)])
+    bits = np.sort(np.abs(chosen).view(np.uint32))[::-1]
+    t = int(bits[-(-k * s // length) - 1])
+    t = max(t, 1, int(np.float32(threshold or 0).view(np.uint32)))
+    return np.uint32(min(t, 0x7F800000)).view(np.float32)
 
 
-def numpy_topk(x, k, threshold=None):
-    """Reference of the sparse all-reduce on x (N, L): (result, residuals), from the module's description:
-    per group of ceil(L/k) elements each rank selects an entry (numpy_select), the owner sums the selections in
-    rank order in float32 and selects again; kept entries leave the residuals."""
+def numpy_topk(x, k, threshold=None, slack=2, sample=65536, details=False):
+    """Reference of the sparse all-reduce on x (N, L): (result, residuals), written from the description in
+    docs/compression.md: every rank selects the entries whose magnitude reaches its threshold (numpy_threshold;
+    inf and NaN always), puts them in index order into the bucket of their region (element i belongs to region
+    (i // 16) % N, of ceil(L / 16N) 16 positions) up to slack * ceil(k/N) of them; each owner sums its buckets'
+    values per index in rank order in float32 and keeps the ceil(k/N) largest magnitudes (NaN first, then ties to
+    the lower index); the result holds the kept sums, and an entry leaves its rank's residual when it was sent
+    and kept. With details=True also returns the
+    selected, sent and kept masks."""
     n, length = x.shape
-    lay = Layout.of(length, k, n)
-    g = lay.size
-    blocks = np.zeros((n, lay.groups * g), np.float32)
-    blocks[:, :length] = x
-    blocks = blocks.reshape(n, lay.groups, g)
-    index = np.stack([numpy_select(blocks[r], threshold)[0] for r in range(n)])
-    dense = np.zeros((lay.groups, g), np.float32)
+    owner = np.arange(length) // 16 % n
+    region = -(-length // (16 * n)) * 16  # positions a region has
+    capacity = min(region, slack * -(-k // n))
+    keep = min(region, -(-k // n))
+    magnitude = np.abs(x).view(np.uint32)  # ordered as the magnitudes, NaN above inf
+    selected = np.stack([magnitude[r] >= numpy_threshold(x[r], k, threshold, sample).view(np.uint32)
+                         for r in range(n)])
+    sent = np.zeros_like(selected)
     for r in range(n):
-        rows = np.nonzero(index[r] < g)[0]
-        dense[rows, index[r, rows]] += blocks[r, rows, index[r, rows]]
-    kept, _ = numpy_select(dense)
-    result = np.zeros_like(dense)
-    result[np.arange(lay.groups), kept] = dense[np.arange(lay.groups), kept]
-    residual = blocks.copy()
-    for r in range(n):
-        rows = np.nonzero(index[r] == kept)[0]
-        residual[r, rows, kept[rows]] = 0
-    return result.reshape(-1)[:length], residual.reshape(n, -1)[:, :length]
+        for p in range(n):
+            sent[r, np.nonzero(selected[r] & (owner == p))[0][:capacity]] = True
+    total = np.zeros(length, np.float32)
+    for r in range(n):  # in rank order, one float32 add at a time
+        total[sent[r]] += x[r, sent[r]]
+    touched = sent.any(0)
+    kept = np.zeros(length, bool)
+    for p in range(n):
+        idx = np.nonzero(touched & (owner == p))[0]
+        mag = np.abs(total[idx]).view(np.uint32)
+        order = np.lexsort((idx, -mag.astype(np.int64)))  # largest magnitude first, then the lower index
+        kept[idx[order[:keep]]] = True
+    result = np.where(kept, total, np.float32(0)).astype(np.float32)
+    residual = np.where(sent & kept, np.float32(0), x).astype(np.float32)
+    if details:
+        return result, residual, dict(selected=selected, sent=sent, kept=kept)
+    return result, residual
 
 
 def numpy_adasum(gs):

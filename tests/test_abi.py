@@ -31,6 +31,17 @@ def test_native_network_target_is_the_python_one():
     assert _jaxcoll.abi()["network_target"] == abi.NETWORK_TARGET == "jaxcoll_network"
 
 
+def test_native_sparse_targets_are_the_python_table():
+    assert list(_jaxcoll.abi()["sparse_targets"]) == list(abi.SPARSE_TARGETS)
+    assert set(_jaxcoll.sparse_registrations()) == set(abi.SPARSE_TARGETS)
+
+
+def test_the_sparse_kernels_constants_are_the_jnp_stages():
+    from jaxcoll.compress import sparse
+    assert dict(_jaxcoll.abi()["topk"]) == {"sample": sparse.SAMPLE, "sample_run": sparse.SAMPLE_RUN,
+                                            "stripe": sparse.STRIPE, "no_entry": sparse.NO_ENTRY}
+
+
 def test_native_codec_targets_are_the_python_ones():
     assert list(_jaxcoll.abi()["codec_targets"]) == list(abi.CODEC_TARGETS)
     assert abi.CODEC_TARGETS == tuple("jaxcoll_codec_" + op for op in

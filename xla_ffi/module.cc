@@ -19,9 +19,11 @@
 #include "csrc/net.hpp"
 #include "csrc/plan.hpp"
 #include "csrc/spanning.hpp"
+#include "csrc/topk.hpp"
 #include "csrc/world.hpp"
 #include "xla_ffi/codec.hpp"
 #include "xla_ffi/handler.hpp"
+#include "xla_ffi/sparse.hpp"
 #ifdef JAXCOLL_WITH_CUDA
 #include "xla_ffi/cuda_module.hpp"
 #endif
@@ -68,6 +70,12 @@ NB_MODULE(_jaxcoll, m) {
     return out;
   }, "FFI target name -> {stage: capsule}, for jax.ffi.register_ffi_target(platform='cpu').");
 
+  m.def("sparse_registrations", [] {
+    nb::dict out;
+    for (const auto& [name, handler] : jaxcoll::xla_cpu::sparse_handlers()) out[name] = capsule(handler);
+    return out;
+  }, "The sparse all-reduce's FFI target name -> execute capsule, for jax.ffi.register_ffi_target(platform='cpu').");
+
   m.def("codec_registrations", [] {
     nb::dict out;
     out[jaxcoll::kCodecEncodeTarget] = capsule(JaxcollCodecEncode);
@@ -86,6 +94,16 @@ NB_MODULE(_jaxcoll, m) {
     out["reduce_ops"] = reduce_ops;
     out["targets"] = targets;
     out["network_target"] = jaxcoll::kNetworkTarget;
+    nb::list sparse_targets;
+    for (const char* name : jaxcoll::kSparseTargets) sparse_targets.append(name);
+    out["sparse_targets"] = sparse_targets;
+    nb::dict topk;  // the constants jaxcoll.compress.sparse's jnp stages share with csrc/topk.hpp
+    topk["sample"] = jaxcoll::kTopkSample;
+    topk["sample_run"] = jaxcoll::kTopkSampleRun;
+    topk["stripe"] = jaxcoll::kTopkStripe;
+    topk["no_entry"] = jaxcoll::kNoEntry;
+    out["topk"] = topk;
+
     nb::list codec_targets;
     for (const char* name : jaxcoll::kCodecTargets) codec_targets.append(name);
     out["codec_targets"] = codec_targets;

@@ -1,25 +1,35 @@
-"""Sparse all-reduce of the largest gradient entries, after Ok-Topk (Li and Hoefler, PPoPP 2022): select by
-threshold, a balanced sparse reduce-scatter, a sparse all-gather of the result, error feedback; O(k) traffic.
+"""Sparse all-reduce of the largest gradient entries, after Ok-Topk (Li and Hoefler, PPoPP 2022): selection by a
+global threshold, a balanced sparse reduce-scatter, an all-gather of the result, error feedback; O(k) traffic.
 
-Each rank's flat vector of L elements is cut into k' groups of g = ceil(L/k) consecutive elements (k' =
-ceil(L/g), at most k, rounded up to a multiple of the group size N). In every group a rank selects its entry of
-largest magnitude (compared to 23 - log2(g) mantissa bits, the first of equals: `_select`) if that magnitude
-reaches `threshold`: Ok-Topk
-selects by threshold rather than by sorting, and here each group's largest magnitude is its local threshold, so
-every rank selects at most one entry per group and the count is fixed. The slots, an (index in group, value)
-pair per group, have fixed places, which makes the exchange balanced by construction: rank p owns the groups of
-region p (k'/N consecutive groups) and receives exactly k'/N slots from every rank (jaxcoll all_to_all), sums
-them per element in float32 in rank order, selects again the entry of largest magnitude per group, and every
-rank gathers the owners' selections (jaxcoll all_gather). Traffic per rank: 8 bytes a slot, 2 (N-1)/N 8k'
-bytes in all, against 2 (N-1)/N 4L for the dense float32 all-reduce: L/(2k) times less (50x at k = L/100).
+Per rank, on its flat float32 vector x of L elements (N ranks, k slots):
+1. Threshold: t is the ceil(k S / L)-th largest magnitude of S = min(L, 65536) entries of x: all of them, or
+   1024 runs of 64 consecutive entries evenly spaced (run r from x[floor(r L / 1024)]); it is raised to
+   `threshold` and to the least positive float (zeros are never selected); inf and NaN always reach it (so a
+   sum shows them, as the dense one would). About k entries of x reach t; when L <= 65536 exactly the k largest
+   magnitudes and their ties do. Ok-Topk, too, estimates its threshold rather than sorting.
+2. Buckets: the index space is dealt to the N ranks in stripes of B = 16 elements (a cache line): stripe j is
+   part of region j mod N, which rank j mod N owns, so a layer whose gradients outweigh the rest spreads over
+   every owner (Ok-Topk balances its regions by moving their boundaries, which needs the ranks to agree first).
+   A region has R = ceil(L / (B N)) B positions. The entries that reach t go, in index order, into their region's
+   bucket of `capacity` c = min(R, SLACK ceil(k / N)) (position, value) slots; an entry past a full bucket is
+   not sent. Every bucket has the same size: a balanced exchange.
+3. Hop 1 (jaxcoll all_to_all): bucket p goes to rank p, which sums its N buckets per index in float32, in rank
+   order, and keeps the `kept` c' = min(R, ceil(k / N)) sums of largest magnitude (NaN first, ties to the lower
+   index): Ok-Topk's second, global selection, so about k entries are in the result.
+4. Hop 2 (jaxcoll all_gather): every rank gets every owner's kept bucket and writes the dense result.
 
-The result is exactly the dense all-reduce of the entries each rank *sent and kept*: rank r's entry of a group
-counts when the owner's second selection kept its index. Those entries leave rank r's `residual`
-(x - kept part), the rest stay in it for error feedback: add the residual to the next step's x.
+The result is exactly the dense all-reduce of the entries that were sent and kept: rank r's entry counts when
+it was in its bucket and the owner kept its index. Those entries leave rank r's `residual` (x with them zeroed);
+entries below t, past a full bucket, or dropped by the owner stay, for error feedback: add the residual to the
+next step's x. Traffic per rank: 8 bytes a slot, (N - 1)(c + c') slots, about 24 (N-1)/N k bytes at SLACK 2,
+against 8 (N-1)/N L for the dense float32 all-reduce: L/(3k) times less (33x at k = L/100).
 
-Why groups rather than a global top-k: a global threshold needs a compaction of the selected entries into a
-fixed-capacity buffer, which XLA:CPU runs at 1.36 s for 16M elements a rank on this machine (jnp.nonzero with
-size=, 8 ranks on 2 cores), 20x the dense all-reduce (70 ms); the group selection is two row reductions.
+The four local stages run as jaxcoll's C++ kernels on XLA:CPU (csrc/topk.hpp through `jax.ffi.ffi_call`): one
+read of x to select, the owner's merge of the O(k) received slots, one write of the dense result, and a copy of
+x for the residual (left out by XLA when the residual is unused). On other platforms (`lax.platform_dependent`)
+the same stages run in jax.numpy with the same results: a cumulative sum compacts the buckets, scatters do the
+rest. That path is why the kernels exist: on XLA:CPU such a compaction took 1.36 s for 16M elements a rank (8
+ranks on 2 cores), 20x the dense all-reduce.
 """
 
 from __future__ import annotations
@@ -31,15 +41,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxcoll import _jax, runtime
 from jaxcoll.collectives.all_to_all import all_to_all
 from jaxcoll.lowering import all_gather as all_gather_prim
 from jaxcoll.lowering import groups
+from jaxcoll.plan import abi
 
 
 @dataclasses.dataclass(frozen=True)
 class TopK:
-    """Sparse compression: keep about `k` entries per rank (or `fraction` of them), each at least `threshold`
-    in magnitude (None: no floor). Pass as `compression=` to jaxcoll.all_reduce, or to `topk_all_reduce`."""
+    """Sparse compression: each rank selects about `k` of its entries (or `fraction` of them), each at least
+    `threshold` in magnitude (None: no floor), and about k of their sums are kept in all (the module docstring
+    says how). Pass as `compression=` to jaxcoll.all_reduce, or to `topk_all_reduce`."""
 
     k: int | None = None
     fraction: float | None = None
@@ -67,116 +80,171 @@ class TopK:
         return k
 
 
+# Hop 1's bucket capacity over the balanced share ceil(k/N): room for a region that holds up to twice its share of
+# the selected entries (gradients are rarely spread evenly over the index space) at 1.5x the traffic of none.
+SLACK = 2
+
+# The threshold's sample size and run, and the regions' stripe (csrc/topk.hpp's kTopkSample, kTopkSampleRun and
+# kTopkStripe; the native module reports them and tests/test_abi.py holds the two together).
+SAMPLE = 1 << 16
+SAMPLE_RUN = 64
+STRIPE = 16
+
+NO_ENTRY = -1  # a bucket's unused slot (csrc/topk.hpp's kNoEntry)
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """How a rank's L elements map to groups: `groups` groups (a multiple of nranks) of `size` elements."""
+    """A rank's L `elements` dealt to `nranks` regions of `region` positions, and the buckets' slots for `k`:
+    `capacity` per region a rank sends (hop 1), `kept` per owner (hop 2)."""
 
     elements: int
-    size: int
-    groups: int
+    k: int
     nranks: int
 
     @classmethod
     def of(cls, elements: int, k: int, nranks: int) -> "Layout":
-        size = -(-elements // k)
-        ngroups = -(-elements // size)
-        return cls(elements, size, -(-ngroups // nranks) * nranks, nranks)
+        return cls(elements, k, nranks)
+
+    @property
+    def region(self) -> int:
+        return -(-self.elements // (STRIPE * self.nranks)) * STRIPE
+
+    @property
+    def capacity(self) -> int:
+        return min(self.region, SLACK * -(-self.k // self.nranks))
+
+    @property
+    def kept(self) -> int:
+        return min(self.region, -(-self.k // self.nranks))
 
     def wire_bytes(self) -> int:
-        """Bytes one rank sends to the others for one call (both hops)."""
-        return 2 * 8 * self.groups * (self.nranks - 1) // self.nranks
+        """Bytes one rank sends to the others for one call: N - 1 buckets of hop 1, its kept bucket to N - 1."""
+        return 8 * (self.nranks - 1) * (self.capacity + self.kept)
 
 
-def position_bits(g: int) -> int:
-    """Bits a selection key gives the position in a group of g elements."""
-    return max(1, (g - 1).bit_length())
+def _magnitude_bits(v):
+    """|v|'s float32 bits as int32: they order as the magnitudes do, NaN above inf."""
+    return lax.bitcast_convert_type(v, jnp.int32) & 0x7FFFFFFF
 
 
-def _select(blocks, threshold):
-    """Per row of `blocks` (G, g): the index of its selected entry (g where its magnitude is below threshold)
-    and the value there (0 where none).
-
-    The selected entry has the largest *key*: the float32 bits of |x|, raised to at least 2^-126, with the low
-    b = position_bits(g) mantissa bits replaced by (2^b - 1 - position). So magnitudes compare to 23 - b mantissa
-    bits (16 at 1%, where g is about 100), the first of equals wins, and one float max per row finds both the
-    entry and its position: 4.5x faster here than a max, a min and a where-max (5.5 against 25 ms of CPU for 4M
-    elements; argmax and int reductions are slower still on XLA:CPU). A NaN or inf key is itself NaN, which the
-    max propagates: such an entry is selected, so the sum shows it.
-    """
-    g = blocks.shape[-1]
-    bits = position_bits(g)
-    mask = (1 << bits) - 1
-    magnitude = lax.bitcast_convert_type(jnp.abs(blocks), jnp.int32)
-    position = lax.broadcasted_iota(jnp.int32, blocks.shape, blocks.ndim - 1)
-    key = (jnp.maximum(magnitude, 0x00800000) & ~mask) | (mask - position)
-    top = lax.bitcast_convert_type(jnp.max(lax.bitcast_convert_type(key, jnp.float32), axis=-1), jnp.int32)
-    index = mask - (top & mask)
-    value = jnp.take_along_axis(blocks, index[..., None], axis=-1)[..., 0]
-    if threshold is not None:
-        index = jnp.where(jnp.abs(value) >= np.float32(threshold), index, g)
-        value = jnp.where(index < g, value, np.float32(0))
-    return index, value
+_INF_BITS = 0x7F800000
 
 
-def _slots_to_wire(index, value):
-    return jnp.stack([index.astype(jnp.uint32), lax.bitcast_convert_type(value, jnp.uint32)], axis=-2)
+# -- The local stages in jax.numpy (platforms without the kernels); each matches csrc/topk.hpp bit for bit --------
+
+def _select_jnp(x, layout: Layout, threshold):
+    n, r, c = layout.nranks, layout.region, layout.capacity
+    sample = np.arange(x.size)
+    if x.size > SAMPLE:  # SAMPLE / SAMPLE_RUN runs of SAMPLE_RUN consecutive elements, evenly spaced
+        runs = SAMPLE // SAMPLE_RUN
+        sample = (np.arange(runs, dtype=np.int64)[:, None] * x.size // runs + np.arange(SAMPLE_RUN)).reshape(-1)
+    rank = -(-layout.k * sample.size // x.size)
+    t = lax.top_k(_magnitude_bits(x[sample]), rank)[0][rank - 1]
+    floor = int(np.float32(threshold or 0).view(np.int32))
+    t = jnp.minimum(jnp.maximum(t, max(1, floor)), _INF_BITS)
+    # (stripes / N, N, B) -> (N, stripes / N, B): row p is region p, in position order.
+    rows = jnp.pad(x, (0, n * r - x.size)).reshape(r // STRIPE, n, STRIPE).transpose(1, 0, 2).reshape(n, r)
+    chosen = _magnitude_bits(rows) >= t
+    slot = jnp.cumsum(chosen, axis=1, dtype=jnp.int32) - 1
+    slot = jnp.where(chosen & (slot < c), slot, c)  # column c: not sent, sliced off below
+    row = lax.broadcasted_iota(jnp.int32, (n, r), 0)
+    positions = jnp.full((n, c + 1), NO_ENTRY, jnp.int32).at[row, slot].set(
+        lax.broadcasted_iota(jnp.int32, (n, r), 1))[:, :c]
+    values = jnp.zeros((n, c + 1), jnp.int32).at[row, slot].set(lax.bitcast_convert_type(rows, jnp.int32))[:, :c]
+    return jnp.stack([positions, values], axis=1).reshape(-1)
 
 
-def _wire_to_slots(wire):
-    return wire[..., 0, :].astype(jnp.int32), lax.bitcast_convert_type(wire[..., 1, :], jnp.float32)
+def _reduce_jnp(received, layout: Layout):
+    n, r, kept = layout.nranks, layout.region, layout.kept
+    buckets = received.reshape(n, 2, -1)
+    total = jnp.zeros(r, jnp.float32)
+    touched = jnp.zeros(r, jnp.bool_)
+    for p in range(n):  # one scatter per rank: the sums run in rank order
+        index = jnp.where(buckets[p, 0] >= 0, buckets[p, 0], r)
+        total = total.at[index].add(lax.bitcast_convert_type(buckets[p, 1], jnp.float32), mode="drop")
+        touched = touched.at[index].set(True, mode="drop")
+    key = jnp.where(touched, _magnitude_bits(total), -1)
+    top = lax.top_k(key, kept)[1]  # equal keys: the lower index first
+    position = jnp.sort(jnp.where(key[top] >= 0, top, r))
+    used = position < r
+    value = jnp.where(used, lax.bitcast_convert_type(total[jnp.minimum(position, r - 1)], jnp.int32), 0)
+    return jnp.concatenate([jnp.where(used, position, NO_ENTRY), value])
 
 
-def _scatter(index, value, g: int):
-    """Dense (G, g) rows holding value at index (nothing for index g)."""
-    iota = lax.broadcasted_iota(jnp.int32, (*index.shape, g), index.ndim)
-    return jnp.where(iota == index[..., None], value[..., None], np.float32(0))
+def _global_index(buckets, layout: Layout):
+    """Buckets (flat, N of them) as the indices of their entries in x (L where a slot is unused) and values."""
+    b = buckets.reshape(layout.nranks, 2, -1)
+    region = lax.broadcasted_iota(jnp.int32, b[:, 0].shape, 0)
+    index = (b[:, 0] // STRIPE * layout.nranks + region) * STRIPE + b[:, 0] % STRIPE
+    return jnp.where(b[:, 0] >= 0, index, layout.elements).reshape(-1), b[:, 1].reshape(-1)
 
 
-def _grouped(flat, layout: Layout):
-    """The groups of `flat` as (full, rest): the rows of the groups the data fills, reshaped in place, and the
-    other groups' rows, zero-padded. Padding the whole vector instead made the selection 8x slower on XLA:CPU
-    (a pad fused into a reduction: 20 against 2.4 ms of CPU for 4M elements)."""
-    g = layout.size
-    full = flat.size // g
-    rest = jnp.pad(flat[full * g:], (0, (layout.groups - full) * g - (flat.size - full * g)))
-    return flat[:full * g].reshape(full, g), rest.reshape(layout.groups - full, g)
+def _result_jnp(gathered, layout: Layout):
+    index, value = _global_index(gathered, layout)
+    return jnp.zeros(layout.elements, jnp.float32).at[index].set(lax.bitcast_convert_type(value, jnp.float32),
+                                                                  mode="drop")
 
 
-def _dense(index, value, g: int, size: int):
-    """The flat vector of `size` elements holding value[j] at element index[j] of group j (groups of g), zero
-    elsewhere. A scatter into zeros of its own (not zeros_like an operand, so its type is that of the values):
-    XLA:CPU writes it 5x faster than a where over the (groups, g) rows flattened afterwards (1.7 against 8.1 ms
-    of CPU for 4M elements)."""
-    start = lax.broadcasted_iota(jnp.int32, index.shape, 0) * g
-    return jnp.zeros(size, jnp.float32).at[start + index].set(value, mode="drop", unique_indices=True)
+def _residual_jnp(x, sent, gathered, layout: Layout):
+    kept = jnp.zeros(layout.elements + 1, jnp.bool_).at[_global_index(gathered, layout)[0]].set(True)
+    index = _global_index(sent, layout)[0]
+    return x.at[jnp.where(kept[index], index, layout.elements)].set(np.float32(0), mode="drop")
 
 
-def _sparse_all_reduce(flat, axes: tuple, layout: Layout, threshold):
-    """(result, residual) for one rank's float32 vector `flat`."""
-    n, g = layout.nranks, layout.size
-    parts = _grouped(flat, layout)
-    selected = [_select(rows, threshold) for rows in parts]
-    index = jnp.concatenate([i for i, _ in selected])
-    value = jnp.concatenate([v for _, v in selected])
-    region = layout.groups // n
-    # Hop 1: the slots of region p go to rank p; the owner sums each group's entries in rank order.
-    received = all_to_all(_slots_to_wire(index, value).reshape(2, n, region).transpose(1, 0, 2), axes, 0, 0,
-                          tiled=True)
-    r_index, r_value = _wire_to_slots(received)  # (N, region)
-    dense = _scatter(r_index[0], r_value[0], g)
-    for p in range(1, n):
-        dense = dense + _scatter(r_index[p], r_value[p], g)
-    kept_index, kept_value = _select(dense, None)
-    # Hop 2: every rank gathers every owner's kept slots; the result is invariant, as psum's is.
-    gathered = all_gather_prim.bind(_slots_to_wire(kept_index, kept_value), axes=axes, all_gather_dimension=0,
-                                    tiled=False, algorithm="auto", invariant=True)
-    final_index, final_value = _wire_to_slots(gathered.transpose(1, 0, 2).reshape(2, layout.groups))
-    result = _dense(final_index, final_value, g, flat.size)
-    start = lax.broadcasted_iota(jnp.int32, (layout.groups,), 0) * g
-    # This rank's entry of a group left with the sum where the owner kept its index.
-    sent = (index == final_index) & (index < g)
-    residual = flat.at[jnp.where(sent, start + index, flat.size)].set(np.float32(0), mode="drop")
-    return result, residual
+# -- The same stages as jaxcoll's kernels (XLA:CPU) -------------------------------------------------------------
+
+def _kernel(target: str, like, length: int, dtype, *args, **attributes):
+    """The sparse kernel `target` (abi.SPARSE_TARGETS) on args: its one result of `length` elements, typed as
+    `like` varies (ffi_call types its results from the declared ones under shard_map(check_vma=True))."""
+    runtime.register()
+    call = jax.ffi.ffi_call(target, _jax.result_like(like, (length,), dtype),
+                            vmap_method="broadcast_all")
+    return call(*args, **{k: np.int64(v) if isinstance(v, int) else v for k, v in attributes.items()})
+
+
+def _varying_like(x, like):
+    """x typed varying over the axes `like` varies over (nothing to do outside shard_map(check_vma=True))."""
+    missing = tuple(sorted(_jax.varying_axes(jax.typeof(like)) - _jax.varying_axes(jax.typeof(x))))
+    return lax.pcast(x, missing, to="varying") if missing and _jax.check_vma() else x
+
+
+def _stage(kernels: bool | None, native, fallback, *args):
+    """One local stage: the kernel on XLA:CPU and jax.numpy elsewhere (kernels=None), or the one named."""
+    if kernels is None:
+        return lax.platform_dependent(*args, cpu=native, default=fallback)
+    return native(*args) if kernels else fallback(*args)
+
+
+def _sparse_all_reduce(flat, axes: tuple, layout: Layout, threshold, kernels: bool | None = None):
+    """(result, residual) for one rank's float32 vector `flat`; `kernels`: see _stage (tests pick the jnp path)."""
+    n, c, kept, length = layout.nranks, layout.capacity, layout.kept, layout.elements
+    floor = np.float32(threshold or 0)
+
+    def select(v):
+        return _kernel(abi.TOPK_SELECT_TARGET, v, n * 2 * c, jnp.int32, v, k=layout.k, nranks=n, threshold=floor)
+
+    def reduce(v):
+        return _kernel(abi.TOPK_REDUCE_TARGET, v, 2 * kept, jnp.int32, v, nranks=n, region=layout.region)
+
+    def result(g):
+        return _kernel(abi.TOPK_RESULT_TARGET, g, length, jnp.float32, g, nranks=n)
+
+    def residual(v, s, g):
+        return _kernel(abi.TOPK_RESIDUAL_TARGET, v, length, jnp.float32, v, s, g, nranks=n)
+
+    sent = _stage(kernels, select, lambda v: _select_jnp(v, layout, threshold), flat)
+    # Hop 1: bucket p goes to rank p; it receives the N ranks' buckets for its region, in rank order.
+    received = all_to_all(sent, axes, 0, 0, tiled=True)
+    kept_bucket = _stage(kernels, reduce, lambda v: _reduce_jnp(v, layout), received)
+    # Hop 2: every rank gathers every owner's kept bucket; the result is invariant, as psum's is.
+    gathered = all_gather_prim.bind(kept_bucket, axes=axes, all_gather_dimension=0, tiled=True, algorithm="auto",
+                                    invariant=True)
+    out = _stage(kernels, result, lambda g: _result_jnp(g, layout), gathered)
+    # The residual varies like x, and an ffi_call's operands must vary alike: type the gathered buckets so.
+    gathered = _varying_like(gathered, flat)
+    rest = _stage(kernels, residual, lambda v, s, g: _residual_jnp(v, s, g, layout), flat, sent, gathered)
+    return out, rest
 
 
 def check(api_name: str, topk: TopK, x) -> int:
@@ -187,14 +255,17 @@ def check(api_name: str, topk: TopK, x) -> int:
     return topk.slots(api_name, x.size)
 
 
-def topk_leaf(x, axes: tuple, topk: TopK, api_name: str):
-    """(result, residual) of one leaf, in x's dtype; differentiable as the exact sum (straight-through)."""
+def topk_leaf(x, axes: tuple, topk: TopK, api_name: str, kernels: bool | None = None):
+    """(result, residual) of one leaf, in x's dtype; differentiable as the exact sum (straight-through).
+    kernels: None runs the local stages as jaxcoll's kernels on XLA:CPU and in jax.numpy elsewhere; True or
+    False picks one everywhere (the tests hold both to the numpy reference on CPU)."""
     from jaxcoll.collectives.all_reduce import all_reduce as exact
     k = check(api_name, topk, x)
     layout = Layout.of(x.size, k, groups.group_size(axes))
 
     def compressed(v):
-        result, residual = _sparse_all_reduce(v.astype(jnp.float32).reshape(-1), axes, layout, topk.threshold)
+        result, residual = _sparse_all_reduce(v.astype(jnp.float32).reshape(-1), axes, layout, topk.threshold,
+                                              kernels)
         return result.reshape(v.shape).astype(v.dtype), residual.reshape(v.shape).astype(v.dtype)
 
     f = jax.custom_jvp(compressed)
@@ -213,9 +284,9 @@ def topk_all_reduce(x, axis_name, topk: TopK | None = None, *, k=None, fraction=
 
     Returns:
       (result, residual): result is the sum over the ranks of the entries each rank sent and the owner kept
-      (about k per rank; the module docstring says which), invariant over `axis_name` as psum's result is;
+      (about k in all; the module docstring says which), invariant over `axis_name` as psum's result is;
       residual is this rank's x with those entries zeroed, to add to the next step's x (error feedback).
-      Traffic per rank: 16 bytes per slot (index and value, both hops), O(k).
+      Traffic per rank: 8 bytes a slot, (N - 1)(capacity + kept) slots (`Layout`): O(k).
     """
     api = "jaxcoll.compress.topk_all_reduce"
     topk = topk if topk is not None else TopK(k=k, fraction=fraction, threshold=threshold)

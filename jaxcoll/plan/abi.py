@@ -29,6 +29,14 @@ TARGETS = tuple(target_name(c) for c in Collective)
 # platform only; its `collective` attribute is the collective's wire code.
 NETWORK_TARGET = TARGET_PREFIX + "network"
 
+# The sparse all-reduce's local stages (jaxcoll.compress.sparse; csrc/topk.hpp), in the order of a call: select
+# the buckets, the owner's sum and reselection, the dense result, the residual. Registered for platform "cpu" only.
+TOPK_SELECT_TARGET = TARGET_PREFIX + "topk_select"
+TOPK_REDUCE_TARGET = TARGET_PREFIX + "topk_reduce"
+TOPK_RESULT_TARGET = TARGET_PREFIX + "topk_result"
+TOPK_RESIDUAL_TARGET = TARGET_PREFIX + "topk_residual"
+SPARSE_TARGETS = (TOPK_SELECT_TARGET, TOPK_REDUCE_TARGET, TOPK_RESULT_TARGET, TOPK_RESIDUAL_TARGET)
+
 # The codec of the quantized collectives (jaxcoll.compress.codec, xla_ffi/codec.cc): stateless kernels, registered
 # for platform "cpu" only; their operands and attributes are documented in jaxcoll/compress/codec.py.
 CODEC_ENCODE_TARGET = TARGET_PREFIX + "codec_encode"
