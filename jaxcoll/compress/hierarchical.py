@@ -69,20 +69,15 @@ def sum_and_loss(flat, axes: tuple, compress_axes: tuple, fmt: Format, *, loss: 
         total = all_gather_prim.bind(quantized.sum_flat(fmt, outer, chunk), axes=inner, all_gather_dimension=0,
                                      tiled=True, algorithm="auto", invariant=True)[:size]
     else:
-        # The outer hop's gather and step 3 both move the encoded sums (over outer, then over inner) and the
-        # whole vector is decoded once: the same values as decoding the chunk and gathering float32 over inner,
-        # with 4x fewer bytes copied inside the host and the same bytes across hosts. Gathered in the order
-        # (inner, outer), the rows are the vector's: chunk i of the exact hop, then row o of the outer hop.
+        # Step 3 gathers the encoded sums over inner and outer at once and decodes the whole vector once: the
+        # same values as decoding the chunk and gathering float32 over inner, with 4x fewer bytes copied. Rank
+        # order (inner, outer) is the vector's: chunk i of the exact hop, then row o of the outer hop's rows.
         encoded = quantized.scatter_encoded(fmt, outer, chunk)
-        for group in (outer, inner):
-            encoded = tuple(all_gather_prim.bind(w[None], axes=group, all_gather_dimension=0, tiled=True,
-                                                 algorithm="auto", invariant=True) for w in encoded)
-        codes, scales = encoded  # (L * O, per) rows of codes and their scales
-        if codes.size == padded:  # no padding inside a chunk
-            total = codec.decode(fmt, codes.reshape(-1), scales.reshape(-1), kept=size)
+        if encoded[0].size * groups.group_size(outer) == chunk.size:  # no padding inside a chunk
+            total = quantized.gather(fmt, inner + outer, encoded, kept=size)
         else:
-            rows = codec.decode(fmt, codes.reshape(ell, -1), scales.reshape(ell, -1), kept=chunk.size)
-            total = rows.reshape(-1)[:size]
+            rows = quantized.gather(fmt, inner + outer, encoded)  # (L * O, per) decoded rows
+            total = rows.reshape(ell, -1)[:, :chunk.size].reshape(-1)[:size]
     if not loss:
         return total, None
     lost_chunk = chunk - codec.roundtrip(fmt, lax.stop_gradient(chunk))
