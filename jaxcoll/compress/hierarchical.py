@@ -65,19 +65,8 @@ def sum_and_loss(flat, axes: tuple, compress_axes: tuple, fmt: Format, *, loss: 
     if padded != size:
         flat = jnp.pad(flat, (0, padded - size))
     chunk = exact_rs(flat, inner, scatter_dimension=0, tiled=True)
-    if isinstance(fmt, Bf16):
-        total = all_gather_prim.bind(quantized.sum_flat(fmt, outer, chunk), axes=inner, all_gather_dimension=0,
-                                     tiled=True, algorithm="auto", invariant=True)[:size]
-    else:
-        # Step 3 gathers the encoded sums over inner and outer at once and decodes the whole vector once: the
-        # same values as decoding the chunk and gathering float32 over inner, with 4x fewer bytes copied. Rank
-        # order (inner, outer) is the vector's: chunk i of the exact hop, then row o of the outer hop's rows.
-        encoded = quantized.scatter_encoded(fmt, outer, chunk)
-        if encoded[0].size * groups.group_size(outer) == chunk.size:  # no padding inside a chunk
-            total = quantized.gather(fmt, inner + outer, encoded, kept=size)
-        else:
-            rows = quantized.gather(fmt, inner + outer, encoded)  # (L * O, per) decoded rows
-            total = rows.reshape(ell, -1)[:, :chunk.size].reshape(-1)[:size]
+    total = all_gather_prim.bind(quantized.sum_flat(fmt, outer, chunk), axes=inner, all_gather_dimension=0,
+                                 tiled=True, algorithm="auto", invariant=True)[:size]
     if not loss:
         return total, None
     lost_chunk = chunk - codec.roundtrip(fmt, lax.stop_gradient(chunk))

@@ -73,20 +73,9 @@ def sum_flat(fmt: Format, axes: tuple, flat):
     if isinstance(fmt, Bf16):
         from jaxcoll.collectives.all_reduce import all_reduce as exact
         return exact(flat.astype(jnp.bfloat16), axes).astype(jnp.float32)
-    return gather(fmt, axes, scatter_encoded(fmt, axes, flat), kept=flat.size)
-
-
-def scatter_encoded(fmt: Format, axes: tuple, flat):
-    """Hop 1 of sum_flat and the sum's encoding: rank r's (codes, scales) of chunk r of the sum over `axes` of
-    float32 `flat` (chunks of whole blocks, `flat` zero-padded to N of them)."""
     # Hop 1's decode and sum and hop 2's encode are one pass: the float32 sum never goes to memory.
-    return codec.decode_sum_encode(fmt, *_exchange(axes, _rows(fmt, flat, groups.group_size(axes))))
-
-
-def gather(fmt: Format, axes: tuple, encoded, kept: int | None = None):
-    """Hop 2 of sum_flat: every rank's encoded chunk gathered over `axes` (rank order) and decoded, invariant over
-    `axes`: (N, per) float32, or the first `kept` elements of the concatenation."""
-    return _gather(fmt, axes, encoded, invariant=True, kept=kept)
+    encoded = codec.decode_sum_encode(fmt, *_exchange(axes, _rows(fmt, flat, groups.group_size(axes))))
+    return _gather(fmt, axes, encoded, invariant=True, kept=flat.size)
 
 
 def scatter_rows(fmt: Format, axes: tuple, rows):
