@@ -20,7 +20,6 @@ import numpy as np
 from jax import lax
 
 from jaxcoll import _jax
-from jaxcoll import runtime  # noqa: F401  (registers the FFI targets)
 from jaxcoll.compress.formats import Bf16, Format, roundtrip as jnp_roundtrip
 from jaxcoll.lowering import pvary
 from jaxcoll.plan import abi
@@ -29,6 +28,10 @@ from jaxcoll.plan import abi
 def _native(target: str, results, *operands, block_size: int):
     # broadcast_all: a batched call gets every operand with the batch axes in front, which the kernels read as
     # more rows.
+    # Imported here, not at the top: `import jaxcoll` must not load the native module (jaxcoll.runtime checks the
+    # running jaxlib when it loads it); the first native call registers the targets, before anything compiles.
+    from jaxcoll import runtime
+    runtime.register()
     call = jax.ffi.ffi_call(target, results, vmap_method="broadcast_all")
     out = call(*operands, block_size=np.int64(block_size))
     # Under shard_map(check_vma=True) ffi_call types its results invariant; they vary where the operands do,

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxcoll import _jax, runtime
+from jaxcoll import _jax
 from jaxcoll.collectives.all_to_all import all_to_all
 from jaxcoll.lowering import all_gather as all_gather_prim
 from jaxcoll.lowering import groups
@@ -197,6 +197,7 @@ def _residual_jnp(x, sent, gathered, layout: Layout):
 def _kernel(target: str, like, length: int, dtype, *args, **attributes):
     """The sparse kernel `target` (abi.SPARSE_TARGETS) on args: its one result of `length` elements, typed as
     `like` varies (ffi_call types its results from the declared ones under shard_map(check_vma=True))."""
+    from jaxcoll import runtime  # here, not at the top: see codec._native
     runtime.register()
     call = jax.ffi.ffi_call(target, _jax.result_like(like, (length,), dtype),
                             vmap_method="broadcast_all")
