@@ -21,7 +21,7 @@ from jax import lax
 
 from jaxcoll import _jax
 from jaxcoll.compress.formats import Bf16, Format, roundtrip as jnp_roundtrip
-from jaxcoll.lowering import pvary
+from jaxcoll.lowering import groups
 from jaxcoll.plan import abi
 
 
@@ -36,10 +36,8 @@ def _native(target: str, results, *operands, block_size: int):
     out = call(*operands, block_size=np.int64(block_size))
     # Under shard_map(check_vma=True) ffi_call types its results invariant; they vary where the operands do,
     # as the jax.numpy branch's results would.
-    axes = frozenset().union(*(_jax.varying_axes(jax.typeof(v)) for v in operands))
-    if not axes or not _jax.check_vma():
-        return out
-    return jax.tree_util.tree_map(lambda o: pvary.bind(o, axes=tuple(sorted(axes))), out)
+    axes = tuple(sorted(frozenset().union(*(_jax.varying_axes(jax.typeof(v)) for v in operands))))
+    return jax.tree_util.tree_map(lambda o: groups.pvary_missing(o, axes), out)
 
 
 def _codes_type(fmt: Format, codes_shape) -> jax.ShapeDtypeStruct:

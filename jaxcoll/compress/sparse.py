@@ -204,12 +204,6 @@ def _kernel(target: str, like, length: int, dtype, *args, **attributes):
     return call(*args, **{k: np.int64(v) if isinstance(v, int) else v for k, v in attributes.items()})
 
 
-def _varying_like(x, like):
-    """x typed varying over the axes `like` varies over (nothing to do outside shard_map(check_vma=True))."""
-    missing = tuple(sorted(_jax.varying_axes(jax.typeof(like)) - _jax.varying_axes(jax.typeof(x))))
-    return lax.pcast(x, missing, to="varying") if missing and _jax.check_vma() else x
-
-
 def _stage(kernels: bool | None, native, fallback, *args):
     """One local stage: the kernel on XLA:CPU and jax.numpy elsewhere (kernels=None), or the one named."""
     if kernels is None:
@@ -243,7 +237,7 @@ def _sparse_all_reduce(flat, axes: tuple, layout: Layout, threshold, kernels: bo
                                     invariant=True)
     out = _stage(kernels, result, lambda g: _result_jnp(g, layout), gathered)
     # The residual varies like x, and an ffi_call's operands must vary alike: type the gathered buckets so.
-    gathered = _varying_like(gathered, flat)
+    gathered = groups.pvary_missing(gathered, tuple(sorted(_jax.varying_axes(jax.typeof(flat)))))
     rest = _stage(kernels, residual, lambda v, s, g: _residual_jnp(v, s, g, layout), flat, sent, gathered)
     return out, rest
 
