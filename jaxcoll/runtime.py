@@ -184,6 +184,11 @@ def cuda_status() -> tuple[bool, str]:
     return True, ""
 
 
+# Thread blocks per lane at most: a semaphore is one counter per block of the signalling lane
+# (kMaxBlocksPerLane, csrc/cuda/kernel_params.hpp).
+MAX_BLOCKS_PER_LANE = 32
+
+
 def run_words_cuda(words: np.ndarray, inputs: Sequence[np.ndarray], output_shape: Sequence[int],
                    reduce_op: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, protocol: str = "auto",
                    blocks_per_lane: int = 0, calls: int = 1, device: int = 0,
@@ -204,6 +209,9 @@ def run_words_cuda(words: np.ndarray, inputs: Sequence[np.ndarray], output_shape
     processes"): each rank's buffers copied into its slot around the kernel, peers reaching them by offsets."""
     words = np.ascontiguousarray(words, dtype=np.int32).ravel()
     inputs, dtype, shape = _rank_inputs(inputs, "run_words_cuda")
+    if not isinstance(blocks_per_lane, (int, np.integer)) or not 0 <= blocks_per_lane <= MAX_BLOCKS_PER_LANE:
+        raise ValueError(f"run_words_cuda: blocks_per_lane must be 0 (the executor chooses) or "
+                         f"1..{MAX_BLOCKS_PER_LANE}, got {blocks_per_lane!r}")
     offsets = {name: _rank_offsets(value, len(inputs), name)
                for name, value in (("input_offsets", input_offsets), ("output_offsets", output_offsets))}
     outputs = [np.empty(tuple(output_shape), dtype) for _ in inputs]

@@ -191,6 +191,29 @@ def test_an_odd_size_near_256_mib_at_misaligned_offsets_matches_numpy(protocol):
     run_and_compare(plan, elements, np.float32, "sum", protocol, offsets=cases.misaligned_offsets(8, np.float32))
 
 
+DRIFT = [(C.ALL_REDUCE, "ring"), (C.ALL_GATHER, "ring"), (C.REDUCE_SCATTER, "ring"), (C.ALL_REDUCE, "two_shot")]
+
+
+@needs_gpu
+@pytest.mark.parametrize("collective,algorithm", DRIFT, ids=[f"{c.value}-{a}" for c, a in DRIFT])
+def test_blocks_of_a_lane_that_drift_apart_never_read_a_share_not_yet_written(collective, algorithm):
+    """32 blocks per lane on the element-by-element path (misaligned buffers), the slowest: a lane's blocks run
+    steps apart, and a wait must hold until every block of the signalling lane wrote its share of that step, not
+    until the lane's blocks together sent enough signals (the first GPU round's 256 MiB ring failure)."""
+    plan = algorithms.builtin(collective, algorithm, 8)
+    elements = cases.elements_for_bytes(plan, 16 << 20, np.float32) - plan.in_blocks * 3
+    info = run_and_compare(plan, elements, np.float32, "sum", "bulk", blocks_per_lane=32, calls=3,
+                           offsets=cases.misaligned_offsets(8, np.float32, seed=1))
+    assert info["blocks_per_lane"] == 32
+
+
+def test_more_blocks_per_lane_than_a_semaphore_counts_are_refused_naming_the_argument():
+    plan = algorithms.builtin(C.ALL_REDUCE, "ring", 2)
+    for bad in (33, -1, 2.0):
+        with pytest.raises(ValueError, match=rf"blocks_per_lane must be 0 .* or 1\.\.32, got {bad!r}"):
+            runtime.run_words_cuda(encode(plan), [np.ones(4, np.float32)] * 2, (4,), blocks_per_lane=bad)
+
+
 def in_place_all_reduce(n: int) -> Plan:
     ranks = []
     for r in range(n):

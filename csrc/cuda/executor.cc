@@ -130,7 +130,7 @@ SlotLayout slot_layout(const PlanImage& im, const CallShape& s, Protocol protoco
   SlotLayout l;
   int64_t at = round_up(sizeof(SlotHeader), 256);
   l.semaphores = at;
-  at = round_up(at + 8 * int64_t(im.max_semaphores), 256);
+  at = round_up(at + 8 * int64_t(im.max_semaphores) * kMaxBlocksPerLane, 256);
   l.scratch = at;
   at = round_up(at + chunks[2] / im.chunk_factor * s.block * asize, 256);
   l.staging = at;
@@ -180,8 +180,10 @@ Status choose_blocks_per_lane(const PlanImage& im, const CallShape& shape, int d
                          " lanes) but device " + std::to_string(device) + " holds " + std::to_string(resident));
   // About 1 MiB of input per block and lane keeps each block busy long enough to amortise its steps.
   const int64_t per_lane = input_bytes / std::max(im.max_lanes, 1);
-  int want = protocol == Protocol::kLL ? 1 : int(std::clamp<int64_t>((per_lane + (1 << 20) - 1) >> 20, 1, 32));
-  want = env_settings().cuda_blocks.value_or(want);
+  int want = protocol == Protocol::kLL
+                 ? 1
+                 : int(std::clamp<int64_t>((per_lane + (1 << 20) - 1) >> 20, 1, kMaxBlocksPerLane));
+  want = std::min(env_settings().cuda_blocks.value_or(want), kMaxBlocksPerLane);
   blocks = std::min(want, most);
   return {};
 }
@@ -193,6 +195,9 @@ Status Launcher::create(const Plan& plan, const PlanImage& im, const CallShape& 
       o.first_rank + o.launch_ranks > im.nranks)
     return Status::Error("a launch runs 1.." + std::to_string(kMaxLaunchRanks) + " ranks of the group, got ranks [" +
                          std::to_string(o.first_rank) + ", " + std::to_string(o.first_rank + o.launch_ranks) + ")");
+  if (o.blocks_per_lane < 1 || o.blocks_per_lane > kMaxBlocksPerLane)
+    return Status::Error("blocks_per_lane must be 1.." + std::to_string(kMaxBlocksPerLane) + ", got " +
+                         std::to_string(o.blocks_per_lane));
   if (slots.size() != size_t(im.nranks)) return Status::Error("the slot table must name one slot per rank");
   if (!plan_kernel_for(shape.dtype, shape.op))
     return Status::Error(std::string("the CUDA executor has no kernel for ") + dtype_name(shape.dtype));
@@ -340,8 +345,9 @@ std::string Launcher::describe_failure(const ErrorRecord& rec) const {
   std::string what;
   switch (static_cast<Failure>(rec.code)) {
     case Failure::kWait: {
+      // The counter is the one of the signalling lane's block `rec.buffer`: it counts that block's signals.
       const uint64_t per_call = uint64_t(im.signals_per_call[size_t(rec.rank) * im.max_semaphores + rec.sem]);
-      const int64_t got = int64_t(rec.have / B) - int64_t(e * per_call);
+      const int64_t got = int64_t(rec.have) - int64_t(e * per_call);
       std::string signallers;
       for (int32_t r = 0; r < plan.nranks; ++r) {
         const RankProgram& p = plan.ranks[r];
@@ -356,7 +362,8 @@ std::string Launcher::describe_failure(const ErrorRecord& rec) const {
         if (sends) signallers += (signallers.empty() ? "" : ", ") + std::to_string(r);
       }
       what = where() + " waits on semaphore " + std::to_string(rec.sem) + ", which received " + std::to_string(got) +
-             " signal(s) in " + call + " and needs " + std::to_string(rec.need / B - e * per_call) +
+             " signal(s) in " + call + " and needs " + std::to_string(rec.need - e * per_call) +
+             (B > 1 ? " from thread block " + std::to_string(rec.buffer) + " of the signalling lane" : "") +
              " (ranks whose plan signals it: [" + signallers + "])";
       break;
     }

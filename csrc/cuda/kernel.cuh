@@ -1,10 +1,13 @@
 // The executor kernel: one launch runs one call of a plan for `launch_ranks` ranks (docs/cuda.md). Every lane of
 // every rank is `blocks_per_lane` thread blocks that walk the lane's steps together, each moving its share of
-// every data step; they meet only where a step depends on elements another block of the lane wrote. Semaphores
-// are monotonic counters in the receiving rank's slot (release on signal, acquire on wait); a wait for the j-th
-// signal of call e waits for B*(e*S + j + 1), S being the signals the semaphore receives per call, because each
-// of the signalling lane's B blocks signals after its own share. Every spin is bounded: a timeout claims the
-// error record (host-mapped) and every block of the group stops, so a broken plan never hangs the GPU.
+// every data step; they meet only where a step depends on elements another block of the lane wrote. A semaphore
+// is B monotonic counters in the receiving rank's slot, one per block of the signalling lane (release on
+// signal, acquire on wait): block b of the signaller, after its own share of the step, adds 1 to counter b, and
+// a wait for the j-th signal of call e waits until every counter reaches e*S + j + 1, S being the signals the
+// semaphore receives per call. (One shared counter waiting for B*(e*S + j + 1) is wrong: the blocks of a lane
+// drift apart, and a fast block's signal of step j+1 can stand in for a slow block's of step j, whose share is
+// not written yet; seen on an H100 at 32 blocks per lane.) Every spin is bounded: a timeout claims the error
+// record (host-mapped) and every block of the group stops, so a broken plan never hangs the GPU.
 //
 // Included by the kernels_*.cu files only, each instantiating plan_kernel for some element types.
 #pragma once
@@ -115,9 +118,17 @@ __device__ inline void fail(ErrorRecord* rec, Failure why, const Where& w, uint6
 // A bounded spin: true once `done()` holds; false (after claiming the record, unless another block already did)
 // when the timeout passes or another block of the group has failed. The clock and the record are read every
 // 256 rounds: the record is host memory, a PCIe round trip away.
+// Waits that only follow another (a peer finishing its steps, a lane reaching a barrier, a block of the lane
+// reaching a meeting, a peer finishing the call before last) give up after twice the timeout, so the wait that
+// caused them claims the record first and the message names the cause, not its echo.
+__device__ __forceinline__ bool follows_another_wait(Failure why) {
+  return why == Failure::kExit || why == Failure::kBarrier || why == Failure::kMeeting || why == Failure::kPrevious;
+}
+
 template <class Done>
 __device__ bool spin(const KernelParams& p, Done done, Failure why, const Where& w, uint64_t need, uint64_t epoch,
                      uint64_t* counter) {
+  const uint64_t timeout_ns = follows_another_wait(why) ? 2 * p.timeout_ns : p.timeout_ns;
   uint64_t start = 0;
   for (uint32_t round = 0;; ++round) {
     if (done()) return true;
@@ -125,7 +136,7 @@ __device__ bool spin(const KernelParams& p, Done done, Failure why, const Where&
       if (aborted(p.error)) return false;
       const uint64_t now = global_ns();
       if (start == 0) start = now;
-      else if (now - start > p.timeout_ns) {
+      else if (now - start > timeout_ns) {
         fail(p.error, why, w, counter ? load_acquire(counter) : 0, need, epoch);
         return false;
       }
@@ -531,16 +542,20 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const KernelParams p) {
     }
     switch (static_cast<Op>(s.op)) {
       case Op::kWait:
-        if (threadIdx.x == 0) {
+        if (threadIdx.x < B) {  // thread t waits for block t of the signalling lane
           const uint64_t per_call = p.signals_per_call[c.rank * p.max_semaphores + s.sem];
-          const uint64_t need = uint64_t(B) * (e * per_call + s.ordinal + 1);
-          if (!wait_at_least(p, &semaphores(p, me)[s.sem], need, Failure::kWait, w, e)) sh.stop = 1;
+          const uint64_t need = e * per_call + s.ordinal + 1;
+          Where wt = w;
+          wt.buffer = threadIdx.x;
+          uint64_t* counter = &semaphores(p, me)[s.sem * kMaxBlocksPerLane + threadIdx.x];
+          if (!wait_at_least(p, counter, need, Failure::kWait, wt, e)) sh.stop = 1;
         }
         __syncthreads();
         break;
       case Op::kSignal:
         __syncthreads();  // the block's writes before the signal ...
-        if (threadIdx.x == 0) add_release(&semaphores(p, sh.slots[s.peer])[s.sem], 1);  // ... released with it
+        if (threadIdx.x == 0)  // ... released with it, on this block's counter
+          add_release(&semaphores(p, sh.slots[s.peer])[s.sem * kMaxBlocksPerLane + c.part], 1);
         break;
       case Op::kBarrier:
         __syncthreads();

@@ -15,6 +15,9 @@ inline constexpr int kThreads = 512;
 // Ranks one launch may run (the emulated-rank harness runs a whole group in one launch; XLA runs one rank).
 inline constexpr int32_t kMaxLaunchRanks = 16;
 
+// Thread blocks per lane at most. Every semaphore is this many counters, one per block of the signalling lane.
+inline constexpr int32_t kMaxBlocksPerLane = 32;
+
 // The head of a rank's slot: the synchronisation words of one call site's group on this rank. Every counter is
 // monotonic over the life of the slot, so nothing is ever reset between calls (a reset would need the host, or
 // a second launch, and could race with a fast peer's next call); call e compares against e-based thresholds.
@@ -31,7 +34,7 @@ struct SlotHeader {
 
 // Byte offsets inside a slot; the same for every rank of a group (sizes are maxima over ranks).
 struct SlotLayout {
-  int64_t semaphores = 0;      // uint64 counters, max_semaphores of them
+  int64_t semaphores = 0;      // uint64 counters: max_semaphores x kMaxBlocksPerLane (one per signalling block)
   int64_t scratch = 0;         // scratch_chunks/k blocks of the accumulation type
   int64_t staging = 0;         // in-place reduce_scatter: a copy of the input
   int64_t packets[3] = {0, 0, 0};       // packet mirror of input, output, scratch (two parities each)
@@ -45,7 +48,7 @@ struct SlotLayout {
 // Why a call stopped. The first failing block claims the record; the host formats it (describe_error).
 enum class Failure : uint32_t {
   kNone = 0,
-  kWait = 1,         // a wait's semaphore was not signalled in time
+  kWait = 1,         // a wait's semaphore was not signalled in time (`buffer` holds the signalling block)
   kEntry = 2,        // a peer never arrived (published its buffers) for this call
   kExit = 3,         // a peer never finished this call's steps
   kPacket = 4,       // a packet of this call never arrived

@@ -1,0 +1,96 @@
+"""Where the time goes in the GPU round's missed speed targets (issue 14), on ONE GPU, printed as tables.
+
+    PYTHONPATH=. python tools/gpu_profile.py packet   # per-call time of the packet protocol by ranks and plan
+    PYTHONPATH=. python tools/gpu_profile.py fused    # the fused ops' parts on the one-GPU mesh
+
+packet: the emulated packet-protocol all_reduce of 8 KiB per rank, by rank count (2, 4, 8) and algorithm, back to
+back and as a CUDA graph; a one-rank copy of 8 KiB is the floor of one launch of the executor (a step, no peer).
+Run under `ncu --metrics gpu__time_duration.sum -k regex:plan_kernel` to split launch gaps from kernel time.
+
+fused: benchmarks/cuda.py's fused rows (8192^3 bf16 on a one-device mesh) with the one-rank group's collective
+lowered as production lowers it (no custom call: the identity) and forced through the executor, next to the
+forced collective alone (a 128 MiB all_gather of one rank: a copy) and to `x + x` (the same bytes through XLA).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from jaxcoll import algorithms, runtime  # noqa: E402
+from jaxcoll.plan import Collective, encode  # noqa: E402
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def per_call_us(plan, nbytes: int, protocol: str, graph: bool, iters: int = 400, blocks: int = 0) -> float:
+    ins, outs = plan.elements_for_bytes(nbytes, 4)
+    r = runtime._jaxcoll.cuda_time(encode(plan), "float32", ins, outs, 0, iters, graph, protocol, blocks, 0, 60.0)
+    return r["seconds_per_call"] * 1e6
+
+
+def packet() -> None:
+    print("| plan | ranks | protocol | back to back (us) | graph replay (us) |")
+    print("|---|---|---|---|---|")
+    rows = [(Collective.ALL_GATHER, "direct", 1, "ll"), (Collective.ALL_GATHER, "direct", 1, "bulk")]
+    rows += [(Collective.ALL_REDUCE, "direct", n, "ll") for n in (2, 4, 8)]
+    rows += [(Collective.ALL_REDUCE, "ring", 8, "ll"), (Collective.ALL_REDUCE, "direct", 8, "bulk")]
+    for collective, name, n, protocol in rows:
+        plan = algorithms.builtin(collective, name, n)
+        times = [per_call_us(plan, 8 * KiB, protocol, graph) for graph in (False, True)]
+        print(f"| {collective.value} {name} | {n} | {protocol} | {times[0]:.1f} | {times[1]:.1f} |")
+
+
+def fused() -> None:
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import jaxcoll
+    from fused import measure
+    from jaxcoll import fused as fused_ops
+    from jaxcoll.lowering import custom_call
+
+    m = k = n = 8192
+    device = jax.devices("cuda")[0]
+    mesh = jax.make_mesh((1,), ("i",), devices=[device])
+    rng = np.random.default_rng(0)
+    x = jax.device_put(rng.standard_normal((m, k), np.float32).astype(jnp.bfloat16), NamedSharding(mesh, P("i")))
+    w = jax.device_put(rng.standard_normal((k, n), np.float32).astype(jnp.bfloat16), NamedSharding(mesh, P()))
+
+    def on_mesh(f, in_specs=(P("i"), P())):
+        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=P("i")))
+
+    variants = {}
+    for forced in (False, True):
+        custom_call.lower_single_rank_groups = forced
+        tag = "executor" if forced else "identity"
+        for c in (1, 4):
+            f = on_mesh(lambda x, w, c=c: fused_ops.all_gather_matmul(x, w, "i", chunks=c))
+            g = on_mesh(lambda x, w, c=c: fused_ops.matmul_reduce_scatter(x, w, "i", chunks=c))
+            variants[f"all_gather_matmul c={c} ({tag})"] = f
+            variants[f"matmul_reduce_scatter c={c} ({tag})"] = g
+            jax.block_until_ready(f(x, w))  # lowered now, under this setting
+            jax.block_until_ready(g(x, w))
+        if forced:
+            h = on_mesh(lambda x, w: jaxcoll.all_gather(x, "i", tiled=True))
+            variants["all_gather alone, 128 MiB (executor)"] = h
+            jax.block_until_ready(h(x, w))
+    custom_call.lower_single_rank_groups = False
+    variants["x + x, 128 MiB"] = jax.jit(lambda x, w: x + x)
+    variants["jnp.dot"] = jax.jit(jnp.dot)
+    t = measure(variants, (x, w), 10)
+    dot = np.median(t["jnp.dot"])
+    print("| program | median ms | of jnp.dot's rate |")
+    print("|---|---|---|")
+    for name, s in t.items():
+        print(f"| {name} | {np.median(s) * 1e3:.3f} | {float(np.median(t['jnp.dot'] / s)):.0%} |")
+    print(f"\n(jnp.dot {2 * m * k * n / dot / 1e12:.0f} TFLOP/s)")
+
+
+if __name__ == "__main__":
+    {"packet": packet, "fused": fused}[sys.argv[1]]()
