@@ -19,16 +19,18 @@ ME="tools/gpu_round.sh"
 # The steps, in order. Limits in seconds (the issue's budget: build <= 4 min, tests <= 4 min, sanitizer <= 2 min,
 # bench <= 3 min); `stop` steps end the round when they fail.
 # ---------------------------------------------------------------------------------------------------------------
-STEPS=(env prereqs build import harness harness_large memcheck racecheck synccheck jax network never_arrives bench)
+STEPS=(env prereqs build import harness harness_large memcheck racecheck synccheck jax network never_arrives bench
+       profile)
 # harness and harness_large: pytest's own time plus ~12 s of interpreter start and CUDA teardown (the round of
 # 2026-11-26 on an H100: 84 s and 52 s in pytest, over 95 s and 55 s in all); jax took 23 and 33 s.
 declare -A LIMIT=([env]=30 [prereqs]=60 [build]=240 [import]=60
                   [harness]=110 [harness_large]=65 [jax]=45 [network]=30 [never_arrives]=20
                   [memcheck]=50 [racecheck]=40 [synccheck]=30
-                  [bench]=180)
+                  [bench]=180 [profile]=60)
 declare -A ON_FAIL=([env]=continue [prereqs]=stop [build]=stop [import]=stop [harness]=continue
                     [harness_large]=continue [memcheck]=continue [racecheck]=continue [synccheck]=continue
-                    [jax]=continue [network]=continue [never_arrives]=continue [bench]=continue)
+                    [jax]=continue [network]=continue [never_arrives]=continue [bench]=continue
+                    [profile]=continue)
 declare -A ABOUT=(
   [env]="GPU, driver, Python, jax/jaxlib, nvcc, cmake, sanitizer (env.txt)"
   [prereqs]="Python packages the build and tests need; carried wheels installed where missing or too old"
@@ -42,7 +44,8 @@ declare -A ABOUT=(
   [jax]="tests/test_cuda_jax.py: collectives, grads, 200-step scan, fused ops; CUDA graphs on and off"
   [network]="jaxcoll_network (XLA's NCCL via the FFI collectives extension), every collective over one GPU, vs numpy"
   [never_arrives]="a wait whose signal is withheld ends in an error naming rank, lane, step and semaphore"
-  [bench]="benchmarks/cuda.py: bulk vs copy bandwidth, packet latency, fused ops vs GEMM (bench.md)")
+  [bench]="benchmarks/cuda.py: bulk vs copy bandwidth, packet latency, fused ops vs GEMM (bench.md)"
+  [profile]="where the packet latency goes: tools/gpu_profile.py packet, tools/gpu_floor.cu (profile.md)")
 MIN_START_S=10   # a step is not started with less than this left of the round (unless its own limit is smaller)
 KILL_AFTER_S=5   # after the limit, TERM; this much later, KILL
 
@@ -256,6 +259,12 @@ step_command() {  # step_command STEP -> the shell command, run from the checkou
     network) echo "$py tools/gpu_round_checks.py network" ;;
     never_arrives) echo "$pytest tests/test_cuda.py -k never_signalled" ;;
     bench) echo "set -o pipefail; $py benchmarks/cuda.py --iters 20 | tee $(q "$DIR/bench.md")" ;;
+    # The per-call time by ranks and plan, then what a launch costs before it moves data (docs/benchmarks.md).
+    profile)
+      if [[ -z $ARCH ]]; then echo "echo $(q "$ARCH_ERROR") >&2; exit 1"; return; fi
+      local floor="${TMPDIR:-/tmp}/gpu_floor"
+      echo "set -o pipefail; { $py tools/gpu_profile.py packet && nvcc -O3 -std=c++17 -arch=sm_${ARCH%%-*}" \
+           "-o $(q "$floor") tools/gpu_floor.cu && $(q "$floor"); } | tee $(q "$DIR/profile.md")" ;;
   esac
 }
 
@@ -416,7 +425,7 @@ fi
 # The round
 # ---------------------------------------------------------------------------------------------------------------
 mkdir -p "$DIR" || exit 2
-rm -f "$DIR/round.log" "$DIR/results.tsv" "$DIR/summary.md" "$DIR/bench.md"
+rm -f "$DIR/round.log" "$DIR/results.tsv" "$DIR/summary.md" "$DIR/bench.md" "$DIR/profile.md"
 cd "$ROOT" || exit 2
 export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1 \
        PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -455,7 +464,7 @@ for step in "${STEPS[@]}"; do
   # the JAX end to end step runs as users run it.
   step_env=()
   case $step in
-    harness | harness_large | memcheck | racecheck | synccheck | bench) step_env=(XLA_PYTHON_CLIENT_PREALLOCATE=false) ;;
+    harness | harness_large | memcheck | racecheck | synccheck | bench | profile) step_env=(XLA_PYTHON_CLIENT_PREALLOCATE=false) ;;
   esac
   echo "== $step (limit $limit s): $cmd"
   printf '\n==== %s (limit %s s): %s\n' "$step" "$limit" "$cmd" >>"$DIR/round.log"
