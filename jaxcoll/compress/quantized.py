@@ -67,15 +67,31 @@ def _rows(fmt: Format, flat, n: int):
 
 
 def sum_flat(fmt: Format, axes: tuple, flat):
-    """float32 `flat` summed over `axes` through wire format fmt: float32, invariant over `axes`, the same bytes
+    """float32 `flat` (whole blocks) summed over `axes` through wire format fmt: float32, invariant over `axes`, the same bytes
     on every rank. No derivative rule (the callers give the exact one); hierarchical.py runs it on the 1/L chunk
     of the outer axes."""
     if isinstance(fmt, Bf16):
         from jaxcoll.collectives.all_reduce import all_reduce as exact
         return exact(flat.astype(jnp.bfloat16), axes).astype(jnp.float32)
+    n = groups.group_size(axes)
+    if n == 2:
+        return _gather_and_sum(fmt, axes, flat)
     # Hop 1's decode and sum and hop 2's encode are one pass: the float32 sum never goes to memory.
-    encoded = codec.decode_sum_encode(fmt, *_exchange(axes, _rows(fmt, flat, groups.group_size(axes))))
+    encoded = codec.decode_sum_encode(fmt, *_exchange(axes, _rows(fmt, flat, n)))
     return _gather(fmt, axes, encoded, invariant=True, kept=flat.size)
+
+
+def _gather_and_sum(fmt: Format, axes: tuple, flat):
+    """sum_flat over two ranks in one hop: every rank gathers both ranks' encoded x and sums the two decoded rows
+    in rank order. At N = 2 that sends what qgZ's two hops send (wire_bytes(x) a rank: half of x each way in
+    hop 1, the encoded half-sum in hop 2), in one exchange instead of two, with one encoding per element instead
+    of two (the bound loses its second term). Across processes each exchange is a rendezvous over the link, and
+    the hierarchical path (hierarchical.py) runs this one at O = 2 hosts; at N > 2 gathering sends N/2 times
+    more than the two hops, so they stay."""
+    codes, scales = jax.tree_util.tree_map(
+        lambda w: all_gather_prim.bind(w[None], axes=axes, all_gather_dimension=0, tiled=True, algorithm="auto",
+                                       invariant=True), codec.encode(fmt, flat))
+    return codec.decode_sum(fmt, codes, scales)
 
 
 def scatter_rows(fmt: Format, axes: tuple, rows):
@@ -147,6 +163,8 @@ def wire_bytes(fmt: Format, collective: str, elements: int, n: int) -> int:
         per_hop = 2 * elements * (n - 1) // n
         return {"all_reduce": 2 * per_hop, "reduce_scatter": per_hop, "all_gather": 2 * elements * (n - 1)}[
             collective]
+    if collective == "all_reduce" and n == 2:  # one hop (_gather_and_sum): the whole encoded x to the other rank
+        return fmt.wire_bytes(elements)
     per = -(-elements // (n * fmt.block_size)) * fmt.block_size
     hop = (n - 1) * fmt.wire_bytes(per)
     return {"all_reduce": 2 * hop, "reduce_scatter": hop,
