@@ -5,12 +5,12 @@ the GPU presets (DGX H100, 1, 2 and 4 boxes).
     PYTHONPATH=. python benchmarks/compressed_collectives.py --sizes 1M,16M,64M --reps 7 --markdown /tmp/compression.md
     PYTHONPATH=$PWD python benchmarks/compressed_collectives.py --sizes 16M --processes 2 --transport tcp
     PYTHONPATH=$PWD python benchmarks/compressed_collectives.py --sizes 16M,64M --processes 2 --transport tcp \
-        --mesh 2x4 --compress-axes host
+        --mesh 2x4 --compress-axes host [--stages]
 
 With --mesh OxL the 8 devices form a ("host", "local") mesh (in a job of O processes, "host" runs across the
 processes) and every method reduces over both axes; --compress-axes host adds the hierarchical methods
 (`compress_axes="host"`: exact inside a host, compressed only across hosts), and "across/rank" counts the bytes
-a rank sends over the host axis (the slow hop).
+a rank sends over the host axis (the slow hop); --stages adds stage 2's calls timed one by one.
 
 Each cell is the median of `reps` calls after `warmup` untimed calls of each method. "sent/rank" counts the
 bytes a rank sends to the others in one call (the wire form: codes, scales, indices); "speedup" is jaxcoll's
@@ -76,6 +76,45 @@ def hierarchical_methods(compress_axes: str) -> dict:
     return methods
 
 
+def stage_2_pieces(compress_axes: str) -> dict:
+    """Stage 2 of the int8 hier call (the compressed all_reduce of the 1/L chunk over `compress_axes`) cut into
+    the calls it makes when that axis has 2 ranks (quantized._gather_and_sum: one hop), each timed alone: the
+    encoding, the gathers of the codes and of the scales across the processes, the decoding sum; then what
+    any call pays: a cross-process call that moves nothing to speak of (the transport's rendezvous and
+    latency), and a program of one tiny local op (XLA's dispatch of an 8-device program). Each piece starts
+    from a slice of x (an XLA copy of at most the 1/L chunk: a few tenths of a ms at 16 MiB)."""
+    import jax.numpy as jnp
+
+    from jaxcoll.compress import codec
+    inner = AXES[1 - AXES.index(compress_axes)]
+    fmt = formats.parse("benchmark", "int8")
+
+    def chunk(x):
+        return x[:x.size // groups.group_size((inner,))]
+
+    def codes(x, rows=1):  # int8 codes of the chunk's length (x's bytes, reinterpreted), `rows` of them
+        c = chunk(x).size
+        return lax.bitcast_convert_type(x[:rows * c // 4], jnp.int8).reshape(rows, c)
+
+    def scales(x, rows=1):
+        c = chunk(x).size // fmt.block_size
+        return x[:rows * c].reshape(rows, c)
+
+    def gather(v):
+        return jaxcoll.all_gather(v, compress_axes, tiled=True)
+
+    return {
+        "2a: encode the chunk": lambda x: codec.encode(fmt, chunk(x))[0],
+        f"2b: gather the codes over {compress_axes}": lambda x: gather(codes(x)),
+        f"2c: gather the scales over {compress_axes}": lambda x: gather(scales(x)),
+        "2d: decode and sum 2 rows": lambda x: codec.decode_sum(fmt, codes(x, 2), scales(x, 2)),
+        f"a call over {compress_axes} of 256 B (latency)": lambda x: gather(x[:64]),
+        "a program of one tiny op (dispatch)": lambda x: x[:64] * 2,
+        f"exact f32 all_reduce of the chunk over {compress_axes}": lambda x: jaxcoll.all_reduce(chunk(x),
+                                                                                              compress_axes),
+    }
+
+
 def across_bytes(method: str, elements: int, outer: int, inner: int) -> int | None:
     """Bytes one rank sends over the host axis (to ranks of other hosts) in one all_reduce on the 2D mesh."""
     n = outer * inner
@@ -83,8 +122,16 @@ def across_bytes(method: str, elements: int, outer: int, inner: int) -> int | No
         return None  # gloo's schedule is its own
     if method == "jaxcoll exact":  # hierarchical already: only each rank's 1/L chunk crosses, both halves
         return 2 * 4 * (elements // inner) * (outer - 1) // outer
-    if method.startswith("stages 1+3"):
+    if method.startswith("stages 1+3") or method[:3] in ("2a:", "2d:") or "program" in method:
         return 0
+    if method.startswith("2b:"):
+        return elements // inner * (outer - 1)
+    if method.startswith("2c:"):
+        return elements // inner // 256 * 4 * (outer - 1)
+    if method.startswith("a call over"):
+        return 256 * (outer - 1)
+    if method.startswith("exact f32"):
+        return 2 * 4 * (elements // inner) * (outer - 1) // outer
     if method.startswith("stage 2"):
         return quantized.wire_bytes(formats.parse("benchmark", "int8"), "all_reduce", elements // inner, outer)
     if method == "int8 flat":  # every rank pair exchanges rows: those to the other hosts' ranks cross
@@ -102,7 +149,7 @@ def sent_bytes(method: str, elements: int, n: int) -> int:
     return quantized.wire_bytes(formats.parse("benchmark", method), "all_reduce", elements, n)
 
 
-def measure(sizes, reps: int, warmup: int, mesh_shape=None, compress_axes=None):
+def measure(sizes, reps: int, warmup: int, mesh_shape=None, compress_axes=None, stages=False):
     if mesh_shape is None:
         mesh, methods, spec = jax.make_mesh((8,), ("i",)), METHODS, P("i")
     else:  # jax.devices() lists each process's devices together: row p of the grid is process p's
@@ -110,6 +157,8 @@ def measure(sizes, reps: int, warmup: int, mesh_shape=None, compress_axes=None):
         methods, spec = dict(METHODS_2D), P(AXES)
         if compress_axes:
             methods.update(hierarchical_methods(compress_axes))
+        if stages:
+            methods.update(stage_2_pieces(compress_axes))
     n = 8
     rows = []
     for size in sizes:
@@ -317,6 +366,8 @@ def main():
     parser.add_argument("--mesh", default=None, help="OxL: a (host, local) mesh, every method over both axes")
     parser.add_argument("--compress-axes", default=None, choices=["host", "local"],
                         help="with --mesh: add the hierarchical methods, compressed over this axis only")
+    parser.add_argument("--stages", action="store_true",
+                        help="with --compress-axes over 2 ranks: add rows timing stage 2's calls one by one")
     args = parser.parse_args()
     mesh_shape = None
     if args.mesh:
@@ -325,6 +376,8 @@ def main():
             parser.error(f"--mesh={args.mesh!r} must be OxL with O * L = 8")
     elif args.compress_axes:
         parser.error("--compress-axes needs --mesh")
+    if args.stages and (not args.compress_axes or mesh_shape[AXES.index(args.compress_axes)] != 2):
+        parser.error("--stages needs --compress-axes over an axis of 2 ranks (the one-hop stage 2 it cuts up)")
     if args.processes > 1 and not launch.in_job():
         return launch_job(args)
     process = launch.initialize()[0] if launch.in_job() else 0
@@ -336,7 +389,8 @@ def main():
             print(f"| {stage} | {cell(xla, '.2f')} | {cell(native, '.2f')} | {cell(gbps, '.1f')} |")
         return
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    rows = [] if args.sim_only else measure(sizes, args.reps, args.warmup, mesh_shape, args.compress_axes)
+    rows = [] if args.sim_only else measure(sizes, args.reps, args.warmup, mesh_shape, args.compress_axes,
+                                                 args.stages)
     if process:
         return
     if mesh_shape:  # the simulator's presets are the flat methods': not repeated here
