@@ -170,6 +170,47 @@ ffi::Error DecodeSumEncode(ffi::AnyBuffer codes, ffi::Buffer<ffi::F32> scales, f
   return ffi::Error::Success();
 }
 
+// The wire form (csrc/codec.hpp): x (..., L) -> wire rows (..., wire_row_bytes(L)).
+ffi::Error EncodeWire(ffi::Buffer<ffi::F32> x, ffi::Result<ffi::AnyBuffer> wire, int64_t block) {
+  const char* target = kCodecEncodeWireTarget;
+  const Dims xd = x.dimensions(), wd = wire->dimensions();
+  if (xd.size() == 0 || wd.size() != xd.size() || !same_leading(xd, wd, xd.size() - 1))
+    return invalid(target, "x " + shape(xd) + " and the wire rows " + shape(wd) +
+                               " must have one rank >= 1 and the same leading axes");
+  const int64_t length = xd.back();
+  ffi::Error error = ffi::Error::Success();
+  const auto format = check_codes(target, wire->element_type(), block, length, error);
+  if (!format) return error;
+  if (wd.back() != wire_row_bytes(length, block))
+    return invalid(target, "wire rows of " + std::to_string(length) + " codes in blocks of block_size=" +
+                               std::to_string(block) + " hold " + std::to_string(wire_row_bytes(length, block)) +
+                               " bytes, got " + shape(wd));
+  if (x.element_count() == 0) return ffi::Error::Success();
+  encode_wire_rows(*format, block, x.typed_data(), product(xd, xd.size() - 1), length, wire->untyped_data());
+  return ffi::Error::Success();
+}
+
+// Wire rows (..., N, W) -> float32 (..., L): the N decoded rows summed in order, as DecodeSum.
+ffi::Error DecodeSumWire(ffi::AnyBuffer wire, ffi::Result<ffi::Buffer<ffi::F32>> out, int64_t block) {
+  const char* target = kCodecDecodeSumWireTarget;
+  const Dims wd = wire.dimensions(), od = out->dimensions();
+  if (wd.size() < 2 || od.size() + 1 != wd.size() || !same_leading(wd, od, wd.size() - 2) || wd[wd.size() - 2] < 1)
+    return invalid(target, "the wire rows " + shape(wd) + " must have one rank >= 2 (at least one row to sum, then "
+                               "bytes) and the result " + shape(od) + " their leading axes");
+  const int64_t length = od.back();
+  ffi::Error error = ffi::Error::Success();
+  const auto format = check_codes(target, wire.element_type(), block, length, error);
+  if (!format) return error;
+  if (wd.back() != wire_row_bytes(length, block))
+    return invalid(target, "wire rows of " + std::to_string(length) + " codes in blocks of block_size=" +
+                               std::to_string(block) + " hold " + std::to_string(wire_row_bytes(length, block)) +
+                               " bytes, got " + shape(wd));
+  if (out->element_count() == 0) return ffi::Error::Success();
+  decode_sum_wire_rows(*format, block, wire.untyped_data(), product(wd, wd.size() - 2), wd[wd.size() - 2], length,
+                       out->typed_data());
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace jaxcoll::xla_cpu
 
@@ -201,5 +242,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcollCodecDecodeSumEncode, cpu::DecodeSumEncode,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("block_size"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcollCodecEncodeWire, cpu::EncodeWire,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("block_size"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcollCodecDecodeSumWire, cpu::DecodeSumWire,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("block_size"));

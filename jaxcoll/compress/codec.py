@@ -116,6 +116,56 @@ def decode_sum_encode(fmt: Format, codes, scales):
                                   default=lambda c, s: fmt.encode(_jnp_decode_sum(fmt, c, s)))
 
 
+def wire_row_bytes(fmt: Format, length: int) -> int:
+    """Bytes of a wire row of `length` codes (csrc/codec.hpp): the codes, zero bytes up to a multiple of 4, then
+    the length / block_size float32 scales."""
+    return _wire_scales_at(length) + 4 * (length // fmt.block_size)
+
+
+def _wire_scales_at(length: int) -> int:
+    return -(-length // 4) * 4
+
+
+def encode_wire(fmt: Format, x):
+    """The wire form of float32 x (last axis whole blocks): encode(fmt, x) as one array of fmt.code_dtype whose
+    rows hold the codes, zero bytes up to a multiple of 4, then the scales' bytes (wire_row_bytes each), so that
+    one collective moves both (across processes: one rendezvous instead of two)."""
+    shape = x.shape[:-1] + (wire_row_bytes(fmt, x.shape[-1]),)
+
+    def native_encode_wire(x):
+        return _native(abi.CODEC_ENCODE_WIRE_TARGET, jax.ShapeDtypeStruct(shape, fmt.code_dtype), x,
+                       block_size=fmt.block_size)
+
+    return lax.platform_dependent(x, cpu=native_encode_wire, default=lambda v: jnp_encode_wire(fmt, v))
+
+
+def decode_sum_wire(fmt: Format, wire, length: int):
+    """Wire rows (..., N, wire_row_bytes(length)) of `length` codes -> float32 (..., length): decode_sum of their
+    codes and scales (the rows summed in row order), bit for bit."""
+
+    def native_decode_sum_wire(wire):
+        out = jax.ShapeDtypeStruct(wire.shape[:-2] + (length,), jnp.float32)
+        return _native(abi.CODEC_DECODE_SUM_WIRE_TARGET, out, wire, block_size=fmt.block_size)
+
+    return lax.platform_dependent(wire, cpu=native_decode_sum_wire,
+                                  default=lambda w: jnp_decode_sum_wire(fmt, w, length))
+
+
+def jnp_encode_wire(fmt: Format, x):
+    """encode_wire as jax.numpy (the default platforms' definition; XLA:GPU fuses the concatenation)."""
+    codes, scales = fmt.encode(x)
+    pad = [(0, 0)] * (x.ndim - 1) + [(0, _wire_scales_at(x.shape[-1]) - x.shape[-1])]
+    scale_bytes = lax.bitcast_convert_type(scales, fmt.code_dtype).reshape(scales.shape[:-1] + (-1,))
+    return jnp.concatenate([jnp.pad(codes, pad), scale_bytes], axis=-1)
+
+
+def jnp_decode_sum_wire(fmt: Format, wire, length: int):
+    """decode_sum_wire as jax.numpy."""
+    at = _wire_scales_at(length)
+    scales = lax.bitcast_convert_type(wire[..., at:].reshape(wire.shape[:-1] + (-1, 4)), jnp.float32)
+    return _jnp_decode_sum(fmt, wire[..., :length], scales)
+
+
 def roundtrip(fmt: Format, x):
     """x (float32, last axis whole blocks) after fmt's encode and decode: formats.roundtrip, through the native
     codec on CPU for the block formats (Bf16 is a conversion XLA runs as fast)."""

@@ -85,13 +85,13 @@ def _gather_and_sum(fmt: Format, axes: tuple, flat):
     """sum_flat over two ranks in one hop: every rank gathers both ranks' encoded x and sums the two decoded rows
     in rank order. At N = 2 that sends what qgZ's two hops send (wire_bytes(x) a rank: half of x each way in
     hop 1, the encoded half-sum in hop 2), in one exchange instead of two, with one encoding per element instead
-    of two (the bound loses its second term). Across processes each exchange is a rendezvous over the link, and
+    of two (the bound loses its second term). Codes and scales travel as one array (codec's wire form): one
+    collective, where two arrays took two. Across processes each collective is a rendezvous over the link, and
     the hierarchical path (hierarchical.py) runs this one at O = 2 hosts; at N > 2 gathering sends N/2 times
     more than the two hops, so they stay."""
-    codes, scales = jax.tree_util.tree_map(
-        lambda w: all_gather_prim.bind(w[None], axes=axes, all_gather_dimension=0, tiled=True, algorithm="auto",
-                                       invariant=True), codec.encode(fmt, flat))
-    return codec.decode_sum(fmt, codes, scales)
+    wire = all_gather_prim.bind(codec.encode_wire(fmt, flat)[None], axes=axes, all_gather_dimension=0, tiled=True,
+                                algorithm="auto", invariant=True)
+    return codec.decode_sum_wire(fmt, wire, flat.size)
 
 
 def scatter_rows(fmt: Format, axes: tuple, rows):
@@ -164,7 +164,7 @@ def wire_bytes(fmt: Format, collective: str, elements: int, n: int) -> int:
         return {"all_reduce": 2 * per_hop, "reduce_scatter": per_hop, "all_gather": 2 * elements * (n - 1)}[
             collective]
     if collective == "all_reduce" and n == 2:  # one hop (_gather_and_sum): the whole encoded x to the other rank
-        return fmt.wire_bytes(elements)
+        return codec.wire_row_bytes(fmt, elements)
     per = -(-elements // (n * fmt.block_size)) * fmt.block_size
     hop = (n - 1) * fmt.wire_bytes(per)
     return {"all_reduce": 2 * hop, "reduce_scatter": hop,
