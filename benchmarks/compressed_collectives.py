@@ -79,7 +79,7 @@ def hierarchical_methods(compress_axes: str) -> dict:
 def stage_2_pieces(compress_axes: str) -> dict:
     """Stage 2 of the int8 hier call (the compressed all_reduce of the 1/L chunk over `compress_axes`) cut into
     the calls it makes when that axis has 2 ranks (quantized._gather_and_sum: one hop), each timed alone: the
-    encoding, the gathers of the codes and of the scales across the processes, the decoding sum; then what
+    encoding into the wire form, the gather of the wire rows across the processes, the decoding sum; then what
     any call pays: a cross-process call that moves nothing to speak of (the transport's rendezvous and
     latency), and a program of one tiny local op (XLA's dispatch of an 8-device program). Each piece starts
     from a slice of x (an XLA copy of at most the 1/L chunk: a few tenths of a ms at 16 MiB)."""
@@ -92,22 +92,17 @@ def stage_2_pieces(compress_axes: str) -> dict:
     def chunk(x):
         return x[:x.size // groups.group_size((inner,))]
 
-    def codes(x, rows=1):  # int8 codes of the chunk's length (x's bytes, reinterpreted), `rows` of them
-        c = chunk(x).size
-        return lax.bitcast_convert_type(x[:rows * c // 4], jnp.int8).reshape(rows, c)
-
-    def scales(x, rows=1):
-        c = chunk(x).size // fmt.block_size
-        return x[:rows * c].reshape(rows, c)
+    def wire(x, rows):  # `rows` wire rows of the chunk's length (x's bytes, reinterpreted)
+        width = codec.wire_row_bytes(fmt, chunk(x).size)
+        return lax.bitcast_convert_type(x[:rows * width // 4], jnp.int8).reshape(rows, width)
 
     def gather(v):
         return jaxcoll.all_gather(v, compress_axes, tiled=True)
 
     return {
-        "2a: encode the chunk": lambda x: codec.encode(fmt, chunk(x))[0],
-        f"2b: gather the codes over {compress_axes}": lambda x: gather(codes(x)),
-        f"2c: gather the scales over {compress_axes}": lambda x: gather(scales(x)),
-        "2d: decode and sum 2 rows": lambda x: codec.decode_sum(fmt, codes(x, 2), scales(x, 2)),
+        "2a: encode the chunk (wire form)": lambda x: codec.encode_wire(fmt, chunk(x)),
+        f"2b: gather the wire rows over {compress_axes}": lambda x: gather(wire(x, 1)),
+        "2c: decode and sum 2 wire rows": lambda x: codec.decode_sum_wire(fmt, wire(x, 2), chunk(x).size),
         f"a call over {compress_axes} of 256 B (latency)": lambda x: gather(x[:64]),
         "a program of one tiny op (dispatch)": lambda x: x[:64] * 2,
         f"exact f32 all_reduce of the chunk over {compress_axes}": lambda x: jaxcoll.all_reduce(chunk(x),
@@ -122,12 +117,10 @@ def across_bytes(method: str, elements: int, outer: int, inner: int) -> int | No
         return None  # gloo's schedule is its own
     if method == "jaxcoll exact":  # hierarchical already: only each rank's 1/L chunk crosses, both halves
         return 2 * 4 * (elements // inner) * (outer - 1) // outer
-    if method.startswith("stages 1+3") or method[:3] in ("2a:", "2d:") or "program" in method:
+    if method.startswith("stages 1+3") or method[:3] in ("2a:", "2c:") or "program" in method:
         return 0
     if method.startswith("2b:"):
-        return elements // inner * (outer - 1)
-    if method.startswith("2c:"):
-        return elements // inner // 256 * 4 * (outer - 1)
+        return quantized.wire_bytes(formats.parse("benchmark", "int8"), "all_reduce", elements // inner, outer)
     if method.startswith("a call over"):
         return 256 * (outer - 1)
     if method.startswith("exact f32"):
