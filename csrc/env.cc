@@ -81,7 +81,8 @@ EnvSettings read_env() {
   s.nt_call_bytes = r.integer<size_t>("JAXCOLL_NT_CALL_BYTES", 0, kMaxInt64, bytes);
   s.span_helpers = r.integer<int>("JAXCOLL_SPAN_HELPERS", 0, kMaxInt, count);
   s.cuda_ll_bytes = r.integer<int64_t>("JAXCOLL_CUDA_LL_BYTES", 0, kMaxInt64, bytes);
-  s.cuda_blocks = r.integer<int>("JAXCOLL_CUDA_BLOCKS", 1, kMaxInt, "a whole number >= 1");
+  // At most 32: a semaphore of the CUDA executor is one counter per block of a lane (kMaxBlocksPerLane).
+  s.cuda_blocks = r.integer<int>("JAXCOLL_CUDA_BLOCKS", 1, 32, "a whole number 1..32");
   if (!r.error.empty())
     s.error = "malformed jaxcoll setting in the environment: " + r.error +
               " (unset a variable for its default; docs/runtime.md, \"Settings\", lists them)";

@@ -209,7 +209,8 @@ def run_words_cuda(words: np.ndarray, inputs: Sequence[np.ndarray], output_shape
     processes"): each rank's buffers copied into its slot around the kernel, peers reaching them by offsets."""
     words = np.ascontiguousarray(words, dtype=np.int32).ravel()
     inputs, dtype, shape = _rank_inputs(inputs, "run_words_cuda")
-    if not isinstance(blocks_per_lane, (int, np.integer)) or not 0 <= blocks_per_lane <= MAX_BLOCKS_PER_LANE:
+    if (not isinstance(blocks_per_lane, (int, np.integer)) or isinstance(blocks_per_lane, bool)
+            or not 0 <= blocks_per_lane <= MAX_BLOCKS_PER_LANE):
         raise ValueError(f"run_words_cuda: blocks_per_lane must be 0 (the executor chooses) or "
                          f"1..{MAX_BLOCKS_PER_LANE}, got {blocks_per_lane!r}")
     offsets = {name: _rank_offsets(value, len(inputs), name)

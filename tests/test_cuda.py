@@ -209,7 +209,7 @@ def test_blocks_of_a_lane_that_drift_apart_never_read_a_share_not_yet_written(co
 
 def test_more_blocks_per_lane_than_a_semaphore_counts_are_refused_naming_the_argument():
     plan = algorithms.builtin(C.ALL_REDUCE, "ring", 2)
-    for bad in (33, -1, 2.0):
+    for bad in (33, -1, 2.0, True):
         with pytest.raises(ValueError, match=rf"blocks_per_lane must be 0 .* or 1\.\.32, got {bad!r}"):
             runtime.run_words_cuda(encode(plan), [np.ones(4, np.float32)] * 2, (4,), blocks_per_lane=bad)
 
