@@ -6,7 +6,8 @@ collectives, in the two hops of ZeRO++'s qgZ scheme:
   2. rank p decodes the N chunks it received, sums them in float32 (its reduce-scatter result), encodes the sum
      once and every rank gathers the encoded sums (jaxcoll all_gather), then decodes them.
 So an element is encoded twice on its way (once per hop), and every rank decodes the same bytes: the results
-are bitwise identical on every rank. The passes over the data run through jaxcoll.compress.codec: native kernels
+are bitwise identical on every rank. Over 2 ranks all_reduce takes one hop instead (_gather_and_sum: both
+ranks' encoded x gathered, the two decoded rows summed in rank order): the same bytes, one exchange, one encoding. The passes over the data run through jaxcoll.compress.codec: native kernels
 on CPU (all_reduce's decode-and-sum and its second encoding fused into one), formats.py's jax.numpy elsewhere. Traffic per rank is 2 (N-1)/N wire_bytes(x) against 2 (N-1)/N 4|x| for
 float32, about 3.9x less for Int8/Fp8 with block_size 256.
 
@@ -14,7 +15,8 @@ bf16 needs no scales and the runtime reduces bfloat16 in float32 and rounds once
 on bfloat16 data, so the plan's own hops carry it.
 
 Error of all_reduce, per element (e(v) the bound of formats.py for element v in its block):
-  |y - sum_r x_r| <= sum_r e(x_r) + e(sum_r x'_r)      (x'_r: rank r's decoded chunk)
+  |y - sum_r x_r| <= sum_r e(x_r) + e(sum_r x'_r)      (x'_r: rank r's decoded chunk; over 2 ranks the first
+                                                        term alone, + float32 summation)
 reduce_scatter has the first term only, all_gather the bound of one encoding.
 
 Derivatives are those of the exact collective (straight-through): the tangent travels uncompressed.
