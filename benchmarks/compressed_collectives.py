@@ -63,50 +63,53 @@ METHODS_2D = {
 HIERARCHICAL = ("bf16", "fp8", "int8")
 
 
-def hierarchical_methods(compress_axes: str) -> dict:
+def hierarchical_methods(compress_axes: str, mesh_shape) -> dict:
     """The hierarchical methods, and the int8 one's stages timed alone (where its time goes): the exact hops
-    over the other axis (reduce_scatter then all_gather), and the compressed all_reduce of the 1/L chunk."""
+    over the other axis (reduce_scatter then all_gather), and the compressed all_reduce of the 1/L chunk (on an
+    operand of the chunk's size: (function, operand) as in stage_2_pieces)."""
     inner = AXES[1 - AXES.index(compress_axes)]
     methods = {f"{c} hier": (lambda x, c=c: jaxcoll.all_reduce(x, AXES, compression=c, compress_axes=compress_axes))
                for c in HIERARCHICAL}
     methods[f"stages 1+3: exact over {inner}"] = lambda x: jaxcoll.all_gather(
         jaxcoll.reduce_scatter(x, inner, tiled=True), inner, tiled=True)
-    methods[f"stage 2: int8 over {compress_axes}, 1/L"] = lambda x: jaxcoll.all_reduce(
-        x[:x.size // groups.group_size((inner,))], compress_axes, compression="int8")
+    methods[f"stage 2: int8 over {compress_axes}, 1/L"] = (
+        lambda c: jaxcoll.all_reduce(c, compress_axes, compression="int8"),
+        lambda elements: ((elements // mesh_shape[AXES.index(inner)],), np.float32))
     return methods
 
 
-def stage_2_pieces(compress_axes: str) -> dict:
+def stage_2_pieces(compress_axes: str, mesh_shape) -> dict:
     """Stage 2 of the int8 hier call (the compressed all_reduce of the 1/L chunk over `compress_axes`) cut into
-    the calls it makes when that axis has 2 ranks (quantized._gather_and_sum: one hop), each timed alone: the
-    encoding into the wire form, the gather of the wire rows across the processes, the decoding sum; then what
-    any call pays: a cross-process call that moves nothing to speak of (the transport's rendezvous and
-    latency), and a program of one tiny local op (XLA's dispatch of an 8-device program). Each piece starts
-    from a slice of x (an XLA copy of at most the 1/L chunk: a few tenths of a ms at 16 MiB)."""
-    import jax.numpy as jnp
-
+    the calls it makes when that axis has 2 ranks (quantized._gather_and_sum: one hop), each timed alone on an
+    operand of its own (what it gets inside the call: the chunk, one wire row, both wire rows): the encoding
+    into the wire form, the gather of the wire row across the processes, the decoding sum; then what any call
+    pays: a cross-process call that moves nothing to speak of (the transport's rendezvous and latency), and a
+    program of one tiny local op (XLA's dispatch of an 8-device program). Values are (function, operand), the
+    operand (shape, dtype) per rank as a function of x's elements per rank."""
     from jaxcoll.compress import codec
     inner = AXES[1 - AXES.index(compress_axes)]
     fmt = formats.parse("benchmark", "int8")
 
-    def chunk(x):
-        return x[:x.size // groups.group_size((inner,))]
+    def chunk(elements):
+        return (elements // mesh_shape[AXES.index(inner)],), np.float32
 
-    def wire(x, rows):  # `rows` wire rows of the chunk's length (x's bytes, reinterpreted)
-        width = codec.wire_row_bytes(fmt, chunk(x).size)
-        return lax.bitcast_convert_type(x[:rows * width // 4], jnp.int8).reshape(rows, width)
+    def wire(rows):
+        return lambda elements: ((rows, codec.wire_row_bytes(fmt, chunk(elements)[0][0])), np.int8)
 
     def gather(v):
         return jaxcoll.all_gather(v, compress_axes, tiled=True)
 
+    def codes_in(width):  # a wire row's codes (a chunk of whole 256-blocks has no zero bytes before its scales)
+        return width * fmt.block_size // (fmt.block_size + 4)
+
     return {
-        "2a: encode the chunk (wire form)": lambda x: codec.encode_wire(fmt, chunk(x)),
-        f"2b: gather the wire rows over {compress_axes}": lambda x: gather(wire(x, 1)),
-        "2c: decode and sum 2 wire rows": lambda x: codec.decode_sum_wire(fmt, wire(x, 2), chunk(x).size),
-        f"a call over {compress_axes} of 256 B (latency)": lambda x: gather(x[:64]),
-        "a program of one tiny op (dispatch)": lambda x: x[:64] * 2,
-        f"exact f32 all_reduce of the chunk over {compress_axes}": lambda x: jaxcoll.all_reduce(chunk(x),
-                                                                                              compress_axes),
+        "2a: encode the chunk (wire form)": (lambda c: codec.encode_wire(fmt, c), chunk),
+        f"2b: gather the wire row over {compress_axes}": (gather, wire(1)),
+        "2c: decode and sum 2 wire rows": (lambda w: codec.decode_sum_wire(fmt, w, codes_in(w.shape[-1])), wire(2)),
+        f"a call over {compress_axes} of 256 B (latency)": (gather, lambda elements: ((64,), np.float32)),
+        "a program of one tiny op (dispatch)": (lambda v: v * 2, lambda elements: ((64,), np.float32)),
+        f"exact f32 all_reduce of the chunk over {compress_axes}": (lambda c: jaxcoll.all_reduce(c, compress_axes),
+                                                                    chunk),
     }
 
 
@@ -142,6 +145,13 @@ def sent_bytes(method: str, elements: int, n: int) -> int:
     return quantized.wire_bytes(formats.parse("benchmark", method), "all_reduce", elements, n)
 
 
+def ranks_operand(mesh, spec, shape, dtype):
+    """An array of `shape` per rank (the ranks stacked on the first axis), random bytes of `dtype`."""
+    n = mesh.devices.size
+    data = np.random.default_rng(1).integers(-100, 100, (n * shape[0],) + tuple(shape[1:])).astype(dtype)
+    return jax.make_array_from_callback(data.shape, NamedSharding(mesh, spec), lambda index: data[index])
+
+
 def measure(sizes, reps: int, warmup: int, mesh_shape=None, compress_axes=None, stages=False):
     if mesh_shape is None:
         mesh, methods, spec = jax.make_mesh((8,), ("i",)), METHODS, P("i")
@@ -149,9 +159,9 @@ def measure(sizes, reps: int, warmup: int, mesh_shape=None, compress_axes=None, 
         mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(mesh_shape), AXES)
         methods, spec = dict(METHODS_2D), P(AXES)
         if compress_axes:
-            methods.update(hierarchical_methods(compress_axes))
+            methods.update(hierarchical_methods(compress_axes, mesh_shape))
         if stages:
-            methods.update(stage_2_pieces(compress_axes))
+            methods.update(stage_2_pieces(compress_axes, mesh_shape))
     n = 8
     rows = []
     for size in sizes:
@@ -161,16 +171,19 @@ def measure(sizes, reps: int, warmup: int, mesh_shape=None, compress_axes=None, 
         x = jax.make_array_from_callback(data.shape, NamedSharding(mesh, spec), lambda index: data[index])
         # On the 2D mesh each rank's result comes back as its own shard: the stages' results are not invariant.
         out_spec = P() if mesh_shape is None else spec
-        programs = {name: jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=out_spec))
-                    for name, fn in methods.items()}
-        for prog in programs.values():
+        programs, operands = {}, {}
+        for name, method in methods.items():  # a function of x, or (function, its own operand per rank)
+            fn, operand = (method, None) if callable(method) else method
+            programs[name] = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=out_spec))
+            operands[name] = x if operand is None else ranks_operand(mesh, spec, *operand(elements))
+        for name, prog in programs.items():
             for _ in range(warmup):
-                prog(x).block_until_ready()
+                prog(operands[name]).block_until_ready()
         times = {name: [] for name in programs}
         for _ in range(reps):  # alternate the methods call by call
             for name, prog in programs.items():
                 t0 = time.perf_counter()
-                prog(x).block_until_ready()
+                prog(operands[name]).block_until_ready()
                 times[name].append(time.perf_counter() - t0)
         exact = float(np.median(times["jaxcoll exact"]))
         for name in programs:
