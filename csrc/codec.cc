@@ -100,8 +100,9 @@ JAXCOLL_INLINE void decode_block(const typename F::Code* __restrict codes, float
 int64_t tile_elements(int64_t block) { return block * std::max<int64_t>(1, 2048 / block); }
 
 // acc[0, len) = the sum over `terms` rows of decoded elements [t0, t0 + len) (whole blocks), rows
-// `code_stride` codes and `scale_stride` scales apart. XLA:CPU fuses formats.py's `decoded[0] + decoded[1] + ...` into one loop in which LLVM contracts
-// each add with the product feeding its first operand: acc = fma(v0, s0, v1 s1), then acc = fma(vr, sr, acc).
+// `code_stride` codes and `scale_stride` scales apart. XLA:CPU fuses formats.py's `decoded[0] + decoded[1] + ...`
+// into one loop in which LLVM contracts each add with the product feeding its first operand:
+// acc = fma(v0, s0, v1 s1), then acc = fma(vr, sr, acc).
 // The same operations here give the same bits (tests/test_compress_codec.py holds them to the jax.numpy sum).
 template <class F>
 JAXCOLL_INLINE void sum_tile(const typename F::Code* __restrict codes, const float* __restrict scales,

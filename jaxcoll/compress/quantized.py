@@ -7,9 +7,11 @@ collectives, in the two hops of ZeRO++'s qgZ scheme:
      once and every rank gathers the encoded sums (jaxcoll all_gather), then decodes them.
 So an element is encoded twice on its way (once per hop), and every rank decodes the same bytes: the results
 are bitwise identical on every rank. Over 2 ranks all_reduce takes one hop instead (_gather_and_sum: both
-ranks' encoded x gathered, the two decoded rows summed in rank order): the same bytes, one exchange, one encoding. The passes over the data run through jaxcoll.compress.codec: native kernels
-on CPU (all_reduce's decode-and-sum and its second encoding fused into one), formats.py's jax.numpy elsewhere. Traffic per rank is 2 (N-1)/N wire_bytes(x) against 2 (N-1)/N 4|x| for
-float32, about 3.9x less for Int8/Fp8 with block_size 256.
+ranks' encoded x gathered in the codec's wire form, the two decoded rows summed in rank order): the same bytes,
+one exchange, one encoding. The passes over the data run through jaxcoll.compress.codec: native kernels on CPU
+(all_reduce's decode-and-sum and its second encoding fused into one), formats.py's jax.numpy elsewhere. Traffic
+per rank is 2 (N-1)/N wire_bytes(x) against 2 (N-1)/N 4|x| for float32, about 3.9x less for Int8/Fp8 with
+block_size 256.
 
 bf16 needs no scales and the runtime reduces bfloat16 in float32 and rounds once: it runs the exact collective
 on bfloat16 data, so the plan's own hops carry it.
@@ -69,9 +71,9 @@ def _rows(fmt: Format, flat, n: int):
 
 
 def sum_flat(fmt: Format, axes: tuple, flat):
-    """float32 `flat` (whole blocks) summed over `axes` through wire format fmt: float32, invariant over `axes`, the same bytes
-    on every rank. No derivative rule (the callers give the exact one); hierarchical.py runs it on the 1/L chunk
-    of the outer axes."""
+    """float32 `flat` (whole blocks) summed over `axes` through wire format fmt: float32, invariant over `axes`,
+    the same bytes on every rank. No derivative rule (the callers give the exact one); hierarchical.py runs it on
+    the 1/L chunk of the outer axes."""
     if isinstance(fmt, Bf16):
         from jaxcoll.collectives.all_reduce import all_reduce as exact
         return exact(flat.astype(jnp.bfloat16), axes).astype(jnp.float32)
