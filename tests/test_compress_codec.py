@@ -260,7 +260,7 @@ def test_the_kernels_refuse_shapes_that_do_not_fit_naming_them(target, operands,
 
 @pytest.mark.parametrize("collective,targets", [
     ("all_reduce", ["jaxcoll_codec_encode", "jaxcoll_codec_decode_sum_encode", "jaxcoll_codec_decode"]),
-    ("reduce_scatter", ["jaxcoll_codec_encode", "jaxcoll_codec_decode_sum"]),
+    ("reduce_scatter", ["jaxcoll_codec_encode_wire", "jaxcoll_codec_decode_sum_wire"]),
     ("all_gather", ["jaxcoll_codec_encode", "jaxcoll_codec_decode"]),
 ])
 def test_the_quantized_collectives_run_the_native_kernels_on_cpu(collective, targets):
@@ -280,3 +280,10 @@ def test_a_quantized_all_reduce_over_2_ranks_moves_the_wire_form_in_one_gather()
     assert sorted(set(re.findall(r"@(jaxcoll_codec_\w+)", text))) == ["jaxcoll_codec_decode_sum_wire",
                                                                        "jaxcoll_codec_encode_wire"]
     assert len(re.findall(r"@jaxcoll_all_gather", text)) == 1 and "jaxcoll_all_to_all" not in text
+
+
+def test_a_quantized_reduce_scatter_moves_the_wire_form_in_one_all_to_all():
+    f = jax.jit(jax.shard_map(lambda v: jaxcoll.reduce_scatter(v, "i", compression="int8", tiled=True),
+                              mesh=mesh("1d8"), in_specs=P("i"), out_specs=P("i"), check_vma=False))
+    text = f.lower(put(np.ones((8 * 2048,), np.float32), "1d8")).as_text()
+    assert len(re.findall(r"@jaxcoll_all_to_all", text)) == 1

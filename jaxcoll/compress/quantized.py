@@ -104,7 +104,8 @@ def scatter_rows(fmt: Format, axes: tuple, rows):
     if isinstance(fmt, Bf16):
         from jaxcoll.collectives.reduce_scatter import reduce_scatter as exact_rs
         return exact_rs(rows.astype(jnp.bfloat16), axes, scatter_dimension=0).astype(jnp.float32)
-    return codec.decode_sum(fmt, *_exchange(axes, codec.encode(fmt, rows)))
+    # One array (the codec's wire form) crosses: one all_to_all where codes and scales apart took two.
+    return codec.decode_sum_wire(fmt, _exchange(axes, codec.encode_wire(fmt, rows)), rows.shape[-1])
 
 
 def all_reduce(x, axes: tuple, fmt: Format, algorithm="auto"):
