@@ -162,14 +162,36 @@ JAXCOLL_INLINE void decode_typed(int64_t block, const void* codes_in, const floa
   }
 }
 
+// `batch` groups of `terms` rows (`code_stride` codes, `scale_stride` scales apart) of `length` codes -> per
+// group the rows' decoded values one after another, the first `kept` <= terms * length of them.
+template <class F>
+JAXCOLL_INLINE void decode_concat_typed(int64_t block, const void* codes_in, const float* scales, int64_t batch,
+                                        int64_t terms, int64_t length, int64_t code_stride, int64_t scale_stride,
+                                        int64_t kept, float* out) {
+  using Code = typename F::Code;
+  const Code* codes = static_cast<const Code*>(codes_in);
+  for (int64_t g = 0; g < batch; ++g)
+    for (int64_t r = 0; r < terms && r * length < kept; ++r) {
+      const int64_t row = g * terms + r, n = std::min(length, kept - r * length);
+      const Code* cr = codes + row * code_stride;
+      const float* sr = scales + row * scale_stride;
+      float* outr = out + g * kept + r * length;
+      for (int64_t start = 0, b = 0; start < n; start += block, ++b)
+        decode_block<F>(cr + start, sr[b], std::min(block, n - start), outr + start);
+    }
+}
+
+// The sums go to `out` (float32, `length` a group) or, encoded, to out_codes and out_scales, `out_code_stride`
+// codes and `out_scale_stride` scales a group.
 template <class F>
 JAXCOLL_INLINE void decode_sum_typed(int64_t block, const void* codes_in, const float* scales, int64_t batch,
                                      int64_t terms, int64_t length, int64_t code_stride, int64_t scale_stride,
-                                     float* out, void* out_codes_raw, float* out_scales) {
+                                     float* out, void* out_codes_raw, float* out_scales, int64_t out_code_stride,
+                                     int64_t out_scale_stride) {
   using Code = typename F::Code;
   const Code* codes = static_cast<const Code*>(codes_in);
   Code* out_codes = static_cast<Code*>(out_codes_raw);
-  const int64_t blocks = length / block, tile = tile_elements(block);
+  const int64_t tile = tile_elements(block);
   std::vector<float> scratch(out ? 0 : size_t(tile));
   for (int64_t g = 0; g < batch; ++g) {
     const Code* cg = codes + g * terms * code_stride;
@@ -180,8 +202,8 @@ JAXCOLL_INLINE void decode_sum_typed(int64_t block, const void* codes_in, const 
       sum_tile<F>(cg, sg, terms, code_stride, scale_stride, block, t0, len, acc);
       if (!out)
         for (int64_t b = 0; b < len / block; ++b)
-          encode_block<F>(acc + b * block, block, out_codes + g * length + t0 + b * block,
-                          out_scales + g * blocks + t0 / block + b);
+          encode_block<F>(acc + b * block, block, out_codes + g * out_code_stride + t0 + b * block,
+                          out_scales + g * out_scale_stride + t0 / block + b);
     }
   }
 }
@@ -197,11 +219,18 @@ JAXCOLL_INLINE void decode_sum_typed(int64_t block, const void* codes_in, const 
                                       int64_t length, int64_t kept, float* out) {                               \
     decode_typed<FORMAT>(block, codes, scales, rows, length, kept, out);                                        \
   }                                                                                                              \
+  JAXCOLL_CLONES void decode_concat_##SUFFIX(int64_t block, const void* codes, const float* scales,             \
+                                             int64_t batch, int64_t terms, int64_t length, int64_t code_stride, \
+                                             int64_t scale_stride, int64_t kept, float* out) {                  \
+    decode_concat_typed<FORMAT>(block, codes, scales, batch, terms, length, code_stride, scale_stride, kept,    \
+                                out);                                                                           \
+  }                                                                                                              \
   JAXCOLL_CLONES void decode_sum_##SUFFIX(int64_t block, const void* codes, const float* scales, int64_t batch, \
                                           int64_t terms, int64_t length, int64_t code_stride,                   \
-                                          int64_t scale_stride, float* out, void* out_codes, float* out_scales) { \
+                                          int64_t scale_stride, float* out, void* out_codes, float* out_scales, \
+                                          int64_t out_code_stride, int64_t out_scale_stride) {                  \
     decode_sum_typed<FORMAT>(block, codes, scales, batch, terms, length, code_stride, scale_stride, out,        \
-                             out_codes, out_scales);                                                            \
+                             out_codes, out_scales, out_code_stride, out_scale_stride);                         \
   }
 
 JAXCOLL_DEFINE_CODEC(int8, Int8Format)
@@ -259,9 +288,9 @@ void decode_sum_rows(CodeFormat format, int64_t block, const void* codes, const 
                      int64_t terms, int64_t length, float* out) {
   FlushDenormals mode;
   if (format == CodeFormat::kInt8)
-    decode_sum_int8(block, codes, scales, batch, terms, length, length, length / block, out, nullptr, nullptr);
+    decode_sum_int8(block, codes, scales, batch, terms, length, length, length / block, out, nullptr, nullptr, 0, 0);
   else
-    decode_sum_fp8(block, codes, scales, batch, terms, length, length, length / block, out, nullptr, nullptr);
+    decode_sum_fp8(block, codes, scales, batch, terms, length, length, length / block, out, nullptr, nullptr, 0, 0);
 }
 
 void decode_sum_encode_rows(CodeFormat format, int64_t block, const void* codes, const float* scales,
@@ -269,10 +298,10 @@ void decode_sum_encode_rows(CodeFormat format, int64_t block, const void* codes,
   FlushDenormals mode;
   if (format == CodeFormat::kInt8)
     decode_sum_int8(block, codes, scales, batch, terms, length, length, length / block, nullptr, out_codes,
-                    out_scales);
+                    out_scales, length, length / block);
   else
     decode_sum_fp8(block, codes, scales, batch, terms, length, length, length / block, nullptr, out_codes,
-                   out_scales);
+                   out_scales, length, length / block);
 }
 
 int64_t wire_row_bytes(int64_t length, int64_t block) { return wire_scales_offset(length) + 4 * (length / block); }
@@ -295,9 +324,34 @@ void decode_sum_wire_rows(CodeFormat format, int64_t block, const void* wire, in
   const int64_t row = wire_row_bytes(length, block);
   const float* scales = reinterpret_cast<const float*>(static_cast<const char*>(wire) + wire_scales_offset(length));
   if (format == CodeFormat::kInt8)
-    decode_sum_int8(block, wire, scales, batch, terms, length, row, row / 4, out, nullptr, nullptr);
+    decode_sum_int8(block, wire, scales, batch, terms, length, row, row / 4, out, nullptr, nullptr, 0, 0);
   else
-    decode_sum_fp8(block, wire, scales, batch, terms, length, row, row / 4, out, nullptr, nullptr);
+    decode_sum_fp8(block, wire, scales, batch, terms, length, row, row / 4, out, nullptr, nullptr, 0, 0);
+}
+
+void decode_sum_encode_wire_rows(CodeFormat format, int64_t block, const void* wire, int64_t batch, int64_t terms,
+                                 int64_t length, void* out_wire) {
+  FlushDenormals mode;
+  const int64_t row = wire_row_bytes(length, block), at = wire_scales_offset(length);
+  const float* scales = reinterpret_cast<const float*>(static_cast<const char*>(wire) + at);
+  char* out = static_cast<char*>(out_wire);
+  float* out_scales = reinterpret_cast<float*>(out + at);
+  if (format == CodeFormat::kInt8)
+    decode_sum_int8(block, wire, scales, batch, terms, length, row, row / 4, nullptr, out, out_scales, row, row / 4);
+  else
+    decode_sum_fp8(block, wire, scales, batch, terms, length, row, row / 4, nullptr, out, out_scales, row, row / 4);
+  for (int64_t g = 0; g < batch; ++g) std::memset(out + g * row + length, 0, size_t(at - length));
+}
+
+void decode_wire_rows(CodeFormat format, int64_t block, const void* wire, int64_t batch, int64_t terms,
+                      int64_t length, int64_t kept, float* out) {
+  FlushDenormals mode;
+  const int64_t row = wire_row_bytes(length, block);
+  const float* scales = reinterpret_cast<const float*>(static_cast<const char*>(wire) + wire_scales_offset(length));
+  if (format == CodeFormat::kInt8)
+    decode_concat_int8(block, wire, scales, batch, terms, length, row, row / 4, kept, out);
+  else
+    decode_concat_fp8(block, wire, scales, batch, terms, length, row, row / 4, kept, out);
 }
 
 }  // namespace jaxcoll

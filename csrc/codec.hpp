@@ -49,4 +49,13 @@ void encode_wire_rows(CodeFormat format, int64_t block, const float* x, int64_t 
 void decode_sum_wire_rows(CodeFormat format, int64_t block, const void* wire, int64_t batch, int64_t terms,
                           int64_t length, float* out);
 
+// decode_sum_encode_rows from and to wire rows: each group's sum encoded as one wire row.
+void decode_sum_encode_wire_rows(CodeFormat format, int64_t block, const void* wire, int64_t batch, int64_t terms,
+                                 int64_t length, void* out_wire);
+
+// `batch` groups of `terms` wire rows of `length` codes -> per group the rows' decoded values one after another,
+// the first `kept` <= terms * length of them.
+void decode_wire_rows(CodeFormat format, int64_t block, const void* wire, int64_t batch, int64_t terms,
+                      int64_t length, int64_t kept, float* out);
+
 }  // namespace jaxcoll

@@ -214,17 +214,42 @@ def test_the_wire_form_is_the_codes_zeros_to_a_multiple_of_4_then_the_scales_byt
     assert_bitwise(jax.jit(jax.vmap(lambda v: codec.encode_wire(fmt, v)))(x.reshape(3, 1, -1)), want[:, None])
 
 
+def as_wire(codes, scales):
+    """numpy's wire rows of (codes, scales): the codes, zero bytes to a multiple of 4, the scales' bytes."""
+    codes, scales = np.asarray(codes), np.asarray(scales)
+    gap = np.zeros(codes.shape[:-1] + (-codes.shape[-1] % 4,), np.uint8)
+    return np.concatenate([codes.view(np.uint8), gap, scales.view(np.uint8)], axis=-1).view(codes.dtype)
+
+
 @pytest.mark.parametrize("fmt", WIRE_FORMATS, ids=WIRE_IDS)
 @pytest.mark.parametrize("terms", [1, 2, 3])
 def test_decode_sum_of_wire_rows_is_decode_sum_bit_for_bit(fmt, terms):
     codes, scales = adversarial_rows(fmt, np.random.default_rng(10 + terms), 2, terms)
     length = codes.shape[-1]
-    gap = np.zeros(codes.shape[:-1] + (-length % 4,), np.uint8)
-    wire = np.concatenate([codes.view(np.uint8), gap, scales.view(np.uint8)], axis=-1).view(codes.dtype)
+    wire = as_wire(codes, scales)
     want = jax.jit(lambda c, s: codec.decode_sum(fmt, c, s))(codes, scales)
     assert native_calls(lambda w: codec.decode_sum_wire(fmt, w, length), wire) == 1
     assert_bitwise(jax.jit(lambda w: codec.decode_sum_wire(fmt, w, length))(wire), want)
     assert_bitwise(jax.jit(lambda w: codec.jnp_decode_sum_wire(fmt, w, length))(wire), want)
+    # The sum encoded again, as one wire row: decode_sum_encode's codes and scales, gap bytes zero.
+    want = as_wire(*jax.jit(lambda c, s: codec.decode_sum_encode(fmt, c, s))(codes, scales))
+    assert native_calls(lambda w: codec.decode_sum_encode_wire(fmt, w, length), wire) == 1
+    assert_bitwise(jax.jit(lambda w: codec.decode_sum_encode_wire(fmt, w, length))(wire), want)
+    assert_bitwise(jax.jit(lambda w: codec.jnp_encode_wire(fmt, codec.jnp_decode_sum_wire(fmt, w, length)))(wire),
+                   want)
+
+
+@pytest.mark.parametrize("fmt", WIRE_FORMATS, ids=WIRE_IDS)
+@pytest.mark.parametrize("kept", ["all", "a row and a part"])
+def test_decoding_wire_rows_gives_the_rows_values_one_after_another(fmt, kept):
+    codes, scales = adversarial_rows(fmt, np.random.default_rng(20), 2, 3)
+    length = codes.shape[-1]
+    k = 3 * length if kept == "all" else length + fmt.block_size + 1
+    want = np.asarray(jax.jit(fmt.decode)(codes, scales)).reshape(2, -1)[:, :k]
+    wire = as_wire(codes, scales)
+    assert native_calls(lambda w: codec.decode_wire(fmt, w, length, k), wire) == 1
+    assert_bitwise(jax.jit(lambda w: codec.decode_wire(fmt, w, length, k))(wire), want)
+    assert_bitwise(jax.jit(lambda w: codec.jnp_decode_wire(fmt, w, length, k))(wire), want)
 
 
 def test_other_platforms_lower_the_jnp_formats():
@@ -249,19 +274,25 @@ def test_other_platforms_lower_the_jnp_formats():
      r"wire rows of 128 codes in blocks of block_size=64 hold 136 bytes, got \(128,\)"),
     (abi.CODEC_DECODE_SUM_WIRE_TARGET, [((2, 130), np.int8)], [((128,), np.float32)],
      r"wire rows of 128 codes in blocks of block_size=64 hold 136 bytes, got \(2, 130\)"),
+    (abi.CODEC_DECODE_SUM_ENCODE_WIRE_TARGET, [((2, 136), np.int8)], [((130,), np.int8)],
+     r"the result \(130,\) must be the wire rows \(2, 136\) without their row axis"),
+    (abi.CODEC_DECODE_WIRE_TARGET, [((2, 136), np.int8)], [((257,), np.float32)],
+     r"the result \(257,\) must be .* at most their 256 values"),
 ])
 def test_the_kernels_refuse_shapes_that_do_not_fit_naming_them(target, operands, results, match):
     call = jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(s, d) for s, d in results])
     args = [jnp.zeros(s, d) for s, d in operands]
+    length = {abi.CODEC_DECODE_SUM_ENCODE_WIRE_TARGET: 128, abi.CODEC_DECODE_WIRE_TARGET: 128}
+    attributes = {"length": np.int64(length[target])} if target in length else {}
     with pytest.raises(Exception, match=match):
-        jax.block_until_ready(jax.jit(lambda *a: call(*a, block_size=np.int64(64)))(*args))
+        jax.block_until_ready(jax.jit(lambda *a: call(*a, block_size=np.int64(64), **attributes))(*args))
 
 
 
 @pytest.mark.parametrize("collective,targets", [
-    ("all_reduce", ["jaxcoll_codec_encode", "jaxcoll_codec_decode_sum_encode", "jaxcoll_codec_decode"]),
+    ("all_reduce", ["jaxcoll_codec_encode_wire", "jaxcoll_codec_decode_sum_encode_wire", "jaxcoll_codec_decode_wire"]),
     ("reduce_scatter", ["jaxcoll_codec_encode_wire", "jaxcoll_codec_decode_sum_wire"]),
-    ("all_gather", ["jaxcoll_codec_encode", "jaxcoll_codec_decode"]),
+    ("all_gather", ["jaxcoll_codec_encode_wire", "jaxcoll_codec_decode_wire"]),
 ])
 def test_the_quantized_collectives_run_the_native_kernels_on_cpu(collective, targets):
     call = {"all_reduce": lambda v: jaxcoll.all_reduce(v, "i", compression="int8"),

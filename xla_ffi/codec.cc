@@ -211,6 +211,60 @@ ffi::Error DecodeSumWire(ffi::AnyBuffer wire, ffi::Result<ffi::Buffer<ffi::F32>>
   return ffi::Error::Success();
 }
 
+// The checks of a wire operand (..., N, W) of `length` codes a row: a known code type, whole blocks, W the row's
+// bytes. Returns the format, or sets `error`.
+std::optional<CodeFormat> check_wire(const char* target, const ffi::AnyBuffer& wire, int64_t block, int64_t length,
+                                     ffi::Error& error) {
+  const Dims wd = wire.dimensions();
+  if (wd.size() < 2 || wd[wd.size() - 2] < 1) {
+    error = invalid(target, "the wire rows " + shape(wd) + " must have one rank >= 2 (at least one row, then bytes)");
+    return std::nullopt;
+  }
+  const auto format = check_codes(target, wire.element_type(), block, length, error);
+  if (!format) return std::nullopt;
+  if (wd.back() != wire_row_bytes(length, block)) {
+    error = invalid(target, "wire rows of " + std::to_string(length) + " codes in blocks of block_size=" +
+                                std::to_string(block) + " hold " + std::to_string(wire_row_bytes(length, block)) +
+                                " bytes, got " + shape(wd));
+    return std::nullopt;
+  }
+  return format;
+}
+
+// Wire rows (..., N, W) -> the encoded sum of each group's N decoded rows, one wire row (..., W).
+ffi::Error DecodeSumEncodeWire(ffi::AnyBuffer wire, ffi::Result<ffi::AnyBuffer> out, int64_t block, int64_t length) {
+  const char* target = kCodecDecodeSumEncodeWireTarget;
+  ffi::Error error = ffi::Error::Success();
+  const auto format = check_wire(target, wire, block, length, error);
+  if (!format) return error;
+  const Dims wd = wire.dimensions(), od = out->dimensions();
+  if (out->element_type() != wire.element_type() || !is_rows_result(wd, od, wd.back()))
+    return invalid(target, "the result " + shape(od) + " must be the wire rows " + shape(wd) +
+                               " without their row axis, of the same type");
+  if (out->element_count() == 0) return ffi::Error::Success();
+  decode_sum_encode_wire_rows(*format, block, wire.untyped_data(), product(wd, wd.size() - 2), wd[wd.size() - 2],
+                              length, out->untyped_data());
+  return ffi::Error::Success();
+}
+
+// Wire rows (..., N, W) of `length` codes -> float32 (..., K): the rows decoded one after another, the first
+// K <= N * length values.
+ffi::Error DecodeWire(ffi::AnyBuffer wire, ffi::Result<ffi::Buffer<ffi::F32>> out, int64_t block, int64_t length) {
+  const char* target = kCodecDecodeWireTarget;
+  ffi::Error error = ffi::Error::Success();
+  const auto format = check_wire(target, wire, block, length, error);
+  if (!format) return error;
+  const Dims wd = wire.dimensions(), od = out->dimensions();
+  const int64_t terms = wd[wd.size() - 2];
+  if (od.size() + 1 != wd.size() || !same_leading(wd, od, wd.size() - 2) || od.back() > terms * length)
+    return invalid(target, "the result " + shape(od) + " must be the wire rows " + shape(wd) + "'s leading axes "
+                               "and at most their " + std::to_string(terms * length) + " values");
+  if (out->element_count() == 0) return ffi::Error::Success();
+  decode_wire_rows(*format, block, wire.untyped_data(), product(wd, wd.size() - 2), terms, length, od.back(),
+                   out->typed_data());
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace jaxcoll::xla_cpu
 
@@ -256,3 +310,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcollCodecDecodeSumWire, cpu::DecodeSumWire,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("block_size"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcollCodecDecodeSumEncodeWire, cpu::DecodeSumEncodeWire,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("block_size")
+                                  .Attr<int64_t>("length"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcollCodecDecodeWire, cpu::DecodeWire,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("block_size")
+                                  .Attr<int64_t>("length"));

@@ -44,30 +44,26 @@ def exact_derivative(compressed, exact, x):
 
 
 def _exchange(axes: tuple, encoded):
-    """Hop 1's move: `encoded` holds N rows of codes (and of scales) on each rank, row p for rank p; returns
-    the N rows this rank received, row q from rank q."""
+    """Hop 1's move: `encoded` holds N wire rows on each rank, row p for rank p; returns the N rows this rank
+    received, row q from rank q."""
     return all_to_all(encoded, axes, 0, 0, tiled=True)
 
 
-def _gather(fmt: Format, axes: tuple, encoded, *, invariant: bool, kept: int | None = None):
-    """Hop 2: every rank's encoded (codes, scales) of `per` elements gathered and decoded: (N, per) float32, or
-    the first `kept` elements of the N ranks' concatenation (kept,)."""
-    codes, scales = jax.tree_util.tree_map(
-        lambda w: all_gather_prim.bind(w[None], axes=axes, all_gather_dimension=0, tiled=True, algorithm="auto",
-                                       invariant=invariant), encoded)
-    if kept is None:
-        return codec.decode(fmt, codes, scales)
-    return codec.decode(fmt, codes.reshape(-1), scales.reshape(-1), kept=kept)
+def _gather(fmt: Format, axes: tuple, wire, length: int, *, invariant: bool, kept: int | None = None):
+    """Hop 2: every rank's wire row of `length` codes gathered and decoded: the N ranks' values one after
+    another, the first `kept` (all N * length when not given)."""
+    rows = all_gather_prim.bind(wire[None], axes=axes, all_gather_dimension=0, tiled=True, algorithm="auto",
+                                invariant=invariant)
+    return codec.decode_wire(fmt, rows, length, kept)
 
 
 def _rows(fmt: Format, flat, n: int):
-    """flat (a whole number of blocks) encoded as N rows of whole blocks, zero-padded at the end. The codes and
-    scales are padded rather than the float32 data: a zero block's encoding is zero codes and a zero scale (on
-    CPU the encoding writes the padding; on XLA:CPU a pad fused into the encoding's block reduction ran 8x
-    slower)."""
+    """flat (a whole number of blocks) as N wire rows of `per` codes, whole blocks, zero-padded at the end;
+    returns (rows, per). The float32 data is padded (one copy) only when no N chunks of whole blocks fit it."""
     per = -(-flat.size // (n * fmt.block_size)) * fmt.block_size  # a chunk is whole blocks
-    codes, scales = codec.encode(fmt, flat, padded=n * per)
-    return codes.reshape(n, per), scales.reshape(n, per // fmt.block_size)
+    if n * per != flat.size:
+        flat = jnp.pad(flat, (0, n * per - flat.size))
+    return codec.encode_wire(fmt, flat.reshape(n, per)), per
 
 
 def sum_flat(fmt: Format, axes: tuple, flat):
@@ -80,9 +76,11 @@ def sum_flat(fmt: Format, axes: tuple, flat):
     n = groups.group_size(axes)
     if n == 2:
         return _gather_and_sum(fmt, axes, flat)
-    # Hop 1's decode and sum and hop 2's encode are one pass: the float32 sum never goes to memory.
-    encoded = codec.decode_sum_encode(fmt, *_exchange(axes, _rows(fmt, flat, n)))
-    return _gather(fmt, axes, encoded, invariant=True, kept=flat.size)
+    # Hop 1's decode and sum and hop 2's encode are one pass: the float32 sum never goes to memory. Each hop
+    # moves one array (the codec's wire form): one collective, where codes and scales apart took two.
+    rows, per = _rows(fmt, flat, n)
+    summed = codec.decode_sum_encode_wire(fmt, _exchange(axes, rows), per)
+    return _gather(fmt, axes, summed, per, invariant=True, kept=flat.size)
 
 
 def _gather_and_sum(fmt: Format, axes: tuple, flat):
@@ -149,7 +147,8 @@ def all_gather(x, axes: tuple, fmt: Format, *, axis: int, tiled: bool, algorithm
     n = groups.group_size(axes)
 
     def compressed(v):
-        stacked = _gather(fmt, axes, codec.encode(fmt, v.astype(jnp.float32).reshape(-1)), invariant=False)
+        flat = v.astype(jnp.float32).reshape(-1)
+        stacked = _gather(fmt, axes, codec.encode_wire(fmt, flat), flat.size, invariant=False)
         stacked = stacked.reshape(n, *v.shape).astype(v.dtype)
         if not tiled:
             return jnp.moveaxis(stacked, 0, axis)
