@@ -2,7 +2,8 @@
 
 What travels between ranks is the encoded form (jaxcoll/compress/formats.py), moved by jaxcoll's own
 collectives, in the two hops of ZeRO++'s qgZ scheme:
-  1. each rank encodes its x in N chunks and sends chunk p to rank p (jaxcoll.all_to_all of codes + scales);
+  1. each rank encodes its x in N chunks and sends chunk p to rank p (jaxcoll.all_to_all of wire rows: codes
+     and scales in one array, codec.encode_wire, so one collective a hop);
   2. rank p decodes the N chunks it received, sums them in float32 (its reduce-scatter result), encodes the sum
      once and every rank gathers the encoded sums (jaxcoll all_gather), then decodes them.
 So an element is encoded twice on its way (once per hop), and every rank decodes the same bytes: the results
