@@ -5,12 +5,12 @@ the GPU presets (DGX H100, 1, 2 and 4 boxes).
     PYTHONPATH=. python benchmarks/compressed_collectives.py --sizes 1M,16M,64M --reps 7 --markdown /tmp/compression.md
     PYTHONPATH=$PWD python benchmarks/compressed_collectives.py --sizes 16M --processes 2 --transport tcp
     PYTHONPATH=$PWD python benchmarks/compressed_collectives.py --sizes 16M,64M --processes 2 --transport tcp \
-        --mesh 2x4 --compress-axes host
+        --mesh 2x4 --compress-axes host [--stages]
 
 With --mesh OxL the 8 devices form a ("host", "local") mesh (in a job of O processes, "host" runs across the
 processes) and every method reduces over both axes; --compress-axes host adds the hierarchical methods
 (`compress_axes="host"`: exact inside a host, compressed only across hosts), and "across/rank" counts the bytes
-a rank sends over the host axis (the slow hop).
+a rank sends over the host axis (the slow hop); --stages adds stage 2's calls timed one by one.
 
 Each cell is the median of `reps` calls after `warmup` untimed calls of each method. "sent/rank" counts the
 bytes a rank sends to the others in one call (the wire form: codes, scales, indices); "speedup" is jaxcoll's
@@ -63,17 +63,54 @@ METHODS_2D = {
 HIERARCHICAL = ("bf16", "fp8", "int8")
 
 
-def hierarchical_methods(compress_axes: str) -> dict:
+def hierarchical_methods(compress_axes: str, mesh_shape) -> dict:
     """The hierarchical methods, and the int8 one's stages timed alone (where its time goes): the exact hops
-    over the other axis (reduce_scatter then all_gather), and the compressed all_reduce of the 1/L chunk."""
+    over the other axis (reduce_scatter then all_gather), and the compressed all_reduce of the 1/L chunk (on an
+    operand of the chunk's size: (function, operand) as in stage_2_pieces)."""
     inner = AXES[1 - AXES.index(compress_axes)]
     methods = {f"{c} hier": (lambda x, c=c: jaxcoll.all_reduce(x, AXES, compression=c, compress_axes=compress_axes))
                for c in HIERARCHICAL}
     methods[f"stages 1+3: exact over {inner}"] = lambda x: jaxcoll.all_gather(
         jaxcoll.reduce_scatter(x, inner, tiled=True), inner, tiled=True)
-    methods[f"stage 2: int8 over {compress_axes}, 1/L"] = lambda x: jaxcoll.all_reduce(
-        x[:x.size // groups.group_size((inner,))], compress_axes, compression="int8")
+    methods[f"stage 2: int8 over {compress_axes}, 1/L"] = (
+        lambda c: jaxcoll.all_reduce(c, compress_axes, compression="int8"),
+        lambda elements: ((elements // mesh_shape[AXES.index(inner)],), np.float32))
     return methods
+
+
+def stage_2_pieces(compress_axes: str, mesh_shape) -> dict:
+    """Stage 2 of the int8 hier call (the compressed all_reduce of the 1/L chunk over `compress_axes`) cut into
+    the calls it makes when that axis has 2 ranks (quantized._gather_and_sum: one hop), each timed alone on an
+    operand of its own (what it gets inside the call: the chunk, one wire row, both wire rows): the encoding
+    into the wire form, the gather of the wire row across the processes, the decoding sum; then what any call
+    pays: a cross-process call that moves nothing to speak of (the transport's rendezvous and latency), and a
+    program of one tiny local op (XLA's dispatch of an 8-device program). Values are (function, operand), the
+    operand (shape, dtype) per rank as a function of x's elements per rank."""
+    from jaxcoll.compress import codec
+    inner = AXES[1 - AXES.index(compress_axes)]
+    fmt = formats.parse("benchmark", "int8")
+
+    def chunk(elements):
+        return (elements // mesh_shape[AXES.index(inner)],), np.float32
+
+    def wire(rows):
+        return lambda elements: ((rows, codec.wire_row_bytes(fmt, chunk(elements)[0][0])), np.int8)
+
+    def gather(v):
+        return jaxcoll.all_gather(v, compress_axes, tiled=True)
+
+    def codes_in(width):  # a wire row's codes (a chunk of whole 256-blocks has no zero bytes before its scales)
+        return width * fmt.block_size // (fmt.block_size + 4)
+
+    return {
+        "2a: encode the chunk (wire form)": (lambda c: codec.encode_wire(fmt, c), chunk),
+        f"2b: gather the wire row over {compress_axes}": (gather, wire(1)),
+        "2c: decode and sum 2 wire rows": (lambda w: codec.decode_sum_wire(fmt, w, codes_in(w.shape[-1])), wire(2)),
+        f"a call over {compress_axes} of 256 B (latency)": (gather, lambda elements: ((64,), np.float32)),
+        "a program of one tiny op (dispatch)": (lambda v: v * 2, lambda elements: ((64,), np.float32)),
+        f"exact f32 all_reduce of the chunk over {compress_axes}": (lambda c: jaxcoll.all_reduce(c, compress_axes),
+                                                                    chunk),
+    }
 
 
 def across_bytes(method: str, elements: int, outer: int, inner: int) -> int | None:
@@ -83,8 +120,14 @@ def across_bytes(method: str, elements: int, outer: int, inner: int) -> int | No
         return None  # gloo's schedule is its own
     if method == "jaxcoll exact":  # hierarchical already: only each rank's 1/L chunk crosses, both halves
         return 2 * 4 * (elements // inner) * (outer - 1) // outer
-    if method.startswith("stages 1+3"):
+    if method.startswith("stages 1+3") or method[:3] in ("2a:", "2c:") or "program" in method:
         return 0
+    if method.startswith("2b:"):
+        return quantized.wire_bytes(formats.parse("benchmark", "int8"), "all_reduce", elements // inner, outer)
+    if method.startswith("a call over"):
+        return 256 * (outer - 1)
+    if method.startswith("exact f32"):
+        return 2 * 4 * (elements // inner) * (outer - 1) // outer
     if method.startswith("stage 2"):
         return quantized.wire_bytes(formats.parse("benchmark", "int8"), "all_reduce", elements // inner, outer)
     if method == "int8 flat":  # every rank pair exchanges rows: those to the other hosts' ranks cross
@@ -102,14 +145,23 @@ def sent_bytes(method: str, elements: int, n: int) -> int:
     return quantized.wire_bytes(formats.parse("benchmark", method), "all_reduce", elements, n)
 
 
-def measure(sizes, reps: int, warmup: int, mesh_shape=None, compress_axes=None):
+def ranks_operand(mesh, spec, shape, dtype):
+    """An array of `shape` per rank (the ranks stacked on the first axis), random bytes of `dtype`."""
+    n = mesh.devices.size
+    data = np.random.default_rng(1).integers(-100, 100, (n * shape[0],) + tuple(shape[1:])).astype(dtype)
+    return jax.make_array_from_callback(data.shape, NamedSharding(mesh, spec), lambda index: data[index])
+
+
+def measure(sizes, reps: int, warmup: int, mesh_shape=None, compress_axes=None, stages=False):
     if mesh_shape is None:
         mesh, methods, spec = jax.make_mesh((8,), ("i",)), METHODS, P("i")
     else:  # jax.devices() lists each process's devices together: row p of the grid is process p's
         mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(mesh_shape), AXES)
         methods, spec = dict(METHODS_2D), P(AXES)
         if compress_axes:
-            methods.update(hierarchical_methods(compress_axes))
+            methods.update(hierarchical_methods(compress_axes, mesh_shape))
+        if stages:
+            methods.update(stage_2_pieces(compress_axes, mesh_shape))
     n = 8
     rows = []
     for size in sizes:
@@ -119,16 +171,19 @@ def measure(sizes, reps: int, warmup: int, mesh_shape=None, compress_axes=None):
         x = jax.make_array_from_callback(data.shape, NamedSharding(mesh, spec), lambda index: data[index])
         # On the 2D mesh each rank's result comes back as its own shard: the stages' results are not invariant.
         out_spec = P() if mesh_shape is None else spec
-        programs = {name: jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=out_spec))
-                    for name, fn in methods.items()}
-        for prog in programs.values():
+        programs, operands = {}, {}
+        for name, method in methods.items():  # a function of x, or (function, its own operand per rank)
+            fn, operand = (method, None) if callable(method) else method
+            programs[name] = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=out_spec))
+            operands[name] = x if operand is None else ranks_operand(mesh, spec, *operand(elements))
+        for name, prog in programs.items():
             for _ in range(warmup):
-                prog(x).block_until_ready()
+                prog(operands[name]).block_until_ready()
         times = {name: [] for name in programs}
         for _ in range(reps):  # alternate the methods call by call
             for name, prog in programs.items():
                 t0 = time.perf_counter()
-                prog(x).block_until_ready()
+                prog(operands[name]).block_until_ready()
                 times[name].append(time.perf_counter() - t0)
         exact = float(np.median(times["jaxcoll exact"]))
         for name in programs:
@@ -317,6 +372,8 @@ def main():
     parser.add_argument("--mesh", default=None, help="OxL: a (host, local) mesh, every method over both axes")
     parser.add_argument("--compress-axes", default=None, choices=["host", "local"],
                         help="with --mesh: add the hierarchical methods, compressed over this axis only")
+    parser.add_argument("--stages", action="store_true",
+                        help="with --compress-axes over 2 ranks: add rows timing stage 2's calls one by one")
     args = parser.parse_args()
     mesh_shape = None
     if args.mesh:
@@ -325,6 +382,8 @@ def main():
             parser.error(f"--mesh={args.mesh!r} must be OxL with O * L = 8")
     elif args.compress_axes:
         parser.error("--compress-axes needs --mesh")
+    if args.stages and (not args.compress_axes or mesh_shape[AXES.index(args.compress_axes)] != 2):
+        parser.error("--stages needs --compress-axes over an axis of 2 ranks (the one-hop stage 2 it cuts up)")
     if args.processes > 1 and not launch.in_job():
         return launch_job(args)
     process = launch.initialize()[0] if launch.in_job() else 0
@@ -336,7 +395,8 @@ def main():
             print(f"| {stage} | {cell(xla, '.2f')} | {cell(native, '.2f')} | {cell(gbps, '.1f')} |")
         return
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    rows = [] if args.sim_only else measure(sizes, args.reps, args.warmup, mesh_shape, args.compress_axes)
+    rows = [] if args.sim_only else measure(sizes, args.reps, args.warmup, mesh_shape, args.compress_axes,
+                                                 args.stages)
     if process:
         return
     if mesh_shape:  # the simulator's presets are the flat methods': not repeated here

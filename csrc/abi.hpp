@@ -63,8 +63,13 @@ inline constexpr const char* kCodecEncodeTarget = "jaxcoll_codec_encode";
 inline constexpr const char* kCodecDecodeTarget = "jaxcoll_codec_decode";
 inline constexpr const char* kCodecDecodeSumTarget = "jaxcoll_codec_decode_sum";
 inline constexpr const char* kCodecDecodeSumEncodeTarget = "jaxcoll_codec_decode_sum_encode";
-inline constexpr std::array<const char*, 4> kCodecTargets = {kCodecEncodeTarget, kCodecDecodeTarget,
-                                                              kCodecDecodeSumTarget, kCodecDecodeSumEncodeTarget};
+inline constexpr const char* kCodecEncodeWireTarget = "jaxcoll_codec_encode_wire";
+inline constexpr const char* kCodecDecodeSumWireTarget = "jaxcoll_codec_decode_sum_wire";
+inline constexpr const char* kCodecDecodeSumEncodeWireTarget = "jaxcoll_codec_decode_sum_encode_wire";
+inline constexpr const char* kCodecDecodeWireTarget = "jaxcoll_codec_decode_wire";
+inline constexpr std::array<const char*, 8> kCodecTargets = {
+    kCodecEncodeTarget,     kCodecDecodeTarget,        kCodecDecodeSumTarget,           kCodecDecodeSumEncodeTarget,
+    kCodecEncodeWireTarget, kCodecDecodeSumWireTarget, kCodecDecodeSumEncodeWireTarget, kCodecDecodeWireTarget};
 
 // Every FFI target, in the order of the collectives' codes.
 inline std::array<std::string, kNumCollectives> ffi_targets() {

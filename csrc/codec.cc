@@ -99,16 +99,16 @@ JAXCOLL_INLINE void decode_block(const typename F::Code* __restrict codes, float
 // The elements of a tile: whole blocks, about 8 KiB of float32, so a partial sum stays in L1.
 int64_t tile_elements(int64_t block) { return block * std::max<int64_t>(1, 2048 / block); }
 
-// acc[0, len) = the sum over `terms` rows of decoded elements [t0, t0 + len) (whole blocks), rows `length`
-// codes apart. XLA:CPU fuses formats.py's `decoded[0] + decoded[1] + ...` into one loop in which LLVM contracts
-// each add with the product feeding its first operand: acc = fma(v0, s0, v1 s1), then acc = fma(vr, sr, acc).
+// acc[0, len) = the sum over `terms` rows of decoded elements [t0, t0 + len) (whole blocks), rows
+// `code_stride` codes and `scale_stride` scales apart. XLA:CPU fuses formats.py's `decoded[0] + decoded[1] + ...`
+// into one loop in which LLVM contracts each add with the product feeding its first operand:
+// acc = fma(v0, s0, v1 s1), then acc = fma(vr, sr, acc).
 // The same operations here give the same bits (tests/test_compress_codec.py holds them to the jax.numpy sum).
 template <class F>
 JAXCOLL_INLINE void sum_tile(const typename F::Code* __restrict codes, const float* __restrict scales,
-                             int64_t terms, int64_t length, int64_t block, int64_t t0, int64_t len,
-                             float* __restrict acc) {
+                             int64_t terms, int64_t code_stride, int64_t scale_stride, int64_t block, int64_t t0,
+                             int64_t len, float* __restrict acc) {
   using Code = typename F::Code;
-  const int64_t blocks = length / block;
   const int64_t b0 = t0 / block, nb = len / block;
   if (terms == 1) {
     for (int64_t b = 0; b < nb; ++b) decode_block<F>(codes + t0 + b * block, scales[b0 + b], block, acc + b * block);
@@ -116,15 +116,15 @@ JAXCOLL_INLINE void sum_tile(const typename F::Code* __restrict codes, const flo
   }
   for (int64_t b = 0; b < nb; ++b) {
     const Code* __restrict c0 = codes + t0 + b * block;
-    const Code* __restrict c1 = c0 + length;
-    const float s0 = scales[b0 + b], s1 = scales[blocks + b0 + b];
+    const Code* __restrict c1 = c0 + code_stride;
+    const float s0 = scales[b0 + b], s1 = scales[scale_stride + b0 + b];
     float* __restrict a = acc + b * block;
     for (int64_t i = 0; i < block; ++i) a[i] = std::fma(F::value(c0[i]), s0, F::value(c1[i]) * s1);
   }
   for (int64_t r = 2; r < terms; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
-      const Code* __restrict c = codes + r * length + t0 + b * block;
-      const float s = scales[r * blocks + b0 + b];
+      const Code* __restrict c = codes + r * code_stride + t0 + b * block;
+      const float s = scales[r * scale_stride + b0 + b];
       float* __restrict a = acc + b * block;
       for (int64_t i = 0; i < block; ++i) a[i] = std::fma(F::value(c[i]), s, a[i]);
     }
@@ -133,14 +133,14 @@ JAXCOLL_INLINE void sum_tile(const typename F::Code* __restrict codes, const flo
 
 template <class F>
 JAXCOLL_INLINE void encode_typed(int64_t block, const float* x, int64_t rows, int64_t length, int64_t padded,
-                                 void* codes_out, float* scales) {
+                                 void* codes_out, float* scales, int64_t code_stride, int64_t scale_stride) {
   using Code = typename F::Code;
   Code* codes = static_cast<Code*>(codes_out);
   const int64_t blocks = length / block, padded_blocks = padded / block;
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * length;
-    Code* cr = codes + r * padded;
-    float* sr = scales + r * padded_blocks;
+    Code* cr = codes + r * code_stride;
+    float* sr = scales + r * scale_stride;
     for (int64_t b = 0; b < blocks; ++b) encode_block<F>(xr + b * block, block, cr + b * block, sr + b);
     std::memset(cr + length, 0, size_t(padded - length));
     std::fill(sr + blocks, sr + padded_blocks, 0.0f);
@@ -162,26 +162,48 @@ JAXCOLL_INLINE void decode_typed(int64_t block, const void* codes_in, const floa
   }
 }
 
+// `batch` groups of `terms` rows (`code_stride` codes, `scale_stride` scales apart) of `length` codes -> per
+// group the rows' decoded values one after another, the first `kept` <= terms * length of them.
+template <class F>
+JAXCOLL_INLINE void decode_concat_typed(int64_t block, const void* codes_in, const float* scales, int64_t batch,
+                                        int64_t terms, int64_t length, int64_t code_stride, int64_t scale_stride,
+                                        int64_t kept, float* out) {
+  using Code = typename F::Code;
+  const Code* codes = static_cast<const Code*>(codes_in);
+  for (int64_t g = 0; g < batch; ++g)
+    for (int64_t r = 0; r < terms && r * length < kept; ++r) {
+      const int64_t row = g * terms + r, n = std::min(length, kept - r * length);
+      const Code* cr = codes + row * code_stride;
+      const float* sr = scales + row * scale_stride;
+      float* outr = out + g * kept + r * length;
+      for (int64_t start = 0, b = 0; start < n; start += block, ++b)
+        decode_block<F>(cr + start, sr[b], std::min(block, n - start), outr + start);
+    }
+}
+
+// The sums go to `out` (float32, `length` a group) or, encoded, to out_codes and out_scales, `out_code_stride`
+// codes and `out_scale_stride` scales a group.
 template <class F>
 JAXCOLL_INLINE void decode_sum_typed(int64_t block, const void* codes_in, const float* scales, int64_t batch,
-                                     int64_t terms, int64_t length, float* out, void* out_codes_raw,
-                                     float* out_scales) {
+                                     int64_t terms, int64_t length, int64_t code_stride, int64_t scale_stride,
+                                     float* out, void* out_codes_raw, float* out_scales, int64_t out_code_stride,
+                                     int64_t out_scale_stride) {
   using Code = typename F::Code;
   const Code* codes = static_cast<const Code*>(codes_in);
   Code* out_codes = static_cast<Code*>(out_codes_raw);
-  const int64_t blocks = length / block, tile = tile_elements(block);
+  const int64_t tile = tile_elements(block);
   std::vector<float> scratch(out ? 0 : size_t(tile));
   for (int64_t g = 0; g < batch; ++g) {
-    const Code* cg = codes + g * terms * length;
-    const float* sg = scales + g * terms * blocks;
+    const Code* cg = codes + g * terms * code_stride;
+    const float* sg = scales + g * terms * scale_stride;
     for (int64_t t0 = 0; t0 < length; t0 += tile) {
       const int64_t len = std::min(tile, length - t0);
       float* acc = out ? out + g * length + t0 : scratch.data();
-      sum_tile<F>(cg, sg, terms, length, block, t0, len, acc);
+      sum_tile<F>(cg, sg, terms, code_stride, scale_stride, block, t0, len, acc);
       if (!out)
         for (int64_t b = 0; b < len / block; ++b)
-          encode_block<F>(acc + b * block, block, out_codes + g * length + t0 + b * block,
-                          out_scales + g * blocks + t0 / block + b);
+          encode_block<F>(acc + b * block, block, out_codes + g * out_code_stride + t0 + b * block,
+                          out_scales + g * out_scale_stride + t0 / block + b);
     }
   }
 }
@@ -189,17 +211,26 @@ JAXCOLL_INLINE void decode_sum_typed(int64_t block, const void* codes_in, const 
 // One clone set per format and operation; each public function below picks the format.
 #define JAXCOLL_DEFINE_CODEC(SUFFIX, FORMAT)                                                                     \
   JAXCOLL_CLONES void encode_##SUFFIX(int64_t block, const float* x, int64_t rows, int64_t length,              \
-                                      int64_t padded, void* codes, float* scales) {                             \
-    encode_typed<FORMAT>(block, x, rows, length, padded, codes, scales);                                        \
+                                      int64_t padded, void* codes, float* scales, int64_t code_stride,          \
+                                      int64_t scale_stride) {                                                   \
+    encode_typed<FORMAT>(block, x, rows, length, padded, codes, scales, code_stride, scale_stride);              \
   }                                                                                                              \
   JAXCOLL_CLONES void decode_##SUFFIX(int64_t block, const void* codes, const float* scales, int64_t rows,      \
                                       int64_t length, int64_t kept, float* out) {                               \
     decode_typed<FORMAT>(block, codes, scales, rows, length, kept, out);                                        \
   }                                                                                                              \
+  JAXCOLL_CLONES void decode_concat_##SUFFIX(int64_t block, const void* codes, const float* scales,             \
+                                             int64_t batch, int64_t terms, int64_t length, int64_t code_stride, \
+                                             int64_t scale_stride, int64_t kept, float* out) {                  \
+    decode_concat_typed<FORMAT>(block, codes, scales, batch, terms, length, code_stride, scale_stride, kept,    \
+                                out);                                                                           \
+  }                                                                                                              \
   JAXCOLL_CLONES void decode_sum_##SUFFIX(int64_t block, const void* codes, const float* scales, int64_t batch, \
-                                          int64_t terms, int64_t length, float* out, void* out_codes,           \
-                                          float* out_scales) {                                                  \
-    decode_sum_typed<FORMAT>(block, codes, scales, batch, terms, length, out, out_codes, out_scales);           \
+                                          int64_t terms, int64_t length, int64_t code_stride,                   \
+                                          int64_t scale_stride, float* out, void* out_codes, float* out_scales, \
+                                          int64_t out_code_stride, int64_t out_scale_stride) {                  \
+    decode_sum_typed<FORMAT>(block, codes, scales, batch, terms, length, code_stride, scale_stride, out,        \
+                             out_codes, out_scales, out_code_stride, out_scale_stride);                         \
   }
 
 JAXCOLL_DEFINE_CODEC(int8, Int8Format)
@@ -239,9 +270,9 @@ void encode_rows(CodeFormat format, int64_t block, const float* x, int64_t rows,
                  void* codes, float* scales) {
   FlushDenormals mode;
   if (format == CodeFormat::kInt8)
-    encode_int8(block, x, rows, length, padded, codes, scales);
+    encode_int8(block, x, rows, length, padded, codes, scales, padded, padded / block);
   else
-    encode_fp8(block, x, rows, length, padded, codes, scales);
+    encode_fp8(block, x, rows, length, padded, codes, scales, padded, padded / block);
 }
 
 void decode_rows(CodeFormat format, int64_t block, const void* codes, const float* scales, int64_t rows,
@@ -257,18 +288,70 @@ void decode_sum_rows(CodeFormat format, int64_t block, const void* codes, const 
                      int64_t terms, int64_t length, float* out) {
   FlushDenormals mode;
   if (format == CodeFormat::kInt8)
-    decode_sum_int8(block, codes, scales, batch, terms, length, out, nullptr, nullptr);
+    decode_sum_int8(block, codes, scales, batch, terms, length, length, length / block, out, nullptr, nullptr, 0, 0);
   else
-    decode_sum_fp8(block, codes, scales, batch, terms, length, out, nullptr, nullptr);
+    decode_sum_fp8(block, codes, scales, batch, terms, length, length, length / block, out, nullptr, nullptr, 0, 0);
 }
 
 void decode_sum_encode_rows(CodeFormat format, int64_t block, const void* codes, const float* scales,
                             int64_t batch, int64_t terms, int64_t length, void* out_codes, float* out_scales) {
   FlushDenormals mode;
   if (format == CodeFormat::kInt8)
-    decode_sum_int8(block, codes, scales, batch, terms, length, nullptr, out_codes, out_scales);
+    decode_sum_int8(block, codes, scales, batch, terms, length, length, length / block, nullptr, out_codes,
+                    out_scales, length, length / block);
   else
-    decode_sum_fp8(block, codes, scales, batch, terms, length, nullptr, out_codes, out_scales);
+    decode_sum_fp8(block, codes, scales, batch, terms, length, length, length / block, nullptr, out_codes,
+                   out_scales, length, length / block);
+}
+
+int64_t wire_row_bytes(int64_t length, int64_t block) { return wire_scales_offset(length) + 4 * (length / block); }
+
+void encode_wire_rows(CodeFormat format, int64_t block, const float* x, int64_t rows, int64_t length, void* wire) {
+  FlushDenormals mode;
+  const int64_t row = wire_row_bytes(length, block), at = wire_scales_offset(length);
+  char* bytes = static_cast<char*>(wire);
+  float* scales = reinterpret_cast<float*>(bytes + at);
+  if (format == CodeFormat::kInt8)
+    encode_int8(block, x, rows, length, length, wire, scales, row, row / 4);
+  else
+    encode_fp8(block, x, rows, length, length, wire, scales, row, row / 4);
+  for (int64_t r = 0; r < rows; ++r) std::memset(bytes + r * row + length, 0, size_t(at - length));
+}
+
+void decode_sum_wire_rows(CodeFormat format, int64_t block, const void* wire, int64_t batch, int64_t terms,
+                          int64_t length, float* out) {
+  FlushDenormals mode;
+  const int64_t row = wire_row_bytes(length, block);
+  const float* scales = reinterpret_cast<const float*>(static_cast<const char*>(wire) + wire_scales_offset(length));
+  if (format == CodeFormat::kInt8)
+    decode_sum_int8(block, wire, scales, batch, terms, length, row, row / 4, out, nullptr, nullptr, 0, 0);
+  else
+    decode_sum_fp8(block, wire, scales, batch, terms, length, row, row / 4, out, nullptr, nullptr, 0, 0);
+}
+
+void decode_sum_encode_wire_rows(CodeFormat format, int64_t block, const void* wire, int64_t batch, int64_t terms,
+                                 int64_t length, void* out_wire) {
+  FlushDenormals mode;
+  const int64_t row = wire_row_bytes(length, block), at = wire_scales_offset(length);
+  const float* scales = reinterpret_cast<const float*>(static_cast<const char*>(wire) + at);
+  char* out = static_cast<char*>(out_wire);
+  float* out_scales = reinterpret_cast<float*>(out + at);
+  if (format == CodeFormat::kInt8)
+    decode_sum_int8(block, wire, scales, batch, terms, length, row, row / 4, nullptr, out, out_scales, row, row / 4);
+  else
+    decode_sum_fp8(block, wire, scales, batch, terms, length, row, row / 4, nullptr, out, out_scales, row, row / 4);
+  for (int64_t g = 0; g < batch; ++g) std::memset(out + g * row + length, 0, size_t(at - length));
+}
+
+void decode_wire_rows(CodeFormat format, int64_t block, const void* wire, int64_t batch, int64_t terms,
+                      int64_t length, int64_t kept, float* out) {
+  FlushDenormals mode;
+  const int64_t row = wire_row_bytes(length, block);
+  const float* scales = reinterpret_cast<const float*>(static_cast<const char*>(wire) + wire_scales_offset(length));
+  if (format == CodeFormat::kInt8)
+    decode_concat_int8(block, wire, scales, batch, terms, length, row, row / 4, kept, out);
+  else
+    decode_concat_fp8(block, wire, scales, batch, terms, length, row, row / 4, kept, out);
 }
 
 }  // namespace jaxcoll

@@ -36,4 +36,26 @@ void decode_sum_rows(CodeFormat format, int64_t block, const void* codes, const 
 void decode_sum_encode_rows(CodeFormat format, int64_t block, const void* codes, const float* scales,
                             int64_t batch, int64_t terms, int64_t length, void* out_codes, float* out_scales);
 
+// The wire form: codes and scales in one array, so that one collective moves both (one rendezvous across
+// processes, not two). A wire row of `length` codes is the codes, zero bytes up to a multiple of 4, then the
+// length / block float32 scales; wire_row_bytes is its size, every row starting at a multiple of it.
+inline int64_t wire_scales_offset(int64_t length) { return (length + 3) / 4 * 4; }
+int64_t wire_row_bytes(int64_t length, int64_t block);
+
+// encode_rows into wire rows (no padding blocks).
+void encode_wire_rows(CodeFormat format, int64_t block, const float* x, int64_t rows, int64_t length, void* wire);
+
+// decode_sum_rows from wire rows: `batch` groups of `terms` wire rows of `length` codes -> float32 sums.
+void decode_sum_wire_rows(CodeFormat format, int64_t block, const void* wire, int64_t batch, int64_t terms,
+                          int64_t length, float* out);
+
+// decode_sum_encode_rows from and to wire rows: each group's sum encoded as one wire row.
+void decode_sum_encode_wire_rows(CodeFormat format, int64_t block, const void* wire, int64_t batch, int64_t terms,
+                                 int64_t length, void* out_wire);
+
+// `batch` groups of `terms` wire rows of `length` codes -> per group the rows' decoded values one after another,
+// the first `kept` <= terms * length of them.
+void decode_wire_rows(CodeFormat format, int64_t block, const void* wire, int64_t batch, int64_t terms,
+                      int64_t length, int64_t kept, float* out);
+
 }  // namespace jaxcoll

@@ -45,7 +45,8 @@ def test_the_sparse_kernels_constants_are_the_jnp_stages():
 def test_native_codec_targets_are_the_python_ones():
     assert list(_jaxcoll.abi()["codec_targets"]) == list(abi.CODEC_TARGETS)
     assert abi.CODEC_TARGETS == tuple("jaxcoll_codec_" + op for op in
-                                      ("encode", "decode", "decode_sum", "decode_sum_encode"))
+                                      ("encode", "decode", "decode_sum", "decode_sum_encode", "encode_wire",
+                                       "decode_sum_wire", "decode_sum_encode_wire", "decode_wire"))
 
 
 def test_the_codec_targets_are_registered_for_cpu():

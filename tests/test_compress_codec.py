@@ -192,11 +192,74 @@ def test_vmap_runs_the_kernels_on_more_rows(fmt):
     assert_bitwise(summed, want)
 
 
+WIRE_FORMATS = FORMATS[:2] + [Int8(9)]  # blocks of 9: rows of 18 codes, then 2 zero bytes before the scales
+WIRE_IDS = IDS[:2] + ["int8-9"]
+
+
+@pytest.mark.parametrize("fmt", WIRE_FORMATS, ids=WIRE_IDS)
+@pytest.mark.parametrize("case", CASES)
+def test_the_wire_form_is_the_codes_zeros_to_a_multiple_of_4_then_the_scales_bytes(fmt, case):
+    x = adversarial(fmt, np.random.default_rng(6))[case]
+    x = x[:3 * fmt.block_size * (x.size // (3 * fmt.block_size))].reshape(3, -1)  # 3 rows of whole blocks
+    length = x.shape[-1]
+    codes, scales = (np.asarray(a) for a in jax.jit(fmt.encode)(x))
+    at = -(-length // 4) * 4
+    want = np.concatenate([codes.view(np.uint8), np.zeros((3, at - length), np.uint8), scales.view(np.uint8)],
+                          axis=-1).view(codes.dtype)
+    assert native_calls(lambda v: codec.encode_wire(fmt, v), x) == 1
+    wire = jax.jit(lambda v: codec.encode_wire(fmt, v))(x)
+    assert wire.shape == (3, codec.wire_row_bytes(fmt, length))
+    assert_bitwise(wire, want)
+    assert_bitwise(jax.jit(lambda v: codec.jnp_encode_wire(fmt, v))(x), want)
+    assert_bitwise(jax.jit(jax.vmap(lambda v: codec.encode_wire(fmt, v)))(x.reshape(3, 1, -1)), want[:, None])
+
+
+def as_wire(codes, scales):
+    """numpy's wire rows of (codes, scales): the codes, zero bytes to a multiple of 4, the scales' bytes."""
+    codes, scales = np.asarray(codes), np.asarray(scales)
+    gap = np.zeros(codes.shape[:-1] + (-codes.shape[-1] % 4,), np.uint8)
+    return np.concatenate([codes.view(np.uint8), gap, scales.view(np.uint8)], axis=-1).view(codes.dtype)
+
+
+@pytest.mark.parametrize("fmt", WIRE_FORMATS, ids=WIRE_IDS)
+@pytest.mark.parametrize("terms", [1, 2, 3])
+def test_decode_sum_of_wire_rows_is_decode_sum_bit_for_bit(fmt, terms):
+    codes, scales = adversarial_rows(fmt, np.random.default_rng(10 + terms), 2, terms)
+    length = codes.shape[-1]
+    wire = as_wire(codes, scales)
+    want = jax.jit(lambda c, s: codec.decode_sum(fmt, c, s))(codes, scales)
+    assert native_calls(lambda w: codec.decode_sum_wire(fmt, w, length), wire) == 1
+    assert_bitwise(jax.jit(lambda w: codec.decode_sum_wire(fmt, w, length))(wire), want)
+    assert_bitwise(jax.jit(lambda w: codec.jnp_decode_sum_wire(fmt, w, length))(wire), want)
+    # The sum encoded again, as one wire row: decode_sum_encode's codes and scales, gap bytes zero.
+    want = as_wire(*jax.jit(lambda c, s: codec.decode_sum_encode(fmt, c, s))(codes, scales))
+    assert native_calls(lambda w: codec.decode_sum_encode_wire(fmt, w, length), wire) == 1
+    assert_bitwise(jax.jit(lambda w: codec.decode_sum_encode_wire(fmt, w, length))(wire), want)
+    assert_bitwise(jax.jit(lambda w: codec.jnp_encode_wire(fmt, codec.jnp_decode_sum_wire(fmt, w, length)))(wire),
+                   want)
+
+
+@pytest.mark.parametrize("fmt", WIRE_FORMATS, ids=WIRE_IDS)
+@pytest.mark.parametrize("kept", ["all", "a row and a part"])
+def test_decoding_wire_rows_gives_the_rows_values_one_after_another(fmt, kept):
+    codes, scales = adversarial_rows(fmt, np.random.default_rng(20), 2, 3)
+    length = codes.shape[-1]
+    k = 3 * length if kept == "all" else length + fmt.block_size + 1
+    want = np.asarray(jax.jit(fmt.decode)(codes, scales)).reshape(2, -1)[:, :k]
+    wire = as_wire(codes, scales)
+    assert native_calls(lambda w: codec.decode_wire(fmt, w, length, k), wire) == 1
+    assert_bitwise(jax.jit(lambda w: codec.decode_wire(fmt, w, length, k))(wire), want)
+    assert_bitwise(jax.jit(lambda w: codec.jnp_decode_wire(fmt, w, length, k))(wire), want)
+
+
 def test_other_platforms_lower_the_jnp_formats():
     # XLA:GPU fuses the jax.numpy formats well; only the CPU lowering calls the native kernels.
     fmt = Int8(64)
     f = jax.jit(lambda v: codec.decode_sum_encode(fmt, *codec.encode(fmt, v.reshape(2, -1))))
     text = jax.export.export(f, platforms=["cuda"])(np.ones((2, 128), np.float32)).mlir_module()
+    assert "jaxcoll_codec" not in text and "custom_call" not in text
+    wire = jax.jit(lambda v: codec.decode_sum_wire(fmt, codec.encode_wire(fmt, v), 64))
+    text = jax.export.export(wire, platforms=["cuda"])(np.ones((2, 64), np.float32)).mlir_module()
     assert "jaxcoll_codec" not in text and "custom_call" not in text
 
 
@@ -207,19 +270,29 @@ def test_other_platforms_lower_the_jnp_formats():
      "codes must be int8 .* or uint8"),
     (abi.CODEC_DECODE_SUM_TARGET, [((2, 128), np.int8), ((2, 3), np.float32)], [((128,), np.float32)],
      r"need at least one row and one scale per block of block_size=64, got scales \(2, 3\)"),
+    (abi.CODEC_ENCODE_WIRE_TARGET, [((128,), np.float32)], [((128,), np.int8)],
+     r"wire rows of 128 codes in blocks of block_size=64 hold 136 bytes, got \(128,\)"),
+    (abi.CODEC_DECODE_SUM_WIRE_TARGET, [((2, 130), np.int8)], [((128,), np.float32)],
+     r"wire rows of 128 codes in blocks of block_size=64 hold 136 bytes, got \(2, 130\)"),
+    (abi.CODEC_DECODE_SUM_ENCODE_WIRE_TARGET, [((2, 136), np.int8)], [((130,), np.int8)],
+     r"the result \(130,\) must be the wire rows \(2, 136\) without their row axis"),
+    (abi.CODEC_DECODE_WIRE_TARGET, [((2, 136), np.int8)], [((257,), np.float32)],
+     r"the result \(257,\) must be .* at most their 256 values"),
 ])
 def test_the_kernels_refuse_shapes_that_do_not_fit_naming_them(target, operands, results, match):
     call = jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(s, d) for s, d in results])
     args = [jnp.zeros(s, d) for s, d in operands]
+    length = {abi.CODEC_DECODE_SUM_ENCODE_WIRE_TARGET: 128, abi.CODEC_DECODE_WIRE_TARGET: 128}
+    attributes = {"length": np.int64(length[target])} if target in length else {}
     with pytest.raises(Exception, match=match):
-        jax.block_until_ready(jax.jit(lambda *a: call(*a, block_size=np.int64(64)))(*args))
+        jax.block_until_ready(jax.jit(lambda *a: call(*a, block_size=np.int64(64), **attributes))(*args))
 
 
 
 @pytest.mark.parametrize("collective,targets", [
-    ("all_reduce", ["jaxcoll_codec_encode", "jaxcoll_codec_decode_sum_encode", "jaxcoll_codec_decode"]),
-    ("reduce_scatter", ["jaxcoll_codec_encode", "jaxcoll_codec_decode_sum"]),
-    ("all_gather", ["jaxcoll_codec_encode", "jaxcoll_codec_decode"]),
+    ("all_reduce", ["jaxcoll_codec_encode_wire", "jaxcoll_codec_decode_sum_encode_wire", "jaxcoll_codec_decode_wire"]),
+    ("reduce_scatter", ["jaxcoll_codec_encode_wire", "jaxcoll_codec_decode_sum_wire"]),
+    ("all_gather", ["jaxcoll_codec_encode_wire", "jaxcoll_codec_decode_wire"]),
 ])
 def test_the_quantized_collectives_run_the_native_kernels_on_cpu(collective, targets):
     call = {"all_reduce": lambda v: jaxcoll.all_reduce(v, "i", compression="int8"),
@@ -228,3 +301,20 @@ def test_the_quantized_collectives_run_the_native_kernels_on_cpu(collective, tar
     f = jax.jit(jax.shard_map(call, mesh=mesh("1d8"), in_specs=P("i"), out_specs=P("i"), check_vma=False))
     text = f.lower(put(np.ones((8 * 2048,), np.float32), "1d8")).as_text()
     assert sorted(set(re.findall(r"@(jaxcoll_codec_\w+)", text))) == sorted(targets)
+
+
+def test_a_quantized_all_reduce_over_2_ranks_moves_the_wire_form_in_one_gather():
+    # Over 2 ranks the two qgZ hops send what one gather of both encoded x sends (quantized._gather_and_sum).
+    f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "x", compression="int8"), mesh=mesh("2x4"),
+                              in_specs=P(("x", "y")), out_specs=P(("x", "y")), check_vma=False))
+    text = f.lower(put(np.ones((8 * 2048,), np.float32), "2x4")).as_text()
+    assert sorted(set(re.findall(r"@(jaxcoll_codec_\w+)", text))) == ["jaxcoll_codec_decode_sum_wire",
+                                                                       "jaxcoll_codec_encode_wire"]
+    assert len(re.findall(r"@jaxcoll_all_gather", text)) == 1 and "jaxcoll_all_to_all" not in text
+
+
+def test_a_quantized_reduce_scatter_moves_the_wire_form_in_one_all_to_all():
+    f = jax.jit(jax.shard_map(lambda v: jaxcoll.reduce_scatter(v, "i", compression="int8", tiled=True),
+                              mesh=mesh("1d8"), in_specs=P("i"), out_specs=P("i"), check_vma=False))
+    text = f.lower(put(np.ones((8 * 2048,), np.float32), "1d8")).as_text()
+    assert len(re.findall(r"@jaxcoll_all_to_all", text)) == 1

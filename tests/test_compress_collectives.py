@@ -51,6 +51,19 @@ def test_all_reduce_is_within_the_bound_of_the_sum_and_identical_on_every_rank(n
     assert np.all(err <= all_reduce_bound(x, name)), np.max(err - all_reduce_bound(x, name))
 
 
+@pytest.mark.parametrize("name,fmt", FORMATS[:2], ids=IDS[:2])
+def test_all_reduce_over_2_ranks_encodes_once(name, fmt):
+    # Over 2 ranks the call gathers both encodings and sums them (one hop): the bound is the first term alone,
+    # which a second encoding of the sum (the two qgZ hops) would exceed on these inputs.
+    x = inputs(2, (8, 2 * B))
+    y = np.asarray(sharded(per_rank(lambda v: jaxcoll.all_reduce(v, "i", compression=fmt)), "1d2")(put(x, "1d2")))
+    assert np.all(y == y[0]), "both ranks sum the same bytes in the same order"
+    flat = x.reshape(2, -1)
+    bound = sum(ref.bound(v, name, B) for v in flat) + 2 * 2.0 ** -23 * np.abs(flat).sum(0)
+    err = np.abs(y[0].astype(np.float64) - x.astype(np.float64).sum(0)).reshape(-1)
+    assert np.all(err <= bound), np.max(err - bound)
+
+
 def test_all_reduce_result_is_invariant_like_psum():
     x = inputs(8, (256,))
     f = jax.jit(jax.shard_map(lambda v: (jaxcoll.all_reduce(v[0], "i", compression="int8"), lax.psum(v[0], "i")),

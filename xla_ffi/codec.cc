@@ -170,6 +170,101 @@ ffi::Error DecodeSumEncode(ffi::AnyBuffer codes, ffi::Buffer<ffi::F32> scales, f
   return ffi::Error::Success();
 }
 
+// The wire form (csrc/codec.hpp): x (..., L) -> wire rows (..., wire_row_bytes(L)).
+ffi::Error EncodeWire(ffi::Buffer<ffi::F32> x, ffi::Result<ffi::AnyBuffer> wire, int64_t block) {
+  const char* target = kCodecEncodeWireTarget;
+  const Dims xd = x.dimensions(), wd = wire->dimensions();
+  if (xd.size() == 0 || wd.size() != xd.size() || !same_leading(xd, wd, xd.size() - 1))
+    return invalid(target, "x " + shape(xd) + " and the wire rows " + shape(wd) +
+                               " must have one rank >= 1 and the same leading axes");
+  const int64_t length = xd.back();
+  ffi::Error error = ffi::Error::Success();
+  const auto format = check_codes(target, wire->element_type(), block, length, error);
+  if (!format) return error;
+  if (wd.back() != wire_row_bytes(length, block))
+    return invalid(target, "wire rows of " + std::to_string(length) + " codes in blocks of block_size=" +
+                               std::to_string(block) + " hold " + std::to_string(wire_row_bytes(length, block)) +
+                               " bytes, got " + shape(wd));
+  if (x.element_count() == 0) return ffi::Error::Success();
+  encode_wire_rows(*format, block, x.typed_data(), product(xd, xd.size() - 1), length, wire->untyped_data());
+  return ffi::Error::Success();
+}
+
+// Wire rows (..., N, W) -> float32 (..., L): the N decoded rows summed in order, as DecodeSum.
+ffi::Error DecodeSumWire(ffi::AnyBuffer wire, ffi::Result<ffi::Buffer<ffi::F32>> out, int64_t block) {
+  const char* target = kCodecDecodeSumWireTarget;
+  const Dims wd = wire.dimensions(), od = out->dimensions();
+  if (wd.size() < 2 || od.size() + 1 != wd.size() || !same_leading(wd, od, wd.size() - 2) || wd[wd.size() - 2] < 1)
+    return invalid(target, "the wire rows " + shape(wd) + " must have one rank >= 2 (at least one row to sum, then "
+                               "bytes) and the result " + shape(od) + " their leading axes");
+  const int64_t length = od.back();
+  ffi::Error error = ffi::Error::Success();
+  const auto format = check_codes(target, wire.element_type(), block, length, error);
+  if (!format) return error;
+  if (wd.back() != wire_row_bytes(length, block))
+    return invalid(target, "wire rows of " + std::to_string(length) + " codes in blocks of block_size=" +
+                               std::to_string(block) + " hold " + std::to_string(wire_row_bytes(length, block)) +
+                               " bytes, got " + shape(wd));
+  if (out->element_count() == 0) return ffi::Error::Success();
+  decode_sum_wire_rows(*format, block, wire.untyped_data(), product(wd, wd.size() - 2), wd[wd.size() - 2], length,
+                       out->typed_data());
+  return ffi::Error::Success();
+}
+
+// The checks of a wire operand (..., N, W) of `length` codes a row: a known code type, whole blocks, W the row's
+// bytes. Returns the format, or sets `error`.
+std::optional<CodeFormat> check_wire(const char* target, const ffi::AnyBuffer& wire, int64_t block, int64_t length,
+                                     ffi::Error& error) {
+  const Dims wd = wire.dimensions();
+  if (wd.size() < 2 || wd[wd.size() - 2] < 1) {
+    error = invalid(target, "the wire rows " + shape(wd) + " must have one rank >= 2 (at least one row, then bytes)");
+    return std::nullopt;
+  }
+  const auto format = check_codes(target, wire.element_type(), block, length, error);
+  if (!format) return std::nullopt;
+  if (wd.back() != wire_row_bytes(length, block)) {
+    error = invalid(target, "wire rows of " + std::to_string(length) + " codes in blocks of block_size=" +
+                                std::to_string(block) + " hold " + std::to_string(wire_row_bytes(length, block)) +
+                                " bytes, got " + shape(wd));
+    return std::nullopt;
+  }
+  return format;
+}
+
+// Wire rows (..., N, W) -> the encoded sum of each group's N decoded rows, one wire row (..., W).
+ffi::Error DecodeSumEncodeWire(ffi::AnyBuffer wire, ffi::Result<ffi::AnyBuffer> out, int64_t block, int64_t length) {
+  const char* target = kCodecDecodeSumEncodeWireTarget;
+  ffi::Error error = ffi::Error::Success();
+  const auto format = check_wire(target, wire, block, length, error);
+  if (!format) return error;
+  const Dims wd = wire.dimensions(), od = out->dimensions();
+  if (out->element_type() != wire.element_type() || !is_rows_result(wd, od, wd.back()))
+    return invalid(target, "the result " + shape(od) + " must be the wire rows " + shape(wd) +
+                               " without their row axis, of the same type");
+  if (out->element_count() == 0) return ffi::Error::Success();
+  decode_sum_encode_wire_rows(*format, block, wire.untyped_data(), product(wd, wd.size() - 2), wd[wd.size() - 2],
+                              length, out->untyped_data());
+  return ffi::Error::Success();
+}
+
+// Wire rows (..., N, W) of `length` codes -> float32 (..., K): the rows decoded one after another, the first
+// K <= N * length values.
+ffi::Error DecodeWire(ffi::AnyBuffer wire, ffi::Result<ffi::Buffer<ffi::F32>> out, int64_t block, int64_t length) {
+  const char* target = kCodecDecodeWireTarget;
+  ffi::Error error = ffi::Error::Success();
+  const auto format = check_wire(target, wire, block, length, error);
+  if (!format) return error;
+  const Dims wd = wire.dimensions(), od = out->dimensions();
+  const int64_t terms = wd[wd.size() - 2];
+  if (od.size() + 1 != wd.size() || !same_leading(wd, od, wd.size() - 2) || od.back() > terms * length)
+    return invalid(target, "the result " + shape(od) + " must be the wire rows " + shape(wd) + "'s leading axes "
+                               "and at most their " + std::to_string(terms * length) + " values");
+  if (out->element_count() == 0) return ffi::Error::Success();
+  decode_wire_rows(*format, block, wire.untyped_data(), product(wd, wd.size() - 2), terms, length, od.back(),
+                   out->typed_data());
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace jaxcoll::xla_cpu
 
@@ -203,3 +298,29 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcollCodecDecodeSumEncode, cpu::DecodeSumEncode,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("block_size"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcollCodecEncodeWire, cpu::EncodeWire,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("block_size"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcollCodecDecodeSumWire, cpu::DecodeSumWire,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("block_size"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcollCodecDecodeSumEncodeWire, cpu::DecodeSumEncodeWire,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("block_size")
+                                  .Attr<int64_t>("length"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcollCodecDecodeWire, cpu::DecodeWire,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("block_size")
+                                  .Attr<int64_t>("length"));

@@ -9,4 +9,8 @@ XLA_FFI_Error* JaxcollCodecEncode(XLA_FFI_CallFrame* frame);
 XLA_FFI_Error* JaxcollCodecDecode(XLA_FFI_CallFrame* frame);
 XLA_FFI_Error* JaxcollCodecDecodeSum(XLA_FFI_CallFrame* frame);
 XLA_FFI_Error* JaxcollCodecDecodeSumEncode(XLA_FFI_CallFrame* frame);
+XLA_FFI_Error* JaxcollCodecEncodeWire(XLA_FFI_CallFrame* frame);
+XLA_FFI_Error* JaxcollCodecDecodeSumWire(XLA_FFI_CallFrame* frame);
+XLA_FFI_Error* JaxcollCodecDecodeSumEncodeWire(XLA_FFI_CallFrame* frame);
+XLA_FFI_Error* JaxcollCodecDecodeWire(XLA_FFI_CallFrame* frame);
 }

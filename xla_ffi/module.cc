@@ -82,6 +82,10 @@ NB_MODULE(_jaxcoll, m) {
     out[jaxcoll::kCodecDecodeTarget] = capsule(JaxcollCodecDecode);
     out[jaxcoll::kCodecDecodeSumTarget] = capsule(JaxcollCodecDecodeSum);
     out[jaxcoll::kCodecDecodeSumEncodeTarget] = capsule(JaxcollCodecDecodeSumEncode);
+    out[jaxcoll::kCodecEncodeWireTarget] = capsule(JaxcollCodecEncodeWire);
+    out[jaxcoll::kCodecDecodeSumWireTarget] = capsule(JaxcollCodecDecodeSumWire);
+    out[jaxcoll::kCodecDecodeSumEncodeWireTarget] = capsule(JaxcollCodecDecodeSumEncodeWire);
+    out[jaxcoll::kCodecDecodeWireTarget] = capsule(JaxcollCodecDecodeWire);
     return out;
   }, "The codec's FFI target name -> handler capsule (stateless), for jax.ffi.register_ffi_target(platform='cpu').");
 

@@ -25,7 +25,7 @@ from jaxcoll.lowering import groups
 from jaxcoll.plan import abi
 
 
-def _native(target: str, results, *operands, block_size: int):
+def _native(target: str, results, *operands, block_size: int, **attributes):
     # broadcast_all: a batched call gets every operand with the batch axes in front, which the kernels read as
     # more rows.
     # Imported here, not at the top: `import jaxcoll` must not load the native module (jaxcoll.runtime checks the
@@ -33,7 +33,7 @@ def _native(target: str, results, *operands, block_size: int):
     from jaxcoll import runtime
     runtime.register()
     call = jax.ffi.ffi_call(target, results, vmap_method="broadcast_all")
-    out = call(*operands, block_size=np.int64(block_size))
+    out = call(*operands, block_size=np.int64(block_size), **{k: np.int64(v) for k, v in attributes.items()})
     # Under shard_map(check_vma=True) ffi_call types its results invariant; they vary where the operands do,
     # as the jax.numpy branch's results would.
     axes = tuple(sorted(frozenset().union(*(_jax.varying_axes(jax.typeof(v)) for v in operands))))
@@ -114,6 +114,91 @@ def decode_sum_encode(fmt: Format, codes, scales):
 
     return lax.platform_dependent(codes, scales, cpu=native_decode_sum_encode,
                                   default=lambda c, s: fmt.encode(_jnp_decode_sum(fmt, c, s)))
+
+
+def wire_row_bytes(fmt: Format, length: int) -> int:
+    """Bytes of a wire row of `length` codes (csrc/codec.hpp): the codes, zero bytes up to a multiple of 4, then
+    the length / block_size float32 scales."""
+    return _wire_scales_at(length) + 4 * (length // fmt.block_size)
+
+
+def _wire_scales_at(length: int) -> int:
+    return -(-length // 4) * 4
+
+
+def encode_wire(fmt: Format, x):
+    """The wire form of float32 x (last axis whole blocks): encode(fmt, x) as one array of fmt.code_dtype whose
+    rows hold the codes, zero bytes up to a multiple of 4, then the scales' bytes (wire_row_bytes each), so that
+    one collective moves both (across processes: one rendezvous instead of two)."""
+    shape = x.shape[:-1] + (wire_row_bytes(fmt, x.shape[-1]),)
+
+    def native_encode_wire(x):
+        return _native(abi.CODEC_ENCODE_WIRE_TARGET, jax.ShapeDtypeStruct(shape, fmt.code_dtype), x,
+                       block_size=fmt.block_size)
+
+    return lax.platform_dependent(x, cpu=native_encode_wire, default=lambda v: jnp_encode_wire(fmt, v))
+
+
+def decode_sum_wire(fmt: Format, wire, length: int):
+    """Wire rows (..., N, wire_row_bytes(length)) of `length` codes -> float32 (..., length): decode_sum of their
+    codes and scales (the rows summed in row order), bit for bit."""
+
+    def native_decode_sum_wire(wire):
+        out = jax.ShapeDtypeStruct(wire.shape[:-2] + (length,), jnp.float32)
+        return _native(abi.CODEC_DECODE_SUM_WIRE_TARGET, out, wire, block_size=fmt.block_size)
+
+    return lax.platform_dependent(wire, cpu=native_decode_sum_wire,
+                                  default=lambda w: jnp_decode_sum_wire(fmt, w, length))
+
+
+def decode_sum_encode_wire(fmt: Format, wire, length: int):
+    """Wire rows (..., N, W) of `length` codes -> one wire row (..., W): encode_wire(decode_sum_wire(...)), the
+    float32 sum never in memory on CPU (decode_sum_encode's kernel)."""
+
+    def native(wire):
+        return _native(abi.CODEC_DECODE_SUM_ENCODE_WIRE_TARGET, jax.ShapeDtypeStruct(wire.shape[:-2] + wire.shape[-1:],
+                                                                                     wire.dtype),
+                       wire, block_size=fmt.block_size, length=length)
+
+    return lax.platform_dependent(wire, cpu=native,
+                                  default=lambda w: jnp_encode_wire(fmt, jnp_decode_sum_wire(fmt, w, length)))
+
+
+def decode_wire(fmt: Format, wire, length: int, kept: int | None = None):
+    """Wire rows (..., N, W) of `length` codes -> float32 (..., kept): the rows' values one after another, the
+    first `kept` (all N * length when not given)."""
+    kept = wire.shape[-2] * length if kept is None else kept
+
+    def native(wire):
+        return _native(abi.CODEC_DECODE_WIRE_TARGET, jax.ShapeDtypeStruct(wire.shape[:-2] + (kept,), jnp.float32),
+                       wire, block_size=fmt.block_size, length=length)
+
+    return lax.platform_dependent(wire, cpu=native, default=lambda w: jnp_decode_wire(fmt, w, length, kept))
+
+
+def jnp_encode_wire(fmt: Format, x):
+    """encode_wire as jax.numpy (the default platforms' definition; XLA:GPU fuses the concatenation)."""
+    codes, scales = fmt.encode(x)
+    pad = [(0, 0)] * (x.ndim - 1) + [(0, _wire_scales_at(x.shape[-1]) - x.shape[-1])]
+    scale_bytes = lax.bitcast_convert_type(scales, fmt.code_dtype).reshape(scales.shape[:-1] + (-1,))
+    return jnp.concatenate([jnp.pad(codes, pad), scale_bytes], axis=-1)
+
+
+def _jnp_split_wire(wire, length: int):
+    at = _wire_scales_at(length)
+    return wire[..., :length], lax.bitcast_convert_type(wire[..., at:].reshape(wire.shape[:-1] + (-1, 4)),
+                                                         jnp.float32)
+
+
+def jnp_decode_sum_wire(fmt: Format, wire, length: int):
+    """decode_sum_wire as jax.numpy."""
+    return _jnp_decode_sum(fmt, *_jnp_split_wire(wire, length))
+
+
+def jnp_decode_wire(fmt: Format, wire, length: int, kept: int):
+    """decode_wire as jax.numpy."""
+    decoded = fmt.decode(*_jnp_split_wire(wire, length))
+    return decoded.reshape(decoded.shape[:-2] + (-1,))[..., :kept]
 
 
 def roundtrip(fmt: Format, x):

@@ -3,9 +3,9 @@ and how far the decoded value may be from the original.
 
 A format encodes the last axis of an array. The block formats (`Int8`, `Fp8`) cut it into blocks of
 `block_size` consecutive elements and keep one float32 scale per block; `Bf16` rounds each element on its own.
-On the wire the codes (int8, e4m3 bits as uint8, bfloat16) and the float32 scales travel side by side in one
-pytree (a concatenation into one row of bytes cost a copy pass as long as the
-encoding itself).
+A format encodes to codes (int8, e4m3 bits as uint8, bfloat16) and float32 scales; on the wire the quantized
+collectives move both in one array per row, which the codec writes and reads in place (jaxcoll.compress.codec,
+`encode_wire`).
 
 Per-element error bounds (x an element, x' its decoded value, a the largest |x| of its block, s the block's
 scale, every input finite):

@@ -6,6 +6,7 @@ hosts), of L and O ranks:
   1. exact reduce_scatter over the inner axes (jaxcoll's own plan): rank i holds chunk i, 1/L of the data,
      summed exactly in float32 over its L inner peers;
   2. the compressed all_reduce (quantized.py's two qgZ hops, native codec) of that chunk over the outer axes;
+     at O = 2 its one hop: one gather of the encoded chunk (codes and scales in one array), one decoding sum;
   3. exact all_gather over the inner axes.
 Only hop 2 crosses the slow domain, and it carries the encoded 1/L chunk: 2 (O-1)/O wire_bytes(|x|/L) per rank
 against 2 (N-1)/N wire_bytes(|x|) for the flat compressed path; the codec runs on |x|/L elements, not |x|.
@@ -16,7 +17,7 @@ step 1 (one copy) when the inner axes do not come first in the tuple.
 
 Error: only the outer hop's encodings count. With s_o = the exact float32 sum of x over the inner ranks of outer
 rank o (the chunk step 1 gives), the bound of quantized.py holds with s_o in place of the ranks' x_r:
-  all_reduce      |y - sum_r x_r| <= sum_o e(s_o) + e(sum_o s'_o) + float32 summation
+  all_reduce      |y - sum_r x_r| <= sum_o e(s_o) + e(sum_o s'_o) + float32 summation  (O = 2: no second term)
   reduce_scatter  |y - sum_r x_r| <= sum_o e(s_o) + float32 summation
 where e is formats.py's bound over s_o's blocks: blocks of the chunk (step 1 splits |x| in L contiguous chunks
 of whole blocks, the input zero-padded at the end to L whole blocks).

@@ -2,19 +2,24 @@
 
 What travels between ranks is the encoded form (jaxcoll/compress/formats.py), moved by jaxcoll's own
 collectives, in the two hops of ZeRO++'s qgZ scheme:
-  1. each rank encodes its x in N chunks and sends chunk p to rank p (jaxcoll.all_to_all of codes + scales);
+  1. each rank encodes its x in N chunks and sends chunk p to rank p (jaxcoll.all_to_all of wire rows: codes
+     and scales in one array, codec.encode_wire, so one collective a hop);
   2. rank p decodes the N chunks it received, sums them in float32 (its reduce-scatter result), encodes the sum
      once and every rank gathers the encoded sums (jaxcoll all_gather), then decodes them.
 So an element is encoded twice on its way (once per hop), and every rank decodes the same bytes: the results
-are bitwise identical on every rank. The passes over the data run through jaxcoll.compress.codec: native kernels
-on CPU (all_reduce's decode-and-sum and its second encoding fused into one), formats.py's jax.numpy elsewhere. Traffic per rank is 2 (N-1)/N wire_bytes(x) against 2 (N-1)/N 4|x| for
-float32, about 3.9x less for Int8/Fp8 with block_size 256.
+are bitwise identical on every rank. Over 2 ranks all_reduce takes one hop instead (_gather_and_sum: both
+ranks' encoded x gathered in the codec's wire form, the two decoded rows summed in rank order): the same bytes,
+one exchange, one encoding. The passes over the data run through jaxcoll.compress.codec: native kernels on CPU
+(all_reduce's decode-and-sum and its second encoding fused into one), formats.py's jax.numpy elsewhere. Traffic
+per rank is 2 (N-1)/N wire_bytes(x) against 2 (N-1)/N 4|x| for float32, about 3.9x less for Int8/Fp8 with
+block_size 256.
 
 bf16 needs no scales and the runtime reduces bfloat16 in float32 and rounds once: it runs the exact collective
 on bfloat16 data, so the plan's own hops carry it.
 
 Error of all_reduce, per element (e(v) the bound of formats.py for element v in its block):
-  |y - sum_r x_r| <= sum_r e(x_r) + e(sum_r x'_r)      (x'_r: rank r's decoded chunk)
+  |y - sum_r x_r| <= sum_r e(x_r) + e(sum_r x'_r)      (x'_r: rank r's decoded chunk; over 2 ranks the first
+                                                        term alone, + float32 summation)
 reduce_scatter has the first term only, all_gather the bound of one encoding.
 
 Derivatives are those of the exact collective (straight-through): the tangent travels uncompressed.
@@ -40,42 +45,56 @@ def exact_derivative(compressed, exact, x):
 
 
 def _exchange(axes: tuple, encoded):
-    """Hop 1's move: `encoded` holds N rows of codes (and of scales) on each rank, row p for rank p; returns
-    the N rows this rank received, row q from rank q."""
+    """Hop 1's move: `encoded` holds N wire rows on each rank, row p for rank p; returns the N rows this rank
+    received, row q from rank q."""
     return all_to_all(encoded, axes, 0, 0, tiled=True)
 
 
-def _gather(fmt: Format, axes: tuple, encoded, *, invariant: bool, kept: int | None = None):
-    """Hop 2: every rank's encoded (codes, scales) of `per` elements gathered and decoded: (N, per) float32, or
-    the first `kept` elements of the N ranks' concatenation (kept,)."""
-    codes, scales = jax.tree_util.tree_map(
-        lambda w: all_gather_prim.bind(w[None], axes=axes, all_gather_dimension=0, tiled=True, algorithm="auto",
-                                       invariant=invariant), encoded)
-    if kept is None:
-        return codec.decode(fmt, codes, scales)
-    return codec.decode(fmt, codes.reshape(-1), scales.reshape(-1), kept=kept)
+def _gather(fmt: Format, axes: tuple, wire, length: int, *, invariant: bool, kept: int | None = None):
+    """Hop 2: every rank's wire row of `length` codes gathered and decoded: the N ranks' values one after
+    another, the first `kept` (all N * length when not given)."""
+    rows = all_gather_prim.bind(wire[None], axes=axes, all_gather_dimension=0, tiled=True, algorithm="auto",
+                                invariant=invariant)
+    return codec.decode_wire(fmt, rows, length, kept)
 
 
 def _rows(fmt: Format, flat, n: int):
-    """flat (a whole number of blocks) encoded as N rows of whole blocks, zero-padded at the end. The codes and
-    scales are padded rather than the float32 data: a zero block's encoding is zero codes and a zero scale (on
-    CPU the encoding writes the padding; on XLA:CPU a pad fused into the encoding's block reduction ran 8x
-    slower)."""
+    """flat (a whole number of blocks) as N wire rows of `per` codes, whole blocks, zero-padded at the end;
+    returns (rows, per). The float32 data is padded (one copy) only when no N chunks of whole blocks fit it."""
     per = -(-flat.size // (n * fmt.block_size)) * fmt.block_size  # a chunk is whole blocks
-    codes, scales = codec.encode(fmt, flat, padded=n * per)
-    return codes.reshape(n, per), scales.reshape(n, per // fmt.block_size)
+    if n * per != flat.size:
+        flat = jnp.pad(flat, (0, n * per - flat.size))
+    return codec.encode_wire(fmt, flat.reshape(n, per)), per
 
 
 def sum_flat(fmt: Format, axes: tuple, flat):
-    """float32 `flat` summed over `axes` through wire format fmt: float32, invariant over `axes`, the same bytes
-    on every rank. No derivative rule (the callers give the exact one); hierarchical.py runs it on the 1/L chunk
-    of the outer axes."""
+    """float32 `flat` (whole blocks) summed over `axes` through wire format fmt: float32, invariant over `axes`,
+    the same bytes on every rank. No derivative rule (the callers give the exact one); hierarchical.py runs it on
+    the 1/L chunk of the outer axes."""
     if isinstance(fmt, Bf16):
         from jaxcoll.collectives.all_reduce import all_reduce as exact
         return exact(flat.astype(jnp.bfloat16), axes).astype(jnp.float32)
-    # Hop 1's decode and sum and hop 2's encode are one pass: the float32 sum never goes to memory.
-    encoded = codec.decode_sum_encode(fmt, *_exchange(axes, _rows(fmt, flat, groups.group_size(axes))))
-    return _gather(fmt, axes, encoded, invariant=True, kept=flat.size)
+    n = groups.group_size(axes)
+    if n == 2:
+        return _gather_and_sum(fmt, axes, flat)
+    # Hop 1's decode and sum and hop 2's encode are one pass: the float32 sum never goes to memory. Each hop
+    # moves one array (the codec's wire form): one collective, where codes and scales apart took two.
+    rows, per = _rows(fmt, flat, n)
+    summed = codec.decode_sum_encode_wire(fmt, _exchange(axes, rows), per)
+    return _gather(fmt, axes, summed, per, invariant=True, kept=flat.size)
+
+
+def _gather_and_sum(fmt: Format, axes: tuple, flat):
+    """sum_flat over two ranks in one hop: every rank gathers both ranks' encoded x and sums the two decoded rows
+    in rank order. At N = 2 that sends what qgZ's two hops send (wire_bytes(x) a rank: half of x each way in
+    hop 1, the encoded half-sum in hop 2), in one exchange instead of two, with one encoding per element instead
+    of two (the bound loses its second term). Codes and scales travel as one array (codec's wire form): one
+    collective, where two arrays took two. Across processes each collective is a rendezvous over the link, and
+    the hierarchical path (hierarchical.py) runs this one at O = 2 hosts; at N > 2 gathering sends N/2 times
+    more than the two hops, so they stay."""
+    wire = all_gather_prim.bind(codec.encode_wire(fmt, flat)[None], axes=axes, all_gather_dimension=0, tiled=True,
+                                algorithm="auto", invariant=True)
+    return codec.decode_sum_wire(fmt, wire, flat.size)
 
 
 def scatter_rows(fmt: Format, axes: tuple, rows):
@@ -84,7 +103,8 @@ def scatter_rows(fmt: Format, axes: tuple, rows):
     if isinstance(fmt, Bf16):
         from jaxcoll.collectives.reduce_scatter import reduce_scatter as exact_rs
         return exact_rs(rows.astype(jnp.bfloat16), axes, scatter_dimension=0).astype(jnp.float32)
-    return codec.decode_sum(fmt, *_exchange(axes, codec.encode(fmt, rows)))
+    # One array (the codec's wire form) crosses: one all_to_all where codes and scales apart took two.
+    return codec.decode_sum_wire(fmt, _exchange(axes, codec.encode_wire(fmt, rows)), rows.shape[-1])
 
 
 def all_reduce(x, axes: tuple, fmt: Format, algorithm="auto"):
@@ -128,7 +148,8 @@ def all_gather(x, axes: tuple, fmt: Format, *, axis: int, tiled: bool, algorithm
     n = groups.group_size(axes)
 
     def compressed(v):
-        stacked = _gather(fmt, axes, codec.encode(fmt, v.astype(jnp.float32).reshape(-1)), invariant=False)
+        flat = v.astype(jnp.float32).reshape(-1)
+        stacked = _gather(fmt, axes, codec.encode_wire(fmt, flat), flat.size, invariant=False)
         stacked = stacked.reshape(n, *v.shape).astype(v.dtype)
         if not tiled:
             return jnp.moveaxis(stacked, 0, axis)
@@ -147,6 +168,8 @@ def wire_bytes(fmt: Format, collective: str, elements: int, n: int) -> int:
         per_hop = 2 * elements * (n - 1) // n
         return {"all_reduce": 2 * per_hop, "reduce_scatter": per_hop, "all_gather": 2 * elements * (n - 1)}[
             collective]
+    if collective == "all_reduce" and n == 2:  # one hop (_gather_and_sum): the whole encoded x to the other rank
+        return codec.wire_row_bytes(fmt, elements)
     per = -(-elements // (n * fmt.block_size)) * fmt.block_size
     hop = (n - 1) * fmt.wire_bytes(per)
     return {"all_reduce": 2 * hop, "reduce_scatter": hop,
