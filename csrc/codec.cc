@@ -147,21 +147,6 @@ JAXCOLL_INLINE void encode_typed(int64_t block, const float* x, int64_t rows, in
   }
 }
 
-template <class F>
-JAXCOLL_INLINE void decode_typed(int64_t block, const void* codes_in, const float* scales, int64_t rows,
-                                 int64_t length, int64_t kept, float* out) {
-  using Code = typename F::Code;
-  const Code* codes = static_cast<const Code*>(codes_in);
-  const int64_t blocks = length / block;
-  for (int64_t r = 0; r < rows; ++r) {
-    const Code* cr = codes + r * length;
-    const float* sr = scales + r * blocks;
-    float* outr = out + r * kept;
-    for (int64_t start = 0, b = 0; start < kept; start += block, ++b)
-      decode_block<F>(cr + start, sr[b], std::min(block, kept - start), outr + start);
-  }
-}
-
 // `batch` groups of `terms` rows (`code_stride` codes, `scale_stride` scales apart) of `length` codes -> per
 // group the rows' decoded values one after another, the first `kept` <= terms * length of them.
 template <class F>
@@ -214,10 +199,6 @@ JAXCOLL_INLINE void decode_sum_typed(int64_t block, const void* codes_in, const 
                                       int64_t padded, void* codes, float* scales, int64_t code_stride,          \
                                       int64_t scale_stride) {                                                   \
     encode_typed<FORMAT>(block, x, rows, length, padded, codes, scales, code_stride, scale_stride);              \
-  }                                                                                                              \
-  JAXCOLL_CLONES void decode_##SUFFIX(int64_t block, const void* codes, const float* scales, int64_t rows,      \
-                                      int64_t length, int64_t kept, float* out) {                               \
-    decode_typed<FORMAT>(block, codes, scales, rows, length, kept, out);                                        \
   }                                                                                                              \
   JAXCOLL_CLONES void decode_concat_##SUFFIX(int64_t block, const void* codes, const float* scales,             \
                                              int64_t batch, int64_t terms, int64_t length, int64_t code_stride, \
@@ -279,9 +260,9 @@ void decode_rows(CodeFormat format, int64_t block, const void* codes, const floa
                  int64_t length, int64_t kept, float* out) {
   FlushDenormals mode;
   if (format == CodeFormat::kInt8)
-    decode_int8(block, codes, scales, rows, length, kept, out);
+    decode_concat_int8(block, codes, scales, rows, 1, length, length, length / block, kept, out);
   else
-    decode_fp8(block, codes, scales, rows, length, kept, out);
+    decode_concat_fp8(block, codes, scales, rows, 1, length, length, length / block, kept, out);
 }
 
 void decode_sum_rows(CodeFormat format, int64_t block, const void* codes, const float* scales, int64_t batch,
