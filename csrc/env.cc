@@ -80,6 +80,7 @@ EnvSettings read_env() {
   s.nt_bytes = r.integer<size_t>("JAXCOLL_NT_BYTES", 0, kMaxInt64, bytes);
   s.nt_call_bytes = r.integer<size_t>("JAXCOLL_NT_CALL_BYTES", 0, kMaxInt64, bytes);
   s.span_helpers = r.integer<int>("JAXCOLL_SPAN_HELPERS", 0, kMaxInt, count);
+  s.net_delay_us = r.integer<int64_t>("JAXCOLL_NET_DELAY_US", 0, kMaxInt64, "a whole number of microseconds >= 0");
   s.cuda_ll_bytes = r.integer<int64_t>("JAXCOLL_CUDA_LL_BYTES", 0, kMaxInt64, bytes);
   // At most 32: a semaphore of the CUDA executor is one counter per block of a lane (kMaxBlocksPerLane).
   s.cuda_blocks = r.integer<int>("JAXCOLL_CUDA_BLOCKS", 1, 32, "a whole number 1..32");

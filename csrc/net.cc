@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -17,6 +18,8 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include "csrc/env.hpp"
 
 namespace jaxcoll {
 
@@ -66,6 +69,8 @@ struct Link {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::pair<NetMessage, std::vector<char>>> queue;
+  uint64_t queued = 0, written = 0;  // messages queued and written to the socket so far (net_flush)
+  std::condition_variable written_cv;
   // Payload buffers the sender has finished with, reused by the next sends: a fresh buffer per message would
   // fault in its pages again on every large answer.
   std::vector<std::vector<char>> spare;
@@ -150,12 +155,19 @@ void receive_loop(std::shared_ptr<Link> link) {
     if (at) payload.clear();
     if (handler) handler(m, payload, at != nullptr);
   }
-  // Every read waiting on this connection gives up at its next wake (net_read asks net_alive).
-  link->alive.store(false, std::memory_order_release);
+  // Every read waiting on this connection gives up at its next wake (net_read asks net_alive), as does a flush.
+  {
+    std::lock_guard<std::mutex> lock(link->mu);
+    link->alive.store(false, std::memory_order_release);
+  }
   link->cv.notify_all();
+  link->written_cv.notify_all();
 }
 
 void send_loop(std::shared_ptr<Link> link) {
+  // A slow link on demand (JAXCOLL_NET_DELAY_US): every message waits this long in the sender, which is how the
+  // tests widen the window between a message queued and a message on the wire.
+  const auto delay = std::chrono::microseconds(env_settings().net_delay_us.value_or(0));
   std::unique_lock<std::mutex> lock(link->mu);
   for (;;) {
     link->cv.wait(lock, [&] { return !link->queue.empty() || !link->alive.load(); });
@@ -163,6 +175,7 @@ void send_loop(std::shared_ptr<Link> link) {
     auto [m, payload] = std::move(link->queue.front());
     link->queue.pop_front();
     lock.unlock();
+    if (delay.count()) std::this_thread::sleep_for(delay);
     const bool ok = send_all(link->fd, &m, sizeof(m)) && (payload.empty() || send_all(link->fd, payload.data(),
                                                                                        payload.size()));
     lock.lock();
@@ -170,8 +183,11 @@ void send_loop(std::shared_ptr<Link> link) {
     if (!ok) {
       link->alive.store(false);
       ::shutdown(link->fd, SHUT_RDWR);
+      link->written_cv.notify_all();
       return;
     }
+    ++link->written;
+    link->written_cv.notify_all();
   }
 }
 
@@ -347,9 +363,25 @@ bool net_send(int32_t to, NetMessage m, const void* payload) {
   {
     std::lock_guard<std::mutex> lock(link->mu);
     link->queue.emplace_back(m, std::move(bytes));
+    ++link->queued;
   }
   link->cv.notify_one();
   return true;
+}
+
+bool net_flush(int32_t to, Clock::time_point deadline) {
+  std::shared_ptr<Link> link;
+  {
+    Net& n = net();
+    std::lock_guard<std::mutex> lock(n.mu);
+    auto it = n.links.find(to);
+    if (it == n.links.end()) return true;
+    link = it->second;
+  }
+  std::unique_lock<std::mutex> lock(link->mu);
+  const uint64_t target = link->queued;
+  link->written_cv.wait_until(lock, deadline, [&] { return link->written >= target || !link->alive.load(); });
+  return link->written >= target;
 }
 
 std::shared_ptr<NetRead> net_request(int32_t to, NetMessage get, void* dst, size_t bytes) {

@@ -64,6 +64,12 @@ Status net_connect(const std::vector<int32_t>& peers, const std::vector<std::str
 // Queue a message (and `m.bytes` bytes of payload) to process `to`; false if its connection is gone.
 bool net_send(int32_t to, NetMessage m, const void* payload);
 
+// Wait until every message queued to process `to` so far is written to its socket: then it is the kernel's to
+// deliver, even if this process exits next, where a message still in the sender's queue dies with the process.
+// True once written; false when the connection broke first (nothing queued to it can matter any more) or
+// `deadline` passed.
+bool net_flush(int32_t to, Clock::time_point deadline);
+
 // A read in flight: net_request sends a kGet to process `to` and returns at once; its answer, `bytes` bytes,
 // lands in `dst` on the receiver thread. net_await waits for it: an error when the connection breaks or
 // `deadline` passes. Several reads may be in flight at once (to one process or many), so a lane that reads from

@@ -442,7 +442,10 @@ class SpanCall : public CallFailure {
     last_poll_ = now;
     for (size_t i = 0; i < comm_.peers_.size(); ++i) {
       const int32_t p = comm_.peers_[i];
-      if (!process_alive(p)) {
+      // A peer done with this call may exit at once (a job's last call): gone, but nothing of this call is
+      // owed by it. Its done is in its slot or handled from its connection before its exit can be seen, so
+      // asking after the exit finds it.
+      if (!process_alive(p) && !peer_done(i)) {
         fail(site_.describe() + ": " + comm_.describe_process(p) + " has exited (noticed during launch " +
              std::to_string(run_id_) + ", call " + std::to_string(iteration_) +
              " of this site in it); its ranks will never arrive or finish their steps");
@@ -490,9 +493,15 @@ class SpanCall : public CallFailure {
     for (size_t i = 0; i < comm_.peers_.size(); ++i)
       if (comm_.net_[i]) net_send(comm_.peers_[i], net_message(type), nullptr);
   }
-  bool network_peer_done(size_t i) {
-    std::lock_guard<std::mutex> lock(comm_.mailbox_->mu);
-    return comm_.mailbox_->done.count({comm_.peers_[i], run_id_, iteration_}) != 0;
+  // Whether peer process i has finished this call's steps (its ranks touch no buffer of the call any more).
+  bool peer_done(size_t i) {
+    if (comm_.net_[i]) {
+      std::lock_guard<std::mutex> lock(comm_.mailbox_->mu);
+      return comm_.mailbox_->done.count({comm_.peers_[i], run_id_, iteration_}) != 0;
+    }
+    if (peer_slot_[i] < 0) return false;
+    const uint64_t s = peer_header(i, peer_slot_[i]).state.load(std::memory_order_acquire);
+    return generation_of(s) == peer_generation_[i] && phase_of(s) == Phase::kDone;  // not Handoff's kDone
   }
   SlotHeader& peer_header(size_t i, int32_t slot) {
     return static_cast<Directory*>(comm_.peer_dirs_[i].data())->slots[slot];
@@ -728,15 +737,8 @@ Status run_call(SpanCall& call) {
   for (;;) {
     const uint32_t seen = me.bell.word.load(std::memory_order_seq_cst);
     bool all = true;
-    for (size_t i = 0; i < c.peers_.size() && all; ++i) {
-      if (c.net_[i]) {
-        all = call.network_peer_done(i);
-        continue;
-      }
-      const uint64_t s = call.peer_header(i, call.peer_slot_[i]).state.load(std::memory_order_acquire);
-      all = generation_of(s) == call.peer_generation_[i] && phase_of(s) == kDone;
-    }
-    if (all) return {};
+    for (size_t i = 0; i < c.peers_.size() && all; ++i) all = call.peer_done(i);
+    if (all) break;
     call.poll();
     if (c.failed()) return Status::Error(c.failure());
     if (Clock::now() >= call.deadline_)
@@ -744,6 +746,16 @@ Status run_call(SpanCall& call) {
     wait_for(me.bell, [&] { return me.bell.word.load(std::memory_order_seq_cst) != seen; },
              [&] { return c.failed(); }, std::min(call.deadline_, Clock::now() + std::chrono::milliseconds(20)));
   }
+
+  // 4. This process may exit as soon as the call returns: its done must be on the wire by then, not in the
+  // sender's queue, or a network peer still waiting for it would see the connection close instead.
+  for (size_t i = 0; i < c.peers_.size(); ++i) {
+    const int32_t p = c.peers_[i];
+    if (c.net_[i] && !net_flush(p, call.deadline_) && net_alive(p))
+      return Status::Error(call.site_.describe() + ": timed out handing the end of the call to " +
+                           c.describe_process(p) + " (its connection takes no data)");
+  }
+  return {};
 }
 
 }  // namespace

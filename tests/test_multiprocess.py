@@ -95,6 +95,15 @@ def test_a_process_that_exits_between_calls_is_named_at_once(transport):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_process_that_exits_right_after_its_last_call_leaves_its_peers_a_finished_call(transport):
+    # Process 1's messages wait 0.1 s in its sender (a slow link): its call returns, once process 0 is done,
+    # while its own "done" may still be queued; it must be on the wire before the call returns, or process 0
+    # sees the connection close first and fails a call that finished.
+    slow = {1: {"JAXCOLL_NET_DELAY_US": "100000"}}
+    assert_all_ok(job("exit_after_call", process_env=slow, **TRANSPORTS[transport]), "exit_after_call")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_process_killed_mid_call_is_named_at_once(transport):
     results = job("killed_mid_call", JAXCOLL_TIMEOUT=60, **TRANSPORTS[transport])
     assert results[1].returncode == -9
