@@ -3,6 +3,8 @@ other axes, compressed only across compress_axes. Results against numpy (the bou
 the exact partial sums), pieces where lax.psum_scatter puts them, derivatives equal to lax's, vmap and scan,
 and the trace-time errors."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,6 +72,24 @@ def test_all_reduce_is_within_the_outer_hops_bound_and_identical_on_every_rank(n
     err = np.abs(y[0].astype(np.float64) - x.astype(np.float64).sum(0)).reshape(-1)
     bound = outer_bound(partial_sums(x, outer), name, second_hop=True)
     assert np.all(err <= bound), np.max(err - bound)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_a_half_precision_all_reduce_is_the_float32_sum_rounded_once_and_gathers_in_its_dtype(dtype):
+    x = inputs((4, 2 * B)).astype(dtype)
+    body = per_rank(lambda v: jaxcoll.all_reduce(v, ("x", "y"), compression=Int8(B), compress_axes="x"))
+    y = np.asarray(sharded(body, "2x4")(put(x, "2x4")))
+    assert y.dtype == np.dtype(dtype)
+    # The float32 path on the same (half-precision) values, rounded once to dtype: the same result.
+    f32 = sharded(per_rank(lambda v: jaxcoll.all_reduce(v, ("x", "y"), compression=Int8(B), compress_axes="x")),
+                  "2x4")(put(x.astype(np.float32), "2x4"))
+    np.testing.assert_array_equal(y, np.asarray(f32).astype(dtype))
+    # The gather of values (the inner hop over the fast axis y; the outer one carries int8 codes) is in dtype,
+    # not float32: half the bytes.
+    jaxpr = str(jax.make_jaxpr(sharded(body, "2x4"))(put(x, "2x4")))
+    gathered = re.findall(r"\w+:(\w+)\[[^\]]*\]\S* = jaxcoll_all_gather", jaxpr)
+    values = [t for t in gathered if t[0] in "fb"]
+    assert values == [{jnp.bfloat16: "bf16", jnp.float16: "f16"}[dtype]], gathered
 
 
 @pytest.mark.parametrize("name,fmt", FORMATS[:2], ids=IDS[:2])

@@ -7,7 +7,7 @@ hosts), of L and O ranks:
      summed exactly in float32 over its L inner peers;
   2. the compressed all_reduce (quantized.py's two qgZ hops, native codec) of that chunk over the outer axes;
      at O = 2 its one hop: one gather of the encoded chunk (codes and scales in one array), one decoding sum;
-  3. exact all_gather over the inner axes.
+  3. exact all_gather over the inner axes, in the input's dtype (a float16/bfloat16 result in half the bytes).
 Only hop 2 crosses the slow domain, and it carries the encoded 1/L chunk: 2 (O-1)/O wire_bytes(|x|/L) per rank
 against 2 (N-1)/N wire_bytes(|x|) for the flat compressed path; the codec runs on |x|/L elements, not |x|.
 
@@ -46,17 +46,19 @@ def all_reduce(x, axes: tuple, compress_axes: tuple, fmt: Format):
     from jaxcoll.collectives.all_reduce import all_reduce as exact
 
     def compressed(v):
-        return sum_and_loss(v.astype(jnp.float32).reshape(-1), axes, compress_axes, fmt)[0].reshape(v.shape).astype(
-            v.dtype)
+        flat = v.astype(jnp.float32).reshape(-1)
+        return sum_and_loss(flat, axes, compress_axes, fmt, dtype=v.dtype)[0].reshape(v.shape)
 
     return quantized.exact_derivative(compressed, lambda v: exact(v, axes), x)
 
 
-def sum_and_loss(flat, axes: tuple, compress_axes: tuple, fmt: Format, *, loss: bool = False):
-    """(sum over `axes` of the float32 vector `flat`, what this rank's outer encoding lost or None): the loss is
-    the encoding error of the chunk of the exact partial sum this rank encodes, at that chunk's place in a
-    vector shaped like `flat` (zeros elsewhere). Added to this rank's next input, the exact inner hop carries it
-    into the same chunk: error feedback (jaxcoll.optax.compressed_sync). No derivative rule."""
+def sum_and_loss(flat, axes: tuple, compress_axes: tuple, fmt: Format, *, loss: bool = False, dtype=jnp.float32):
+    """(sum over `axes` of the float32 vector `flat` as `dtype`, what this rank's outer encoding lost or None):
+    the loss is the encoding error of the chunk of the exact partial sum this rank encodes, at that chunk's place
+    in a vector shaped like `flat` (zeros elsewhere). Added to this rank's next input, the exact inner hop carries
+    it into the same chunk: error feedback (jaxcoll.optax.compressed_sync). No derivative rule.
+    The sum is cast to `dtype` before the inner all_gather, not after: the same values (a cast commutes with a
+    gather), and a float16/bfloat16 result crosses the fast axes in half the bytes."""
     from jaxcoll.collectives.reduce_scatter import reduce_scatter as exact_rs
     inner, outer = split(axes, compress_axes)
     ell = groups.group_size(inner)
@@ -66,8 +68,9 @@ def sum_and_loss(flat, axes: tuple, compress_axes: tuple, fmt: Format, *, loss: 
     if padded != size:
         flat = jnp.pad(flat, (0, padded - size))
     chunk = exact_rs(flat, inner, scatter_dimension=0, tiled=True)
-    total = all_gather_prim.bind(quantized.sum_flat(fmt, outer, chunk), axes=inner, all_gather_dimension=0,
-                                 tiled=True, algorithm="auto", invariant=True)[:size]
+    summed = quantized.sum_flat(fmt, outer, chunk).astype(dtype)
+    total = all_gather_prim.bind(summed, axes=inner, all_gather_dimension=0, tiled=True, algorithm="auto",
+                                 invariant=True)[:size]
     if not loss:
         return total, None
     lost_chunk = chunk - codec.roundtrip(fmt, lax.stop_gradient(chunk))
