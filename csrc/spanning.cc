@@ -501,7 +501,7 @@ class SpanCall : public CallFailure {
     }
     if (peer_slot_[i] < 0) return false;
     const uint64_t s = peer_header(i, peer_slot_[i]).state.load(std::memory_order_acquire);
-    return generation_of(s) == peer_generation_[i] && phase_of(s) == Phase::kDone;  // not Handoff's kDone
+    return generation_of(s) == peer_generation_[i] && phase_of(s) == kDone;
   }
   SlotHeader& peer_header(size_t i, int32_t slot) {
     return static_cast<Directory*>(comm_.peer_dirs_[i].data())->slots[slot];
@@ -523,7 +523,9 @@ class SpanCall : public CallFailure {
   std::vector<std::vector<CopyOut>> copy_out_;  // per local rank: what goes back to XLA's output after the call
   std::vector<PeerView> local_views_;
   std::vector<Completion> completions_;
-  enum Handoff { kWaiting = 0, kDone = 1, kDeferred = 2 };
+  // Per local rank: whether its thread is still waiting for the call, returned it finished (inline), or
+  // returned it pending (deferred: its completion is owed).
+  enum Handoff { kWaiting = 0, kInline = 1, kDeferred = 2 };
   std::unique_ptr<std::atomic<int>[]> handoff_;
   std::vector<GrowableBuffer> staging_;  // per local rank, in-place reduce_scatter without sharing
   int32_t arrived_ = 0;                  // guarded by comm_.mu_
@@ -787,7 +789,7 @@ void finish_call(const std::shared_ptr<SpanCall>& call, Status st) {
     c.active_.erase(std::remove(c.active_.begin(), c.active_.end(), call), c.active_.end());
     for (size_t i = 0; i < c.local_.size(); ++i) {
       int expected = SpanCall::kWaiting;
-      if (call->handoff_[i].compare_exchange_strong(expected, SpanCall::kDone, std::memory_order_acq_rel))
+      if (call->handoff_[i].compare_exchange_strong(expected, SpanCall::kInline, std::memory_order_acq_rel))
         call->completions_[i] = nullptr;  // finished on its own thread
       else
         owed.push_back(std::move(call->completions_[i]));
