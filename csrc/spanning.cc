@@ -442,37 +442,55 @@ class SpanCall : public CallFailure {
     last_poll_ = now;
     for (size_t i = 0; i < comm_.peers_.size(); ++i) {
       const int32_t p = comm_.peers_[i];
+      // Whether the peer is alive is asked first, what it said of the call after: a peer says that it failed
+      // or finished the call before it can exit, so a peer seen gone here has said all it will say.
+      const bool alive = process_alive(p);
+      if (const std::string why = peer_failure(i); !why.empty()) {
+        fail(why);
+        return;
+      }
       // A peer done with this call may exit at once (a job's last call): gone, but nothing of this call is
-      // owed by it. Its done is in its slot or handled from its connection before its exit can be seen, so
-      // asking after the exit finds it.
-      if (!process_alive(p) && !peer_done(i)) {
+      // owed by it.
+      if (!alive && !peer_done(i)) {
         fail(site_.describe() + ": " + comm_.describe_process(p) + " has exited (noticed during launch " +
              std::to_string(run_id_) + ", call " + std::to_string(iteration_) +
              " of this site in it); its ranks will never arrive or finish their steps");
         return;
       }
-      if (comm_.net_[i]) {
-        std::string why;
-        {
-          std::lock_guard<std::mutex> lock(comm_.mailbox_->mu);
-          auto it = comm_.mailbox_->failed.find({p, run_id_, iteration_});
-          if (it != comm_.mailbox_->failed.end()) why = it->second;
-        }
-        if (!why.empty()) {
-          fail(site_.describe() + ": " + comm_.describe_process(p) + " failed this call: " + why);
-          return;
-        }
-      }
-      if (peer_slot_[i] >= 0) {
-        SlotHeader& h = peer_header(i, peer_slot_[i]);
-        const uint64_t st = h.state.load(std::memory_order_acquire);
-        if (generation_of(st) == peer_generation_[i] && phase_of(st) == kFailed) {
-          fail(site_.describe() + ": " + comm_.describe_process(p) + " failed this call: " +
-               std::string(h.message, strnlen(h.message, sizeof(h.message))));
-          return;
-        }
-      }
     }
+  }
+  // The error naming peer process i and why it failed this call, or "" while it has not said so (in its slot,
+  // or in a message from its connection).
+  std::string peer_failure(size_t i) {
+    std::string why;
+    if (comm_.net_[i]) {
+      std::lock_guard<std::mutex> lock(comm_.mailbox_->mu);
+      auto it = comm_.mailbox_->failed.find({comm_.peers_[i], run_id_, iteration_});
+      if (it != comm_.mailbox_->failed.end()) why = it->second;
+    } else if (peer_slot_[i] >= 0) {
+      SlotHeader& h = peer_header(i, peer_slot_[i]);
+      const uint64_t st = h.state.load(std::memory_order_acquire);
+      if (generation_of(st) == peer_generation_[i] && phase_of(st) == kFailed)
+        why.assign(h.message, strnlen(h.message, sizeof(h.message)));
+    }
+    if (why.empty()) return why;
+    return site_.describe() + ": " + comm_.describe_process(comm_.peers_[i]) + " failed this call: " + why;
+  }
+  // The first peer's failure of this call (peer_failure), or "".
+  std::string any_peer_failure() {
+    for (size_t i = 0; i < comm_.peers_.size(); ++i)
+      if (std::string why = peer_failure(i); !why.empty()) return why;
+    return {};
+  }
+  // Every message queued to network peers so far on the wire, or `deadline`: what this process said of a call
+  // must outlive it, since it may exit as soon as the call returns.
+  bool flush_network_peers(Clock::time_point deadline) {
+    bool all = true;
+    for (size_t i = 0; i < comm_.peers_.size(); ++i) {
+      const int32_t p = comm_.peers_[i];
+      if (comm_.net_[i] && !net_flush(p, deadline) && net_alive(p)) all = false;
+    }
+    return all;
   }
 
   SlotHeader& header() { return comm_.directory().slots[slot_]; }
@@ -686,6 +704,9 @@ Status run_call(SpanCall& call) {
              [&] { return c.failed(); }, std::min(call.deadline_, Clock::now() + std::chrono::milliseconds(20)));
   }
 
+  // A peer may have failed the call before this process arrived: no step runs with it.
+  if (const std::string cause = call.any_peer_failure(); !cause.empty()) return Status::Error(cause);
+
   // 2. The local ranks' lanes, every rank addressed where this process reaches it.
   std::vector<PeerView> views(c.plan_.nranks);
   for (int32_t r : c.local_) views[r] = call.local_views_[c.local_index_[r]];
@@ -730,7 +751,11 @@ Status run_call(SpanCall& call) {
     }
     st = group->lead();
   }
-  if (!st.ok()) return st;
+  // A peer that failed the call and left shows here first as a broken read or write: name its reason instead.
+  if (!st.ok()) {
+    const std::string cause = call.any_peer_failure();
+    return cause.empty() ? st : Status::Error(cause);
+  }
 
   // 3. Done here; wait until every peer is done with its steps (they may still read this process's buffers).
   me.state.store((generation_of(me.state.load(std::memory_order_relaxed)) << 3) | kDone, std::memory_order_release);
@@ -751,12 +776,9 @@ Status run_call(SpanCall& call) {
 
   // 4. This process may exit as soon as the call returns: its done must be on the wire by then, not in the
   // sender's queue, or a network peer still waiting for it would see the connection close instead.
-  for (size_t i = 0; i < c.peers_.size(); ++i) {
-    const int32_t p = c.peers_[i];
-    if (c.net_[i] && !net_flush(p, call.deadline_) && net_alive(p))
-      return Status::Error(call.site_.describe() + ": timed out handing the end of the call to " +
-                           c.describe_process(p) + " (its connection takes no data)");
-  }
+  if (!call.flush_network_peers(call.deadline_))
+    return Status::Error(call.site_.describe() + ": timed out handing the end of the call to the other processes "
+                         "(a connection takes no data)");
   return {};
 }
 
@@ -767,6 +789,9 @@ void finish_call(const std::shared_ptr<SpanCall>& call, Status st) {
   SpanningCommunicator& c = call->comm_;
   if (!st.ok()) {
     call->fail(st.message());
+    // Its peers learn why from this process, not from its exit, if the program stops on the error (a second
+    // at most: a connection that takes no data is a peer that will time out on its own).
+    call->flush_network_peers(Clock::now() + std::chrono::seconds(1));
   } else {
     for (const auto& outs : call->copy_out_)
       for (const CopyOut& out : outs) std::memcpy(out.dst, out.src, out.bytes);

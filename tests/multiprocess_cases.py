@@ -434,6 +434,16 @@ def case_exit_after_call() -> str:
     os._exit(0)
 
 
+def case_fails_and_exits() -> str:
+    """Process 1 (a short JAXCOLL_TIMEOUT) gives up waiting for process 0 and leaves at once, as a program that
+    stops on an error does; process 0, arriving later, must learn why from process 1, not only that it left."""
+    f, x = _fault_call()
+    f(x).block_until_ready()
+    if PROCESS == 0:
+        time.sleep(6.0)  # past process 1's timeout (2 s), so its call fails first, alone
+    _report(lambda: f(x).block_until_ready())
+
+
 def case_killed_mid_call() -> str:
     f, x = _fault_call()
     f(x).block_until_ready()

@@ -104,6 +104,20 @@ def test_a_process_that_exits_right_after_its_last_call_leaves_its_peers_a_finis
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_process_that_fails_a_call_and_exits_is_named_with_its_reason(transport):
+    # Process 1's messages wait 0.1 s in its sender (a slow link): its "failed" must be on the wire before its
+    # call returns, or process 0 learns only that it left.
+    slow = {1: {"JAXCOLL_TIMEOUT": "2", "JAXCOLL_NET_DELAY_US": "100000"}}
+    results = job("fails_and_exits", JAXCOLL_TIMEOUT=60, process_env=slow, **TRANSPORTS[transport])
+    _, own = error_of(results[1])
+    assert "timed out waiting for every process to arrive" in own and "never arrived: process 0" in own, own
+    seconds, message = error_of(results[0])
+    assert re.search(r"process 1 \(pid \d+, ranks \[4, 5, 6, 7\] of this group\) failed this call: .*timed out "
+                     r"waiting for every process to arrive", message), message
+    assert seconds < 10, seconds
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_process_killed_mid_call_is_named_at_once(transport):
     results = job("killed_mid_call", JAXCOLL_TIMEOUT=60, **TRANSPORTS[transport])
     assert results[1].returncode == -9
