@@ -476,10 +476,13 @@ class SpanCall : public CallFailure {
     if (why.empty()) return why;
     return site_.describe() + ": " + comm_.describe_process(comm_.peers_[i]) + " failed this call: " + why;
   }
-  // The first peer's failure of this call (peer_failure), or "".
-  std::string any_peer_failure() {
-    for (size_t i = 0; i < comm_.peers_.size(); ++i)
+  // The first peer's failure of this call (peer_failure), or "". With `gone_only`, only of a peer that has
+  // left: a peer still here may be echoing this process's own failure.
+  std::string any_peer_failure(bool gone_only = false) {
+    for (size_t i = 0; i < comm_.peers_.size(); ++i) {
+      if (gone_only && process_alive(comm_.peers_[i])) continue;
       if (std::string why = peer_failure(i); !why.empty()) return why;
+    }
     return {};
   }
   // Every message queued to network peers so far on the wire, or `deadline`: what this process said of a call
@@ -753,7 +756,7 @@ Status run_call(SpanCall& call) {
   }
   // A peer that failed the call and left shows here first as a broken read or write: name its reason instead.
   if (!st.ok()) {
-    const std::string cause = call.any_peer_failure();
+    const std::string cause = call.any_peer_failure(/*gone_only=*/true);
     return cause.empty() ? st : Status::Error(cause);
   }
 
