@@ -438,6 +438,8 @@ def case_fails_and_exits() -> str:
     """Process 1 (a short JAXCOLL_TIMEOUT) gives up waiting for process 0 and leaves at once, as a program that
     stops on an error does; process 0, arriving later, must learn why from process 1, not only that it left."""
     f, x = _fault_call()
+    f = f.lower(x).compile()  # both compile before either waits: process 1 waits at most 2 s
+    jax.experimental.multihost_utils.sync_global_devices("fails_and_exits compiled")
     f(x).block_until_ready()
     if PROCESS == 0:
         time.sleep(6.0)  # past process 1's timeout (2 s), so its call fails first, alone
