@@ -1,0 +1,231 @@
+"""The CPU executor's cost of a plan: what one call takes on this machine, from the plan's work and a measured model.
+
+The CPU runtime is not a network of links (docs/runtime.md, "One call"): the last rank to arrive runs the lanes of
+every rank of its process, cooperatively on one thread, with helper threads on the other cores once the call moves
+more than `solo_bytes`; a wait costs a switch to another lane, not a trip over a wire. What a call costs is the
+memory traffic of its steps, and where that traffic is served from:
+
+    t_call                                       entry rendezvous, completion (per layout: across processes
+                                                 it includes the call's publication and its end)
+  + steps x t_step / threads                     decoding and dispatching each step
+  + sum over touches of bytes / rate(level) / threads
+                                                 every chunk read or written by a step, at the rate of the
+                                                 smallest cache level that holds it: one at least as large as
+                                                 the traffic since the chunk was last touched in the call, or
+                                                 as the call's whole footprint (the loop's previous call left
+                                                 it there); memory's rate when none does
+  + fresh output bytes / fresh rate / threads     XLA allocates large outputs afresh each call: the kernel
+                                                 zeroes every page the call first writes (docs/runtime.md,
+                                                 "Fresh pages"), for outputs of at least `fresh_bytes` a rank
+  + crossing bytes / crossing rate               chunks of XLA's buffers copied through shared segments for
+                                                 peer processes
+  + network bytes / network rate + rounds x network latency
+                                                 puts and gets to processes on other hosts, and the longest
+                                                 chain of dependent exchanges
+
+and the process that takes longest decides (processes run their ranks at the same time). The order of touches is
+the executor's: lanes interleave step by step across ranks. So a plan that reuses a chunk soon after writing it (a
+ring's reduce-then-forward, a tree's small pipelined chunks) pays the cache's rate for the reuse, and one that
+rereads the whole input on every rank (the direct all_reduce) pays DRAM's once the inputs outgrow the cache.
+
+The constants are `CpuModel`'s, measured by `jaxcoll.tune.calibration` on the running job; `CpuModel()` holds this
+project's VM's. This is NCCL's tuning.cc in spirit (named latencies and rates, one formula), read off each plan's
+steps, so built-in, synthesized, imported and registered plans are priced alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxcoll.plan import Buffer, Collective, Op, Plan
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuModel:
+    """Measured constants of the CPU runtime on one job layout (seconds, bytes, bytes per second per thread).
+
+    Defaults: this project's VM (2 cores of an AMD EPYC, 32 MiB L3, 8 CPU devices, 2026-11-27, `jaxcoll tune
+    --calibrate-only`), a starting point that `jaxcoll.tune.calibrate` replaces with the machine at hand."""
+
+    call_s: float = 50e-6
+    step_s: float = 20e-9
+    # (size in bytes, bytes read or written per second per thread) of each cache level, smallest first
+    caches: tuple[tuple[int, float], ...] = ((2 << 20, 30e9), (32 << 20, 16e9))
+    memory_rate: float = 15e9  # the same, served by memory
+    fresh_rate: float = 6e9  # bytes of fresh output pages faulted in and zeroed per second per thread
+    # Outputs of at least this many bytes a rank come in fresh pages: XLA:CPU's buffers come from the C library's
+    # allocator, which maps large blocks afresh (its threshold moves between 128 KiB and 32 MiB).
+    fresh_bytes: int = 1 << 20
+    crossing_rate: float = 4e9  # bytes/s of chunks copied through shared segments between processes
+    network_rate: float = 1.25e9  # bytes/s per TCP connection, one direction
+    network_latency_s: float = 50e-6  # one dependent message exchange between hosts
+    solo_bytes: int = 4 << 20  # JAXCOLL_SOLO_BYTES: above it a call is shared with helper threads
+    threads: int = 2  # threads a process's call uses once helpers join (one per core)
+
+    def rate(self, reach: np.ndarray) -> np.ndarray:
+        """Bytes per second per thread of touches that need a cache of `reach` bytes to hit."""
+        out = np.full(reach.shape, self.memory_rate)
+        for size, rate in reversed(self.caches):
+            out[reach <= size] = rate
+        return out
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["caches"] = [list(level) for level in self.caches]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CpuModel":
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if not isinstance(d, dict):
+            raise ValueError(f"CpuModel: expected an object, got {d!r}"[:200])
+        unknown = set(d) - set(fields)
+        if unknown:
+            raise ValueError(f"CpuModel: unknown fields {sorted(unknown)}")
+        d = dict(d)
+        if "caches" in d:
+            levels = d.pop("caches")
+            try:
+                caches = tuple((int(size), float(rate)) for size, rate in levels)
+            except (TypeError, ValueError):
+                raise ValueError(f"CpuModel: caches must be [size, rate] pairs, got {levels!r}") from None
+            if any(size <= 0 or not (rate > 0 and math.isfinite(rate)) for size, rate in caches):
+                raise ValueError(f"CpuModel: caches must have sizes and rates > 0, got {levels!r}")
+            return dataclasses.replace(cls.from_json(d), caches=tuple(sorted(caches)))
+        for name, value in d.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"CpuModel: {name} must be a finite number, got {value!r}")
+            positive = name.endswith("rate") or name in ("threads", "fresh_bytes")
+            if value < 0 or (positive and value <= 0):
+                raise ValueError(f"CpuModel: {name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
+        return cls(**{k: (int(v) if fields[k].type in ("int", int) else float(v)) for k, v in d.items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """What a plan asks of each process per call, in chunks (multiply by the chunk's bytes)."""
+
+    reuse: tuple[np.ndarray, ...]  # per process: traffic from each touch's chunk's last touch through it (inf: first)
+    touched: tuple[np.ndarray, ...]  # per process: the chunks each touch reads or writes
+    footprint: tuple[int, ...]  # per process: distinct chunks its steps touch
+    outputs: tuple[tuple[int, ...], ...]  # per process: each of its ranks' output chunks
+    crossing: tuple[float, ...]  # per process: chunks of its XLA buffers that peer processes name (copied in/out)
+    network: tuple[float, ...]  # per process: chunks its steps move over the network
+    steps: tuple[int, ...]  # per process: data and sync steps
+    traffic: float  # the whole call's chunks read + written (what the executor's solo threshold reads)
+    rounds: int  # dependent exchanges between hosts on the longest chain
+
+
+def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int] | None = None) -> Work:
+    """The work of `plan` when rank r runs in process `processes[r]` (default: all in one) and process p on host
+    `hosts[p]` (default: one host). Linear in the plan's steps."""
+    n = plan.nranks
+    processes = tuple(processes) if processes else (0,) * n
+    if len(processes) != n:
+        raise ValueError(f"processes names {len(processes)} ranks, the plan has {n}")
+    procs = sorted(set(processes))
+    index = {p: i for i, p in enumerate(procs)}
+    host_of = (lambda p: 0) if hosts is None else (lambda p: hosts[p])
+    np_ = len(procs)
+    network = [0.0] * np_
+    steps = [0] * np_
+    foreign: list[set] = [set() for _ in range(np_)]
+    # Touches in the executor's order: lanes interleave step by step across the ranks (a rank runs until it
+    # waits, then the next one does).
+    order = sorted(((i, r, l) for r, prog in enumerate(plan.ranks) for l, lane in enumerate(prog.lanes)
+                    for i in range(len(lane.steps))))
+    clock = [0] * np_
+    last: list[dict] = [{} for _ in range(np_)]
+    reuse: list[list[float]] = [[] for _ in range(np_)]
+    touched: list[list[int]] = [[] for _ in range(np_)]
+    traffic = 0
+    for r, prog in enumerate(plan.ranks):
+        steps[index[processes[r]]] += sum(len(lane.steps) for lane in prog.lanes)
+    for i, r, l in order:
+        step = plan.ranks[r].lanes[l].steps[i]
+        if not step.op.is_data:
+            continue
+        me = index[processes[r]]
+        seen, dist, sizes = last[me], reuse[me], touched[me]
+        refs = step.dsts if step.op is Op.ZERO else step.srcs + step.dsts
+        for ref in refs:
+            key = (ref.rank, ref.buffer, ref.index)
+            before = seen.get(key)
+            # the traffic from the chunk's last touch through this one: what a cache must hold for a hit
+            dist.append(math.inf if before is None else clock[me] + ref.count - before)
+            sizes.append(ref.count)
+            clock[me] += ref.count
+            for j in ref.indices():
+                seen[(ref.rank, ref.buffer, j)] = clock[me]
+            traffic += ref.count
+            owner = index[processes[ref.rank]]
+            if owner == me:
+                continue
+            if host_of(processes[ref.rank]) != host_of(processes[r]):
+                network[me] += ref.count
+            elif ref.buffer is not Buffer.SCRATCH:  # XLA's buffers are private: copied through a segment
+                foreign[owner].update((ref.rank, ref.buffer, j) for j in ref.indices())
+    if plan.in_place:  # the executor's staging copies (docs/runtime.md, "One call", step 3): first touches
+        for r, prog in enumerate(plan.ranks):
+            me = index[processes[r]]
+            copies = prog.input_chunks + (prog.output_chunks if plan.collective is Collective.REDUCE_SCATTER else 0)
+            reuse[me].extend([math.inf, math.inf])
+            touched[me].extend([copies, copies])
+    footprint = tuple(len(seen) for seen in last)
+    outputs = tuple(tuple(prog.output_chunks for r, prog in enumerate(plan.ranks) if index[processes[r]] == p)
+                    for p in range(np_))
+    crossing = tuple(2.0 * len(f) for f in foreign)
+    multi_host = hosts is not None and len({host_of(p) for p in procs}) > 1
+    rounds = _network_rounds(plan, processes, host_of) if multi_host else 0
+    return Work(tuple(np.asarray(d, dtype=float) for d in reuse), tuple(np.asarray(t, dtype=float) for t in touched),
+                footprint, outputs, crossing, tuple(network), tuple(steps), float(traffic), rounds)
+
+
+def _network_rounds(plan: Plan, processes, host_of) -> int:
+    """The longest chain of steps that cross hosts, following each lane's order and each signal to its wait."""
+    from jaxcoll.sim.engine import simulate
+    from jaxcoll.topology import Topology
+
+    # Simulated on the hosts alone: one microsecond for every crossing between hosts, nothing inside a host,
+    # bandwidth too large to matter; the simulated time is then the number of dependent crossings.
+    n = plan.nranks
+    hosts = sorted({host_of(p) for p in processes})
+    links = []
+    for r in range(n):
+        h = f"h{host_of(processes[r])}"
+        links += [(r, h, 1e12, 0.0), (h, r, 1e12, 0.0)]
+    for h in hosts:
+        links += [(f"h{h}", "net", 1e12, 0.5), ("net", f"h{h}", 1e12, 0.5)]
+    topo = Topology("hosts", n, [f"h{h}" for h in hosts] + ["net"], links)
+    return int(round(simulate(plan, topo, 1.0) / 1e-6))
+
+
+def chunk_bytes(plan: Plan, input_bytes: float) -> float:
+    """Bytes of one chunk when each rank's input holds `input_bytes`."""
+    return float(input_bytes) / plan.in_blocks / plan.chunk_factor
+
+
+def seconds(plan: Plan, input_bytes: float, model: CpuModel, w: Work | None = None,
+            processes: Sequence[int] | None = None, hosts: Sequence[int] | None = None) -> float:
+    """Predicted seconds of one call of `plan` with `input_bytes` per rank input (see the module docstring)."""
+    w = w if w is not None else work(plan, processes, hosts)
+    chunk = chunk_bytes(plan, input_bytes)
+    threads = 1 if w.traffic * chunk <= model.solo_bytes else model.threads
+    worst = 0.0
+    for p in range(len(w.steps)):
+        reach = np.minimum(w.reuse[p], w.footprint[p]) * chunk
+        t = w.steps[p] * model.step_s / threads
+        t += float((w.touched[p] / model.rate(reach)).sum()) * chunk / threads
+        fresh = sum(c for c in w.outputs[p] if c * chunk >= model.fresh_bytes) * chunk
+        t += fresh / model.fresh_rate / threads
+        t += w.crossing[p] * chunk / model.crossing_rate
+        t += w.network[p] * chunk / model.network_rate
+        worst = max(worst, t)
+    return model.call_s + worst + w.rounds * model.network_latency_s
+
+
+__all__ = ["CpuModel", "Work", "chunk_bytes", "seconds", "work"]
