@@ -35,6 +35,8 @@ def add_parser(sub) -> None:
                    help="candidates measured per cell, by the model's ranking, beside the default (default 3)")
     p.add_argument("--reps", type=int, default=5, help="timed calls per candidate and cell (default 5)")
     p.add_argument("--dtype", default="float32", help="element type of the measured calls (default float32)")
+    p.add_argument("--probe-bytes", default="64M",
+                   help="largest calibration probe per rank; its footprint should outgrow the caches (default 64M)")
     p.add_argument("--out", metavar="PATH", help="the tuning file to write (default: JAXCOLL_TUNING, else "
                                                  "~/.cache/jaxcoll/tuning.json)")
     p.add_argument("--calibrate-only", action="store_true",
@@ -63,6 +65,12 @@ def run(args) -> int:
         raise SystemExit(f"jaxcoll tune: --sizes={args.sizes!r} is not a list of sizes such as 64K,1M") from None
     if not sizes or min(sizes) < 1:
         raise SystemExit(f"jaxcoll tune: --sizes={args.sizes!r} must name positive sizes")
+    try:
+        args.probe_bytes = parse_size(str(args.probe_bytes))
+    except ValueError:
+        raise SystemExit(f"jaxcoll tune: --probe-bytes={args.probe_bytes!r} is not a size such as 64M") from None
+    if args.probe_bytes < 4096:
+        raise SystemExit(f"jaxcoll tune: --probe-bytes must be at least 4K, got {args.probe_bytes}")
     from jaxcoll.tune import file
     path = os.path.abspath(args.out) if args.out else file.default_path()
     if args.processes > 1 and not launch.in_job():
@@ -80,8 +88,8 @@ def run(args) -> int:
 
 def _argv(args) -> list[str]:
     out = []
-    for name in ("collectives", "sizes", "devices", "processes", "transport", "top", "reps", "dtype"):
-        out += [f"--{name}", str(getattr(args, name))]
+    for name in ("collectives", "sizes", "devices", "processes", "transport", "top", "reps", "dtype", "probe_bytes"):
+        out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     return out + (["--calibrate-only"] if args.calibrate_only else [])
 
 
@@ -123,7 +131,8 @@ def _tune_here(args, collectives, sizes, path) -> int:
         def step(what: str) -> None:
             bar.update(task, advance=1, description=what)
 
-        model = calibration.calibrate(devices, reps=args.reps, hosts=hosts, progress=step)
+        model = calibration.calibrate(devices, reps=args.reps, hosts=hosts, probe_bytes=args.probe_bytes,
+                                      progress=step)
         _print_model(console, model)
         if args.calibrate_only:
             return 0

@@ -22,10 +22,12 @@ called by every process of a job (the probes are collectives over all its device
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 from collections.abc import Callable
 
+from jaxcoll import distributed
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
 from jaxcoll.sim.cpu import CpuModel, chunk_bytes, seconds, work
 from jaxcoll.tune import measure
@@ -70,9 +72,14 @@ def shift(processes: tuple[int, ...], across: bool) -> tuple[tuple[int, int], ..
     return tuple(sorted(pairs))
 
 
-def calibrate(devices=None, *, reps: int = 5, hosts=None, progress: Callable[[str], None] | None = None) -> CpuModel:
-    """Measure this job's `CpuModel` on `devices` (default: every device of the job), `reps` samples per probe.
-    `hosts[p]` is the host of process p (default: the job's own). Every process of the job must call it."""
+def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LARGE_BYTES,
+              progress: Callable[[str], None] | None = None) -> CpuModel:
+    """Measure this job's `CpuModel` on `devices` (default: every device of the job), `reps` samples per probe,
+    no probe larger than `probe_bytes` per rank (smaller ones calibrate memory less well: its footprint should
+    outgrow the caches). `hosts[p]` is the host of process p (default: the job's own). Every process of the job
+    must call it."""
+    if not isinstance(probe_bytes, int) or probe_bytes < 4096:
+        raise ValueError(f"calibrate: probe_bytes must be an integer of at least 4096, got probe_bytes={probe_bytes!r}")
     import jax
     import numpy as np
 
@@ -124,7 +131,7 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, progress: Callable[[st
     repeated = shift_plan(processes, False, repeats=REPEATS)
     caches = []
     for size in _cache_sizes():
-        per_rank = max(4 << 10, size // 2 // (2 * n))  # the footprint: every rank's input and output
+        per_rank = min(probe_bytes, max(4 << 10, size // 2 // (2 * n)))  # the footprint: inputs and outputs
         say(f"cache rate, {size >> 20} MiB level")
         measured = timed(per_rank, probe=repeated)["probe"]
         nbytes, threads = moved(repeated, per_rank)
@@ -132,10 +139,10 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, progress: Callable[[st
 
     say("memory rate and fresh pages")
     twice = shift_plan(processes, False, repeats=2)
-    t = timed(LARGE_BYTES, once=local, twice=twice)
-    once_bytes, threads = moved(local, LARGE_BYTES)
+    t = timed(probe_bytes, once=local, twice=twice)
+    once_bytes, threads = moved(local, probe_bytes)
     memory_rate = once_bytes / threads / max(t["twice"] - t["once"], 1e-9)
-    outputs = max(sum(w) for w in work(local, *layout).outputs) * chunk_bytes(local, input_bytes(LARGE_BYTES))
+    outputs = max(sum(w) for w in work(local, *layout).outputs) * chunk_bytes(local, input_bytes(probe_bytes))
     left = t["once"] - overhead(local, threads) - once_bytes / threads / memory_rate
     fresh_rate = outputs / threads / left if left > 0 else float("inf")
     model = CpuModel(**{**model.__dict__, "caches": tuple(caches) or CpuModel.caches, "memory_rate": memory_rate,
@@ -152,8 +159,8 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, progress: Callable[[st
             latency = max(0.0, t_small - seconds(across, input_bytes(n * 4), free, wa)) / max(1, wa.rounds)
             model = CpuModel(**{**model.__dict__, "network_latency_s": latency})
         say(f"{'network' if multi_host else 'crossing'} rate")
-        size = input_bytes(CROSSING_BYTES)
-        measured = timed(CROSSING_BYTES, probe=across)["probe"]
+        size = input_bytes(min(CROSSING_BYTES, probe_bytes))
+        measured = timed(min(CROSSING_BYTES, probe_bytes), probe=across)["probe"]
         wa = work(across, *layout)
         chunk = chunk_bytes(across, size)
         moved = max(wa.network) if multi_host else max(wa.crossing)
@@ -161,7 +168,21 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, progress: Callable[[st
         rest = measured - seconds(across, size, free, wa)
         if rest > 0 and moved:
             model = CpuModel(**{**model.__dict__, field: moved * chunk / rest})
+        # Each process measured on its own; the job goes on with process 0's numbers, so that every process
+        # ranks and runs the same candidates.
+        model = CpuModel.from_json(json.loads(distributed.agree(f"tune/calibration/{_next_run()}",
+                                                                lambda: json.dumps(model.to_json()))))
     return model
+
+
+_runs = 0
+
+
+def _next_run() -> int:
+    """A number that every process of a job draws in the same order: one per agreement a tuning run makes."""
+    global _runs
+    _runs += 1
+    return _runs
 
 
 def _cache_sizes() -> list[int]:

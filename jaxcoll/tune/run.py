@@ -75,6 +75,10 @@ def tune_cells(collectives: Sequence[str], sizes: Sequence[int], *, model: CpuMo
             times = measure.time_cell(collective, size, {name: by_name[name] for name in names}, mesh, reps=reps,
                                       warmup=warmup, dtype=dtype)
             fastest = min(names, key=lambda k: (statistics.median(times[k]), k))
+            if spans:  # the job's choice is process 0's measurement
+                from jaxcoll import distributed
+                from jaxcoll.tune.calibration import _next_run
+                fastest = distributed.agree(f"tune/cell/{_next_run()}", lambda: fastest)
             cells.append(Cell(collective, n, size, dtype, fastest, default, ranked[0][1], times,
                               {name: s for s, name, _ in ranked}))
     return cells, plans
