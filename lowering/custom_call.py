@@ -76,7 +76,8 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
         nbytes = math.prod(aval.shape) * wire_aval.dtype.itemsize
         plan = plans.choose(api_name, collective, nranks, nbytes, wire_aval.dtype, algorithm,
                             processes=groups.process_layout(processes, nranks),
-                            hosts=groups.host_layout(processes, hosts, nranks), **params)
+                            hosts=groups.host_layout(processes, hosts, nranks),
+                            platform="cpu" if set(ctx.module_context.platforms) == {"cpu"} else "gpu", **params)
         rank, group = groups.rank_and_group(ctx, axes)
         result = call(ctx, value, wire_aval, wire_out, plan, rank, group, processes, op)
     if wire_out is not out_aval:
