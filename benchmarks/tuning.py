@@ -5,8 +5,9 @@ In one job (one process of `--devices` CPU devices, or `--processes` processes o
 the model (`jaxcoll.tune.calibrate`), then for every collective and size time every candidate plan (built-ins and
 the plans synthesized for the job's layout, the large tree packings left out unless `--large`), alternating call by
 call, `--reps` calls each, and put each plan's predicted time beside its measured median (and the spread, min-max).
-Then, per cell, what auto runs (the model's pick with the calibration just made; a tuning file is not read) against
-the fastest median of the cell, and what the hand-tuned default (`jaxcoll.algorithms.tuning`) ran.
+Then, per cell, what auto runs against the fastest median of the cell, and what the hand-tuned default
+(`jaxcoll.algorithms.tuning`) ran: auto is the tuning file's choice where a usable one has the cell (`jaxcoll
+tune` wrote it earlier; `JAXCOLL_TUNING` says where), else the model's pick with the calibration just made.
 
     python benchmarks/tuning.py --sizes 4K,64K,1M,16M --markdown /tmp/t.md
     python benchmarks/tuning.py --processes 2 --transport tcp
@@ -100,8 +101,13 @@ def measure_here(args) -> int:
                              f" | {err:+.0%} |")
             fastest = min(medians, key=medians.get)
             auto = ranked[0][1]
+            tf = file.current()
+            cell = tf and tf.cell(file.layout_key(processes, hs), collective, n, size, "float32")
+            source = "model"
+            if cell and cell["choice"] in medians:
+                auto, source = cell["choice"], "file"
             default = run.default_name(collective, n, size, processes)
-            verdicts.append((collective, size, auto, medians[auto], fastest, medians[fastest], default,
+            verdicts.append((collective, size, f"{auto} ({source})", medians[auto], fastest, medians[fastest], default,
                              medians.get(default, float("nan"))))
         lines.append("")
     errs = np.abs([e for *_, e in errors])
@@ -111,7 +117,7 @@ def measure_here(args) -> int:
         e = np.abs([x for c, *_, x in errors if c == collective])
         lines.append(f"- {collective}: median {np.median(e):.0%}, 90th percentile {np.percentile(e, 90):.0%}")
     lines += ["", "### auto against the fastest measured", "",
-              "| collective | size/rank | auto (model) | us | fastest | us | auto / fastest | default | us |",
+              "| collective | size/rank | auto | us | fastest | us | auto / fastest | default | us |",
               "|---|---:|---|---:|---|---:|---:|---|---:|"]
     within = 0
     for collective, size, auto, t_auto, fastest, t_fast, default, t_default in verdicts:
