@@ -18,6 +18,7 @@ tune` wrote it earlier; `JAXCOLL_TUNING` says where), else the model's pick with
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -81,7 +82,7 @@ def measure_here(args) -> int:
     model = calibrate(devices, reps=args.reps, hosts=hosts)
     where = (f"{n} CPU devices, layout {file.layout_key(processes, hs)}, {file.machine()['cores']} cores, "
              f"{os.environ.get('JAXCOLL_NET_DELAY_US', '0')} us network delay")
-    lines = [f"{where}", "", f"model: `{model.to_json()}`", ""]
+    lines = [f"{where}", "", f"model: `{json.dumps(model.to_json())}`", ""]
     errors, verdicts = [], []
     for collective in [c.strip() for c in args.collectives.split(",") if c.strip()]:
         lines += [f"### {collective}", "", "| size/rank | plan | predicted us | measured us (min-max) | error |",

@@ -13,7 +13,7 @@ from jaxcoll.sim import cpu
 IN, OUT, SCRATCH = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 MiB = 1 << 20
 # Round numbers, so that every expected time below is arithmetic.
-MODEL = cpu.CpuModel(call_s=10e-6, step_s=1e-6, caches=((1 * MiB, 40e9), (8 * MiB, 20e9)), memory_rate=10e9,
+MODEL = cpu.CpuModel(call_s=10e-6, helpers_s=100e-6, step_s=1e-6, caches=((1 * MiB, 40e9), (8 * MiB, 20e9)), memory_rate=10e9,
                      fresh_rate=5e9, fresh_bytes=64 * MiB, solo_bytes=4 * MiB, threads=2)
 
 
@@ -37,7 +37,7 @@ def test_the_traffic_is_every_step_reading_its_sources_and_writing_its_destinati
 
 def test_a_copy_that_outgrows_every_cache_costs_its_bytes_at_the_memory_rate():
     n, size = 8, 16 * MiB  # footprint 2 x 8 x 16 MiB: beyond the 8 MiB cache; traffic 256 MiB: two threads
-    expected = MODEL.call_s + n * MODEL.step_s / 2 + (2 * n * size) / MODEL.memory_rate / 2
+    expected = MODEL.call_s + MODEL.helpers_s + n * MODEL.step_s / 2 + (2 * n * size) / MODEL.memory_rate / 2
     assert math.isclose(cpu.seconds(shift(n), size, MODEL), expected, rel_tol=1e-12)
 
 
@@ -55,12 +55,12 @@ def test_a_chunk_touched_again_soon_comes_from_the_cache_that_holds_what_was_tou
     w = cpu.work(shift(n, repeats=2))
     assert sorted(w.reuse[0][:4].tolist()) == [math.inf] * 4
     assert w.reuse[0][4:].tolist() == [4, 4, 4, 4]  # chunks of traffic since: 4 chunks of 4 MiB = 16 MiB
-    expected = MODEL.call_s + 2 * n * MODEL.step_s / 2 + 4 * n * size / MODEL.memory_rate / 2
+    expected = MODEL.call_s + MODEL.helpers_s + 2 * n * MODEL.step_s / 2 + 4 * n * size / MODEL.memory_rate / 2
     assert math.isclose(cpu.seconds(shift(n, repeats=2), size, MODEL), expected, rel_tol=1e-12)
     # At 1 MiB the second pass reuses 4 MiB back: the 8 MiB level; the first pass is cold (footprint 4 MiB fits,
     # so the loop's previous call left it there too: all at 20 GB/s).
     small = 1 * MiB
-    expected = MODEL.call_s + 2 * n * MODEL.step_s / 2 + 4 * n * small / 20e9 / 2
+    expected = MODEL.call_s + MODEL.helpers_s + 2 * n * MODEL.step_s / 2 + 4 * n * small / 20e9 / 2
     assert math.isclose(cpu.seconds(shift(n, repeats=2), small, MODEL), expected, rel_tol=1e-12)
 
 
@@ -99,6 +99,13 @@ def test_the_model_round_trips_through_json_and_refuses_bad_constants():
                 {"step_s": float("nan")}, {"caches": "fast"}):
         with pytest.raises(ValueError):
             cpu.CpuModel.from_json(bad)
+
+
+def test_the_fitted_constants_come_back_in_order():
+    c = MODEL.coefficients()
+    back = MODEL.with_coefficients(c, MODEL.call_s, MODEL.network_latency_s).to_json()
+    for name, value in MODEL.to_json().items():
+        assert np.allclose(back[name], value, rtol=1e-12, atol=0), name
 
 
 def test_rates_follow_the_smallest_level_that_holds_a_touch():

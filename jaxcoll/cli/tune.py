@@ -123,7 +123,7 @@ def _tune_here(args, collectives, sizes, path) -> int:
     layout = file.layout_key(processes, hosts)
     console.print(f"[bold]jaxcoll tune[/]: {len(devices)} CPU devices, layout {layout}, "
                   f"{file.machine()['cores']} cores; file {path}")
-    total = calibration.PROBES + len(calibration._cache_sizes()) + (2 if len(set(processes)) > 1 else 0) + len(collectives) * len(sizes)
+    total = len(calibration.training(processes, args.probe_bytes)) + len(collectives) * len(sizes)
     with Progress(TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True, disable=process != 0) as bar:
         task = bar.add_task("calibrating", total=total)
@@ -152,6 +152,7 @@ def _print_model(console, model) -> None:
     t.add_column("constant")
     t.add_column("value", justify="right")
     t.add_row("call", f"{model.call_s * 1e6:.1f} us")
+    t.add_row("helper threads joined", f"{model.helpers_s * 1e6:.1f} us")
     t.add_row("step", f"{model.step_s * 1e9:.0f} ns")
     for size, rate in model.caches:
         t.add_row(f"rate within {size >> 20} MiB of cache, per thread", f"{rate / 1e9:.2f} GB/s")

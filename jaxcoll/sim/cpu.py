@@ -7,6 +7,7 @@ memory traffic of its steps, and where that traffic is served from:
 
     t_call                                       entry rendezvous, completion (per layout: across processes
                                                  it includes the call's publication and its end)
+  + t_helpers, when the call is shared             waking the helper threads and joining them
   + steps x t_step / threads                     decoding and dispatching each step
   + sum over touches of bytes / rate(level) / threads
                                                  every chunk read or written by a step, at the rate of the
@@ -19,9 +20,9 @@ memory traffic of its steps, and where that traffic is served from:
                                                  "Fresh pages"), for outputs of at least `fresh_bytes` a rank
   + crossing bytes / crossing rate               chunks of XLA's buffers copied through shared segments for
                                                  peer processes
-  + network bytes / network rate + rounds x network latency
-                                                 puts and gets to processes on other hosts, and the longest
-                                                 chain of dependent exchanges
+  + network bytes / network rate + messages x t_message + rounds x network latency
+                                                 puts and gets to processes on other hosts, what each message
+                                                 costs, and the longest chain of dependent exchanges
 
 and the process that takes longest decides (processes run their ranks at the same time). The order of touches is
 the executor's: lanes interleave step by step across ranks. So a plan that reuses a chunk soon after writing it (a
@@ -52,6 +53,7 @@ class CpuModel:
     --calibrate-only`), a starting point that `jaxcoll.tune.calibrate` replaces with the machine at hand."""
 
     call_s: float = 50e-6
+    helpers_s: float = 150e-6  # what a call shared with helper threads adds: waking them, joining them
     step_s: float = 20e-9
     # (size in bytes, bytes read or written per second per thread) of each cache level, smallest first
     caches: tuple[tuple[int, float], ...] = ((2 << 20, 30e9), (32 << 20, 16e9))
@@ -63,8 +65,27 @@ class CpuModel:
     crossing_rate: float = 4e9  # bytes/s of chunks copied through shared segments between processes
     network_rate: float = 1.25e9  # bytes/s per TCP connection, one direction
     network_latency_s: float = 50e-6  # one dependent message exchange between hosts
+    network_message_s: float = 20e-6  # what each message to another host costs its sender and receiver
     solo_bytes: int = 4 << 20  # JAXCOLL_SOLO_BYTES: above it a call is shared with helper threads
     threads: int = 2  # threads a process's call uses once helpers join (one per core)
+
+    def coefficients(self) -> np.ndarray:
+        """The model's constants in the order of `terms`' columns: seconds per unit of each."""
+        return np.array([self.helpers_s, self.step_s, *(1 / r for _, r in self.caches), 1 / self.memory_rate,
+                         1 / self.fresh_rate, 1 / self.crossing_rate, 1 / self.network_rate,
+                         self.network_message_s])
+
+    def with_coefficients(self, c: Sequence[float], call_s: float, network_latency_s: float) -> "CpuModel":
+        """This model with the constants `coefficients` orders (a fitted vector; a zero rate term is an
+        unmeasurably fast rate)."""
+        def rate(x):
+            return 1 / x if x > 0 else 1e15
+        k = len(self.caches)
+        return dataclasses.replace(
+            self, call_s=call_s, helpers_s=c[0], step_s=c[1],
+            caches=tuple((size, rate(x)) for (size, _), x in zip(self.caches, c[2:2 + k])),
+            memory_rate=rate(c[2 + k]), fresh_rate=rate(c[3 + k]), crossing_rate=rate(c[4 + k]),
+            network_rate=rate(c[5 + k]), network_message_s=c[6 + k], network_latency_s=network_latency_s)
 
     def rate(self, reach: np.ndarray) -> np.ndarray:
         """Bytes per second per thread of touches that need a cache of `reach` bytes to hit."""
@@ -115,6 +136,7 @@ class Work:
     outputs: tuple[tuple[int, ...], ...]  # per process: each of its ranks' output chunks
     crossing: tuple[float, ...]  # per process: chunks of its XLA buffers that peer processes name (copied in/out)
     network: tuple[float, ...]  # per process: chunks its steps move over the network
+    messages: tuple[int, ...]  # per process: the network messages its steps send (a remote chunk each)
     steps: tuple[int, ...]  # per process: data and sync steps
     traffic: float  # the whole call's chunks read + written (what the executor's solo threshold reads)
     rounds: int  # dependent exchanges between hosts on the longest chain
@@ -132,6 +154,7 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
     host_of = (lambda p: 0) if hosts is None else (lambda p: hosts[p])
     np_ = len(procs)
     network = [0.0] * np_
+    messages = [0] * np_
     steps = [0] * np_
     foreign: list[set] = [set() for _ in range(np_)]
     # Touches in the executor's order: lanes interleave step by step across the ranks (a rank runs until it
@@ -167,6 +190,7 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
                 continue
             if host_of(processes[ref.rank]) != host_of(processes[r]):
                 network[me] += ref.count
+                messages[me] += 1
             elif ref.buffer is not Buffer.SCRATCH:  # XLA's buffers are private: copied through a segment
                 foreign[owner].update((ref.rank, ref.buffer, j) for j in ref.indices())
     if plan.in_place:  # the executor's staging copies (docs/runtime.md, "One call", step 3): first touches
@@ -182,7 +206,7 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
     multi_host = hosts is not None and len({host_of(p) for p in procs}) > 1
     rounds = _network_rounds(plan, processes, host_of) if multi_host else 0
     return Work(tuple(np.asarray(d, dtype=float) for d in reuse), tuple(np.asarray(t, dtype=float) for t in touched),
-                footprint, outputs, crossing, tuple(network), tuple(steps), float(traffic), rounds)
+                footprint, outputs, crossing, tuple(network), tuple(messages), tuple(steps), float(traffic), rounds)
 
 
 def _network_rounds(plan: Plan, processes, host_of) -> int:
@@ -209,23 +233,31 @@ def chunk_bytes(plan: Plan, input_bytes: float) -> float:
     return float(input_bytes) / plan.in_blocks / plan.chunk_factor
 
 
-def seconds(plan: Plan, input_bytes: float, model: CpuModel, w: Work | None = None,
-            processes: Sequence[int] | None = None, hosts: Sequence[int] | None = None) -> float:
-    """Predicted seconds of one call of `plan` with `input_bytes` per rank input (see the module docstring)."""
-    w = w if w is not None else work(plan, processes, hosts)
-    chunk = chunk_bytes(plan, input_bytes)
+def terms(w: Work, chunk: float, model: CpuModel) -> np.ndarray:
+    """Per process, what each of the model's constants multiplies (`CpuModel.coefficients`' order): helpers
+    (1 when the call is shared with helper threads), steps per thread, bytes per thread served by each cache
+    level and by memory, fresh output bytes per thread, bytes through segments, bytes and messages over the
+    network."""
     threads = 1 if w.traffic * chunk <= model.solo_bytes else model.threads
-    worst = 0.0
+    sizes = [size for size, _ in model.caches]
+    rows = []
     for p in range(len(w.steps)):
         reach = np.minimum(w.reuse[p], w.footprint[p]) * chunk
-        t = w.steps[p] * model.step_s / threads
-        t += float((w.touched[p] / model.rate(reach)).sum()) * chunk / threads
+        level = np.searchsorted(np.asarray(sizes, dtype=float), reach, side="left")  # len(sizes): memory
+        served = np.bincount(level, weights=w.touched[p], minlength=len(sizes) + 1) * chunk / threads
         fresh = sum(c for c in w.outputs[p] if c * chunk >= model.fresh_bytes) * chunk
-        t += fresh / model.fresh_rate / threads
-        t += w.crossing[p] * chunk / model.crossing_rate
-        t += w.network[p] * chunk / model.network_rate
-        worst = max(worst, t)
-    return model.call_s + worst + w.rounds * model.network_latency_s
+        rows.append([float(threads > 1), w.steps[p] / threads, *served, fresh / threads, w.crossing[p] * chunk,
+                     w.network[p] * chunk, float(w.messages[p])])
+    return np.asarray(rows)
 
 
-__all__ = ["CpuModel", "Work", "chunk_bytes", "seconds", "work"]
+def seconds(plan: Plan, input_bytes: float, model: CpuModel, w: Work | None = None,
+            processes: Sequence[int] | None = None, hosts: Sequence[int] | None = None) -> float:
+    """Predicted seconds of one call of `plan` with `input_bytes` per rank input (see the module docstring):
+    the fixed cost, the slowest process's terms times the model's constants, and the network's rounds."""
+    w = w if w is not None else work(plan, processes, hosts)
+    per_process = terms(w, chunk_bytes(plan, input_bytes), model) @ model.coefficients()
+    return model.call_s + float(per_process.max()) + w.rounds * model.network_latency_s
+
+
+__all__ = ["CpuModel", "Work", "chunk_bytes", "seconds", "terms", "work"]

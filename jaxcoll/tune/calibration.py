@@ -1,23 +1,23 @@
-"""Calibration: the running job's `CpuModel`, from short microbenchmarks of its links.
+"""Calibration: the running job's `CpuModel`, fitted to short measurements of this machine.
 
-Every probe is a ppermute on the CPU runtime that shifts each rank's input to a peer (one put step per rank unless
-said otherwise), timed as `jaxcoll.tune.measure` times any collective, so what is measured is what a collective's
-steps cost here:
+The model (`jaxcoll.sim.cpu`) is one formula: a fixed cost per call plus the work each of the plan's terms names
+(helper threads joined, steps, bytes served by each cache level and by memory, fresh output pages, bytes through
+shared segments or over the network, dependent network rounds) times a constant. Calibration measures a set of
+calls whose terms differ, and fits the constants to their times by non-negative least squares on the relative
+error (the same weight for a 50 us call as for a 50 ms one). The set (`training`):
 
-- **call**: a shift inside each process of the smallest message: the fixed cost of a call on this layout (entry
-  rendezvous, completion, and, across processes, the call's publication and its end).
-- **step**: the same shift split into `STEP_CHUNKS` puts per rank: what decoding and dispatching a step costs.
-- **cache rates**: for each cache level, a shift repeated `REPEATS` times in one call whose footprint is half the
-  level: every byte comes from that level.
-- **memory and fresh pages**: a shift of `LARGE_BYTES` per rank, once and twice in one call: the second pass
-  costs only memory traffic, the first also faults in and zeroes the fresh output pages XLA allocates.
-- **crossing** (several processes of one host): a shift to the next process, whose every chunk is copied through
-  a shared segment: the segment copy rate.
-- **network** (several hosts): the same shift over the network transport: its latency (smallest message) and rate.
+- **shifts**: a ppermute that moves each rank's input to the next rank of its process, once or repeated 8 times in
+  one call, and split into 1024 puts: copies at every footprint from 4 KiB to `probe_bytes` per rank (each cache
+  level, then memory and fresh pages), alone and with helper threads, and the cost of a step;
+- **the simplest plans of each collective**: the direct all_reduce (every rank rereads every input), the two-shot
+  all_reduce, the direct all_gather and reduce_scatter, at 16 KiB, 1 MiB and 16 MiB per rank: reductions, and
+  writes to many outputs;
+- across processes, the shift to the next process (every chunk through a segment, or over the network) and the
+  hierarchical plans.
 
-The cache sizes are the machine's (sysfs: the private level-2 caches of the cores taken together, and the
-last level). Each figure is the median of alternating samples; `calibrate` must be
-called by every process of a job (the probes are collectives over all its devices).
+The cache sizes are the machine's (sysfs). Plans not in the set (the ring, every synthesized plan) and other sizes
+are predicted, not fitted: benchmarks/tuning.py reports the error on both, apart. Every process of a job must call
+`calibrate` (each measurement is a collective over the job's devices); the job goes on with process 0's fit.
 """
 
 from __future__ import annotations
@@ -29,14 +29,16 @@ from collections.abc import Callable
 
 from jaxcoll import distributed
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
-from jaxcoll.sim.cpu import CpuModel, chunk_bytes, seconds, work
+from jaxcoll.sim.cpu import CpuModel, chunk_bytes, terms, work
 from jaxcoll.tune import measure
 
 STEP_CHUNKS = 1024
 REPEATS = 8
 LARGE_BYTES = 64 << 20
-CROSSING_BYTES = 16 << 20
-PROBES = 4  # progress steps of a calibration on one host, beside one per cache level (two more across processes)
+SHIFT_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
+PLAN_SIZES = (16 << 10, 1 << 20, 16 << 20)
+PLANS = (("all_reduce", "direct"), ("all_reduce", "two_shot"), ("all_gather", "direct"),
+         ("reduce_scatter", "direct"))
 
 
 def shift_plan(processes: tuple[int, ...], across: bool, chunks: int = 1, repeats: int = 1) -> Plan:
@@ -72,17 +74,52 @@ def shift(processes: tuple[int, ...], across: bool) -> tuple[tuple[int, int], ..
     return tuple(sorted(pairs))
 
 
+def training(processes: tuple[int, ...], probe_bytes: int = LARGE_BYTES) -> list[tuple[str, int, dict]]:
+    """The calls calibration measures: (collective, per-rank bytes, {name: plan}); the plans of one entry are
+    timed side by side."""
+    from jaxcoll import algorithms
+    from jaxcoll.plan import Collective
+
+    spans = len(set(processes)) > 1
+    n = len(processes)
+    local, repeated = shift_plan(processes, False), shift_plan(processes, False, repeats=REPEATS)
+    out = [("ppermute", 4 * n, {"shift": local, "steps": shift_plan(processes, False, STEP_CHUNKS)})]
+    for size in sorted({*(s for s in SHIFT_SIZES if s <= probe_bytes), probe_bytes}):
+        cells = {"shift": local, "repeated": repeated} if size * REPEATS <= 16 << 20 else {"shift": local}
+        if size == probe_bytes:
+            cells["twice"] = shift_plan(processes, False, repeats=2)
+        out.append(("ppermute", size, cells))
+        if spans:  # another permutation: timed on its own
+            out.append(("ppermute", size, {"across": shift_plan(processes, True)}))
+    for size in PLAN_SIZES:
+        if size > probe_bytes:
+            continue
+        for collective in ("all_reduce", "all_gather", "reduce_scatter"):
+            names = [name for c, name in PLANS if c == collective]
+            if spans:
+                names.append("hierarchical")
+            cells = {}
+            for name in names:
+                try:
+                    cells[name] = algorithms.builtin(Collective(collective), name, n,
+                                                     processes=processes if name == "hierarchical" else ())
+                except ValueError:
+                    continue  # a hierarchical reduction over processes of unequal sizes
+            out.append((collective, size, cells))
+    return out
+
+
 def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LARGE_BYTES,
               progress: Callable[[str], None] | None = None) -> CpuModel:
-    """Measure this job's `CpuModel` on `devices` (default: every device of the job), `reps` samples per probe,
-    no probe larger than `probe_bytes` per rank (smaller ones calibrate memory less well: its footprint should
+    """Measure this job's `CpuModel` on `devices` (default: every device of the job), `reps` samples per call,
+    no call larger than `probe_bytes` per rank (smaller ones fit memory's rate less well: a footprint should
     outgrow the caches). `hosts[p]` is the host of process p (default: the job's own). Every process of the job
     must call it."""
-    if not isinstance(probe_bytes, int) or probe_bytes < 4096:
-        raise ValueError(f"calibrate: probe_bytes must be an integer of at least 4096, got probe_bytes={probe_bytes!r}")
     import jax
     import numpy as np
 
+    if not isinstance(probe_bytes, int) or probe_bytes < 4096:
+        raise ValueError(f"calibrate: probe_bytes must be an integer of at least 4096, got probe_bytes={probe_bytes!r}")
     devices = list(jax.devices() if devices is None else devices)
     if {d.platform for d in devices} != {"cpu"}:
         raise ValueError(f"calibrate: the CPU runtime's model needs CPU devices, got platforms "
@@ -94,85 +131,51 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LAR
         hosts = _job_hosts(max(processes) + 1)
     hosts = tuple(hosts)
     multi_host = spans and len({hosts[p] for p in set(processes)}) > 1
+    layout = (processes if spans else None, hosts if multi_host else None)
     mesh = jax.sharding.Mesh(np.array(devices), ("i",))
     say = progress or (lambda _: None)
     n = len(devices)
-    layout = (processes if spans else None, hosts if multi_host else None)
-
-    def timed(nbytes: int, **plans: Plan) -> dict[str, float]:
-        perm = next(iter(plans.values())).perm
-        t = measure.time_cell("ppermute", input_bytes(nbytes), plans, mesh, reps=reps, perm=perm)
-        return {k: statistics.median(v) for k, v in t.items()}
-
-    def input_bytes(nbytes: int) -> int:
-        return measure.per_rank_elements(nbytes, n, "float32") * 4
-
-    def steps(plan: Plan) -> int:
-        return max(work(plan, *layout).steps)
-
-    local = shift_plan(processes, False)
-    say("call and step cost")
-    many = shift_plan(processes, False, STEP_CHUNKS)
-    t = timed(n * 4, one=local, many=many)
-    call_s = t["one"]
-    step_s = max(0.0, (t["many"] - t["one"]) / (steps(many) - steps(local)))
-    model = CpuModel(call_s=call_s, step_s=step_s, threads=_threads_per_process(processes, hosts))
-
-    def moved(plan: Plan, nbytes: int) -> tuple[float, int]:
-        """(bytes the plan's busiest process touches, threads the call runs on) at `nbytes` per rank."""
-        w = work(plan, *layout)
-        chunk = chunk_bytes(plan, input_bytes(nbytes))
-        threads = 1 if w.traffic * chunk <= model.solo_bytes else model.threads
-        return max(float(t.sum()) for t in w.touched) * chunk, threads
-
-    def overhead(plan: Plan, threads: int) -> float:
-        return model.call_s + max(work(plan, *layout).steps) * model.step_s / threads
-
-    repeated = shift_plan(processes, False, repeats=REPEATS)
-    caches = []
-    for size in _cache_sizes():
-        per_rank = min(probe_bytes, max(4 << 10, size // 2 // (2 * n)))  # the footprint: inputs and outputs
-        say(f"cache rate, {size >> 20} MiB level")
-        measured = timed(per_rank, probe=repeated)["probe"]
-        nbytes, threads = moved(repeated, per_rank)
-        caches.append((size, nbytes / threads / max(measured - overhead(repeated, threads), 1e-9)))
-
-    say("memory rate and fresh pages")
-    twice = shift_plan(processes, False, repeats=2)
-    t = timed(probe_bytes, once=local, twice=twice)
-    once_bytes, threads = moved(local, probe_bytes)
-    memory_rate = once_bytes / threads / max(t["twice"] - t["once"], 1e-9)
-    outputs = max(sum(w) for w in work(local, *layout).outputs) * chunk_bytes(local, input_bytes(probe_bytes))
-    left = t["once"] - overhead(local, threads) - once_bytes / threads / memory_rate
-    fresh_rate = outputs / threads / left if left > 0 else float("inf")
-    model = CpuModel(**{**model.__dict__, "caches": tuple(caches) or CpuModel.caches, "memory_rate": memory_rate,
-                        "fresh_rate": min(fresh_rate, 1e15)})
-
+    shape = CpuModel(threads=_threads_per_process(processes, hosts),
+                     caches=tuple((size, rate) for size, (_, rate) in zip(_cache_sizes(), _default_rates())))
+    rows, times = [], []
+    for collective, nbytes, plans in training(processes, probe_bytes):
+        size = measure.per_rank_elements(nbytes, n, "float32") * 4
+        say(f"{collective} {nbytes >> 10} KiB")
+        perm = next(iter(plans.values())).perm if collective == "ppermute" else ()
+        measured = measure.time_cell(collective, size, plans, mesh, reps=reps, perm=perm)
+        for name, plan in plans.items():
+            w = work(plan, *layout)
+            per_process = terms(w, chunk_bytes(plan, size), shape)
+            busiest = int(per_process[:, 2:].sum(axis=1).argmax())
+            rows.append([1.0, *per_process[busiest], float(w.rounds)])
+            times.append(statistics.median(measured[name]))
+    model = fit(shape, np.asarray(rows), np.asarray(times))
     if spans:
-        across = shift_plan(processes, True)
-        field = "network_rate" if multi_host else "crossing_rate"
-        if multi_host:
-            say("network latency")
-            wa = work(across, *layout)
-            free = CpuModel(**{**model.__dict__, "network_latency_s": 0.0})
-            t_small = timed(n * 4, probe=across)["probe"]
-            latency = max(0.0, t_small - seconds(across, input_bytes(n * 4), free, wa)) / max(1, wa.rounds)
-            model = CpuModel(**{**model.__dict__, "network_latency_s": latency})
-        say(f"{'network' if multi_host else 'crossing'} rate")
-        size = input_bytes(min(CROSSING_BYTES, probe_bytes))
-        measured = timed(min(CROSSING_BYTES, probe_bytes), probe=across)["probe"]
-        wa = work(across, *layout)
-        chunk = chunk_bytes(across, size)
-        moved = max(wa.network) if multi_host else max(wa.crossing)
-        free = CpuModel(**{**model.__dict__, field: float("inf")})
-        rest = measured - seconds(across, size, free, wa)
-        if rest > 0 and moved:
-            model = CpuModel(**{**model.__dict__, field: moved * chunk / rest})
-        # Each process measured on its own; the job goes on with process 0's numbers, so that every process
-        # ranks and runs the same candidates.
+        # Each process measured on its own; the job goes on with process 0's fit, so that every process ranks
+        # and runs the same candidates.
         model = CpuModel.from_json(json.loads(distributed.agree(f"tune/calibration/{_next_run()}",
                                                                 lambda: json.dumps(model.to_json()))))
     return model
+
+
+def fit(shape: CpuModel, rows, times) -> CpuModel:
+    """The constants that make `shape`'s formula closest to `times` (relative least squares, all >= 0): `rows`
+    are [1 (the call), *terms, network rounds] per measured call."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    rows, times = np.asarray(rows, dtype=float), np.asarray(times, dtype=float)
+    used = rows.any(axis=0)  # a term no measured call has (no network here) keeps the shape's constant
+    coef = np.zeros(rows.shape[1])
+    coef[used], _ = nnls(rows[:, used] / times[:, None], np.ones(len(times)))
+    defaults = np.concatenate([[shape.call_s], shape.coefficients(), [shape.network_latency_s]])
+    coef[~used] = defaults[~used]
+    return shape.with_coefficients(coef[1:-1], call_s=coef[0], network_latency_s=coef[-1])
+
+
+def _default_rates() -> list[tuple[int, float]]:
+    """Starting rates for the fitted levels (only their sizes matter: the fit sets the rates)."""
+    return list(CpuModel.caches) + [CpuModel.caches[-1]] * 4
 
 
 _runs = 0
