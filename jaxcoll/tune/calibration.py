@@ -83,7 +83,8 @@ def training(processes: tuple[int, ...], probe_bytes: int = LARGE_BYTES) -> list
     spans = len(set(processes)) > 1
     n = len(processes)
     local, repeated = shift_plan(processes, False), shift_plan(processes, False, repeats=REPEATS)
-    out = [("ppermute", 4 * n, {"shift": local, "steps": shift_plan(processes, False, STEP_CHUNKS)})]
+    steps = shift_plan(processes, False, STEP_CHUNKS)
+    out = [("ppermute", 4 * n, {"shift": local, "steps": steps}), ("ppermute", 64 << 10, {"steps": steps})]
     for size in sorted({*(s for s in SHIFT_SIZES if s <= probe_bytes), probe_bytes}):
         cells = {"shift": local, "repeated": repeated} if size * REPEATS <= 16 << 20 else {"shift": local}
         if size == probe_bytes:
@@ -135,7 +136,8 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LAR
     mesh = jax.sharding.Mesh(np.array(devices), ("i",))
     say = progress or (lambda _: None)
     n = len(devices)
-    shape = CpuModel(threads=_threads_per_process(processes, hosts),
+    from jaxcoll.runtime import _jaxcoll
+    shape = CpuModel(threads=_threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()),
                      caches=tuple((size, rate) for size, (_, rate) in zip(_cache_sizes(), _default_rates())))
     rows, times = [], []
     for collective, nbytes, plans in training(processes, probe_bytes):

@@ -10,7 +10,6 @@ run the same plan, and models calibrated or files written apart could choose apa
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 
@@ -45,10 +44,9 @@ def model(processes: Sequence[int] | None = None, hosts: Sequence[int] | None = 
         for key, entry in tf.layouts.items():
             if "model" in entry and _kind(entry.get("processes", ()), entry.get("hosts")) == kind:
                 return tf.model(key)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    per_host = len(set(processes)) if hosts is None else max(
-        sum(1 for p in set(processes) if hosts[p] == h) for h in set(hosts))
-    return cpu.CpuModel(threads=max(1, cores // max(1, per_host)))
+    from jaxcoll.runtime import _jaxcoll
+    from jaxcoll.tune.calibration import _threads_per_process
+    return cpu.CpuModel(threads=_threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()))
 
 
 def _kind(processes, hosts) -> tuple[int, int]:
