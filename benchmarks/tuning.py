@@ -59,11 +59,7 @@ def measure_here(args) -> int:
     import jax
 
     from jaxcoll import launch
-    process = 0
-    if launch.in_job():
-        process, _ = launch.initialize()
-    else:
-        jax.config.update("jax_num_cpu_devices", args.devices)
+    process = launch.start(args.devices)
     from jaxcoll.cli.bench import format_size, parse_size
     from jaxcoll.tune import calibrate, choice, file, measure, registry, run
 

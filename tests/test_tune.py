@@ -135,9 +135,10 @@ def test_register_names_what_it_rejects(no_tuning_file):
     with pytest.raises(ValueError, match="name=''"):
         tune.register(algorithms.builtin(Collective.ALL_REDUCE, "direct", N), name="")
     # A plan whose ranks reduce only their own input: not an all_reduce, and the checker says so.
-    wrong = Plan(Collective.ALL_REDUCE, 2, tuple(
-        RankProgram(1, 1, lanes=(Lane((Step(Op.COPY, (ChunkRef(r, Buffer.INPUT, 0),), (ChunkRef(r, Buffer.OUTPUT, 0),)),)),))
-        for r in range(2)), name="wrong")
+    def own(r):
+        return Step(Op.COPY, (ChunkRef(r, Buffer.INPUT, 0),), (ChunkRef(r, Buffer.OUTPUT, 0),))
+    wrong = Plan(Collective.ALL_REDUCE, 2, tuple(RankProgram(1, 1, lanes=(Lane((own(r),)),)) for r in range(2)),
+                 name="wrong")
     with pytest.raises(ValueError, match="'wrong' does not compute all_reduce"):
         tune.register(wrong)
     assert "wrong" not in tune.candidates("all_reduce", 2)

@@ -13,13 +13,15 @@ from jaxcoll.sim import cpu
 IN, OUT, SCRATCH = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 MiB = 1 << 20
 # Round numbers, so that every expected time below is arithmetic.
-MODEL = cpu.CpuModel(call_s=10e-6, helpers_s=100e-6, step_s=1e-6, caches=((1 * MiB, 40e9), (8 * MiB, 20e9)), memory_rate=10e9,
+MODEL = cpu.CpuModel(call_s=10e-6, helpers_s=100e-6, step_s=1e-6, caches=((1 * MiB, 40e9), (8 * MiB, 20e9)),
+                     memory_rate=10e9,
                      fresh_rate=5e9, fresh_bytes=64 * MiB, solo_bytes=4 * MiB, threads=2)
 
 
 def shift(n: int, repeats: int = 1) -> Plan:
-    programs = [RankProgram(1, 1, lanes=(Lane(tuple(Step(Op.PUT, (ChunkRef(r, IN, 0),), (ChunkRef((r + 1) % n, OUT, 0),))
-                                                    for _ in range(repeats))),)) for r in range(n)]
+    def put(r):
+        return Step(Op.PUT, (ChunkRef(r, IN, 0),), (ChunkRef((r + 1) % n, OUT, 0),))
+    programs = [RankProgram(1, 1, lanes=(Lane(tuple(put(r) for _ in range(repeats))),)) for r in range(n)]
     return Plan(Collective.PPERMUTE, n, tuple(programs), perm=tuple((r, (r + 1) % n) for r in range(n)))
 
 

@@ -98,11 +98,7 @@ def _tune_here(args, collectives, sizes, path) -> int:
 
     from jaxcoll import launch
 
-    process = 0
-    if launch.in_job():
-        process, _ = launch.initialize()
-    else:
-        jax.config.update("jax_num_cpu_devices", args.devices)
+    process = launch.start(args.devices)
     import numpy as np
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
