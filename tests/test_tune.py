@@ -175,6 +175,14 @@ def test_auto_runs_the_tuning_files_choice_for_its_cell_and_the_model_elsewhere(
     np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(g(x)))
 
 
+def test_the_compiled_program_names_the_plan_auto_chose(tuning_file):
+    write_file(tuning_file, [cell("ring", nbytes=4 << 10)])
+    mesh, f, _ = all_reduce_program()
+    x = jax.device_put(small_ints(N * 1024), NamedSharding(mesh, P("i")))
+    hlo = f.lower(x).compile().as_text()
+    assert 'jaxcoll.all_reduce[ring, 8 ranks]"' in hlo  # the custom call's op_name, as profiles show it
+
+
 def test_a_synthesized_choice_is_stored_whole_and_run(tuning_file):
     from jaxcoll.tune import registry
     plan = registry.candidates("all_reduce", N)["synth.rhd"]
