@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import jaxcoll
 from jaxcoll import algorithms, tune
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
-from jaxcoll.sim import cpu
+from jaxcoll.sim import machine
 from jaxcoll.tune import choice, file, run
 
 N = 8
@@ -152,7 +152,8 @@ def test_register_names_what_it_rejects(no_tuning_file):
 def write_file(path, cells, model=None, **overrides):
     data = {"format": file.FORMAT, **file.versions(), "machine": file.machine(),
             "layouts": {"1x8": {"processes": [0] * N, "hosts": None,
-                                "model": model if isinstance(model, dict) else (model or cpu.CpuModel()).to_json(),
+                                "model": model if isinstance(model, dict) else
+                                (model or machine.MachineModel()).to_json(),
                                 "cells": cells}}}
     data.update(overrides)
     path.write_text(json.dumps(data, default=lambda p: p.to_json()))
@@ -164,7 +165,7 @@ def cell(choice_name, nbytes=1 << 20, plan=None, collective="all_reduce"):
 
 
 def test_auto_runs_the_tuning_files_choice_for_its_cell_and_the_model_elsewhere(tuning_file):
-    model_pick = choice.rank_by_model("all_reduce", N, 1 << 20, the_model=cpu.CpuModel())[0][1]
+    model_pick = choice.rank_by_model("all_reduce", N, 1 << 20, the_model=machine.MachineModel())[0][1]
     measured = "ring" if model_pick != "ring" else "direct"
     write_file(tuning_file, [cell(measured)])
     assert tune.choose("all_reduce", N, 1 << 20, "float32")[0] == measured
@@ -195,7 +196,7 @@ def test_a_synthesized_choice_is_stored_whole_and_run(tuning_file):
 
 
 def test_auto_takes_the_files_calibration_as_its_model(tuning_file):
-    slow_steps = cpu.CpuModel(step_s=1e-3)
+    slow_steps = machine.MachineModel(step_s=1e-3)
     write_file(tuning_file, [], model=slow_steps)
     assert tune.model((0,) * N) == slow_steps
 
@@ -229,7 +230,7 @@ def test_an_unusable_tuning_file_is_ignored_with_one_warning_naming_it_and_why(d
     assert str(tuning_file) in message and reason in message, message
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        expected = choice.rank_by_model("all_reduce", N, 1 << 20, the_model=cpu.CpuModel(
+        expected = choice.rank_by_model("all_reduce", N, 1 << 20, the_model=machine.MachineModel(
             threads=choice.model().threads))[0][1]
     assert name == expected  # the model's choice
     mesh, f, g = all_reduce_program()
@@ -248,17 +249,17 @@ def test_writing_the_file_is_atomic(tuning_file, monkeypatch):
 
     monkeypatch.setattr(json, "dump", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        run.write(str(tuning_file), "1x8", (0,) * N, None, cpu.CpuModel(), [], {})
+        run.write(str(tuning_file), "1x8", (0,) * N, None, machine.MachineModel(), [], {})
     assert tuning_file.read_text() == before
     assert sorted(os.listdir(tuning_file.parent)) == ["tuning.json"]
 
 
 def test_a_run_keeps_the_other_layouts_of_the_file(tuning_file):
     write_file(tuning_file, [cell("ring")])
-    run.write(str(tuning_file), "2x4", (0,) * 4 + (1,) * 4, None, cpu.CpuModel(call_s=1e-4), [], {})
+    run.write(str(tuning_file), "2x4", (0,) * 4 + (1,) * 4, None, machine.MachineModel(call_s=1e-4), [], {})
     loaded = file.read(str(tuning_file))
     assert set(loaded.layouts) == {"1x8", "2x4"}
-    assert loaded.model("2x4") == cpu.CpuModel(call_s=1e-4)
+    assert loaded.model("2x4") == machine.MachineModel(call_s=1e-4)
     assert loaded.cell("1x8", "all_reduce", N, 1 << 20, "float32")["choice"] == "ring"
 
 

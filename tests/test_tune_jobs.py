@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from jaxcoll.launch import launch
-from jaxcoll.sim import cpu
+from jaxcoll.sim import machine
 from jaxcoll.tune import choice, file
 
 CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tune_cases.py")
@@ -23,7 +23,8 @@ def tuning_file(path, layout: str, choice_name: str) -> None:
     """A valid tuning file for this machine whose one cell (all_reduce of 1 MiB over 2 x 4 ranks) says
     `choice_name`."""
     data = {"format": file.FORMAT, **file.versions(), "machine": file.machine(),
-            "layouts": {layout: {"processes": [0] * 4 + [1] * 4, "hosts": None, "model": cpu.CpuModel().to_json(),
+            "layouts": {layout: {"processes": [0] * 4 + [1] * 4, "hosts": None,
+                                 "model": machine.MachineModel().to_json(),
                                  "cells": [{"collective": "all_reduce", "nranks": 8, "bytes": 1 << 20,
                                             "dtype": "float32", "choice": choice_name, "plan": None,
                                             "seconds": {choice_name: 1e-3}, "default": "hierarchical"}]}}}
@@ -45,7 +46,7 @@ def test_every_process_runs_process_0s_choice_whatever_file_it_reads(transport, 
     processes = (0,) * 4 + (1,) * 4
     hosts = (0, 1) if transport == "tcp" else None
     model_pick = choice.rank_by_model("all_reduce", 8, 1 << 20, processes, hosts,
-                                      the_model=cpu.CpuModel(threads=1))[0][1]
+                                      the_model=machine.MachineModel(threads=1))[0][1]
     other = "ring" if model_pick != "ring" else "direct"
     tuning_file(tmp_path / "one.json", layout, other)
     # Process 1 reads a file that says `other`; process 0 none: both run process 0's (the model's) choice.

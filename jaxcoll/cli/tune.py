@@ -144,7 +144,7 @@ def _tune_here(args, collectives, sizes, path) -> int:
 
 def _print_model(console, model) -> None:
     from rich.table import Table
-    t = Table(title="measured model (jaxcoll.sim.cpu.CpuModel)")
+    t = Table(title="measured model (jaxcoll.sim.machine.MachineModel)")
     t.add_column("constant")
     t.add_column("value", justify="right")
     t.add_row("call", f"{model.call_s * 1e6:.1f} us")

@@ -1,6 +1,6 @@
-"""Calibration: the running job's `CpuModel`, fitted to short measurements of this machine.
+"""Calibration: the running job's `MachineModel`, fitted to short measurements of this machine.
 
-The model (`jaxcoll.sim.cpu`) is one formula: a fixed cost per call plus the work each of the plan's terms names
+The model (`jaxcoll.sim.machine`) is one formula: a fixed cost per call plus the work each of the plan's terms names
 (helper threads joined, steps, bytes served by each cache level and by memory, fresh output pages, bytes through
 shared segments or over the network, dependent network rounds) times a constant. Calibration measures a set of
 calls whose terms differ, and fits the constants to their times by non-negative least squares on the relative
@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from jaxcoll import distributed
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
-from jaxcoll.sim.cpu import CpuModel, chunk_bytes, terms, work
+from jaxcoll.sim.machine import MachineModel, chunk_bytes, terms, work
 from jaxcoll.tune import measure
 
 STEP_CHUNKS = 1024
@@ -111,8 +111,8 @@ def training(processes: tuple[int, ...], probe_bytes: int = LARGE_BYTES) -> list
 
 
 def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LARGE_BYTES,
-              progress: Callable[[str], None] | None = None) -> CpuModel:
-    """Measure this job's `CpuModel` on `devices` (default: every device of the job), `reps` samples per call,
+              progress: Callable[[str], None] | None = None) -> MachineModel:
+    """Measure this job's `MachineModel` on `devices` (default: every device of the job), `reps` samples per call,
     no call larger than `probe_bytes` per rank (smaller ones fit memory's rate less well: a footprint should
     outgrow the caches). `hosts[p]` is the host of process p (default: the job's own). Every process of the job
     must call it."""
@@ -137,7 +137,7 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LAR
     say = progress or (lambda _: None)
     n = len(devices)
     from jaxcoll.runtime import _jaxcoll
-    shape = CpuModel(threads=_threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()),
+    shape = MachineModel(threads=_threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()),
                      caches=tuple((size, rate) for size, (_, rate) in zip(_cache_sizes(), _default_rates())))
     rows, times = [], []
     for collective, nbytes, plans in training(processes, probe_bytes):
@@ -155,12 +155,12 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LAR
     if spans:
         # Each process measured on its own; the job goes on with process 0's fit, so that every process ranks
         # and runs the same candidates.
-        model = CpuModel.from_json(json.loads(distributed.agree(f"tune/calibration/{_next_run()}",
+        model = MachineModel.from_json(json.loads(distributed.agree(f"tune/calibration/{_next_run()}",
                                                                 lambda: json.dumps(model.to_json()))))
     return model
 
 
-def fit(shape: CpuModel, rows, times) -> CpuModel:
+def fit(shape: MachineModel, rows, times) -> MachineModel:
     """The constants that make `shape`'s formula closest to `times` (relative least squares, all >= 0): `rows`
     are [1 (the call), *terms, network rounds] per measured call."""
     import numpy as np
@@ -177,7 +177,7 @@ def fit(shape: CpuModel, rows, times) -> CpuModel:
 
 def _default_rates() -> list[tuple[int, float]]:
     """Starting rates for the fitted levels (only their sizes matter: the fit sets the rates)."""
-    return list(CpuModel.caches) + [CpuModel.caches[-1]] * 4
+    return list(MachineModel.caches) + [MachineModel.caches[-1]] * 4
 
 
 _runs = 0
@@ -214,7 +214,7 @@ def _cache_sizes() -> list[int]:
     except OSError:
         pass
     if not levels:
-        return [size for size, _ in CpuModel.caches]
+        return [size for size, _ in MachineModel.caches]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     sizes = [levels[2] * cores] if 2 in levels and len(levels) > 1 else []
     return sorted(set(sizes + [levels[max(levels)]]))

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from jaxcoll.plan import Collective, Plan
-from jaxcoll.sim import cpu
+from jaxcoll.sim import machine
 from jaxcoll.tune import registry
 from jaxcoll.tune import file
 
@@ -30,7 +30,7 @@ def forget() -> None:
         _chosen.clear()
 
 
-def model(processes: Sequence[int] | None = None, hosts: Sequence[int] | None = None) -> cpu.CpuModel:
+def model(processes: Sequence[int] | None = None, hosts: Sequence[int] | None = None) -> machine.MachineModel:
     """The CPU model for a group laid out as `processes` and `hosts`: the tuning file's calibration of this layout,
     else of a layout with as many processes and hosts, else the defaults with this machine's cores."""
     nranks = len(processes) if processes else 1
@@ -46,7 +46,7 @@ def model(processes: Sequence[int] | None = None, hosts: Sequence[int] | None = 
                 return tf.model(key)
     from jaxcoll.runtime import _jaxcoll
     from jaxcoll.tune.calibration import _threads_per_process
-    return cpu.CpuModel(threads=_threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()))
+    return machine.MachineModel(threads=_threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()))
 
 
 def _kind(processes, hosts) -> tuple[int, int]:
@@ -54,26 +54,26 @@ def _kind(processes, hosts) -> tuple[int, int]:
 
 
 def rank_by_model(collective, nranks: int, nbytes: int, processes=None, hosts=None, *, large: bool = False,
-                  the_model: cpu.CpuModel | None = None) -> list[tuple[float, str, Plan]]:
+                  the_model: machine.MachineModel | None = None) -> list[tuple[float, str, Plan]]:
     """(predicted seconds, name, plan) of every candidate, fastest first."""
     m = the_model or model(processes, hosts)
     out = []
     for name, plan in registry.candidates(collective, nranks, processes, hosts, large=large).items():
-        out.append((cpu.seconds(plan, nbytes, m, work_of(plan, processes, hosts)), name, plan))
+        out.append((machine.seconds(plan, nbytes, m, work_of(plan, processes, hosts)), name, plan))
     return sorted(out, key=lambda t: (t[0], t[1]))
 
 
 # Works by (id(plan), layout); `_plans` holds each plan so that its id is never another's.
-_works: dict[tuple, cpu.Work] = {}
+_works: dict[tuple, machine.Work] = {}
 _plans: dict[int, Plan] = {}
 
 
-def work_of(plan: Plan, processes=None, hosts=None) -> cpu.Work:
-    """`jaxcoll.sim.cpu.work` of a plan in a layout, kept (plans are immutable; candidates are few)."""
+def work_of(plan: Plan, processes=None, hosts=None) -> machine.Work:
+    """`jaxcoll.sim.machine.work` of a plan in a layout, kept (plans are immutable; candidates are few)."""
     key = (id(plan), tuple(processes) if processes else None, tuple(hosts) if hosts is not None else None)
     w = _works.get(key)
     if w is None:
-        w = cpu.work(plan, processes, hosts)
+        w = machine.work(plan, processes, hosts)
         with _lock:
             _plans[id(plan)] = plan
             _works[key] = w

@@ -6,7 +6,7 @@ JSON, one file per machine (by default `$XDG_CACHE_HOME/jaxcoll/tuning.json`, el
     {"format": "jaxcoll.tuning/1", "jaxcoll": "0.1.0", "jax": "0.10.2", "jaxlib": "0.10.2",
      "machine": {"cpu": "<model name>", "cores": 2, "memory_GiB": 24},
      "layouts": {"<layout>": {"processes": [...], "hosts": [...],
-                              "model": {<jaxcoll.sim.cpu.CpuModel>},
+                              "model": {<jaxcoll.sim.machine.MachineModel>},
                               "cells": [{"collective": "all_reduce", "nranks": 8, "bytes": 1048576,
                                          "dtype": "float32", "choice": "synth.rhd", "plan": {<plan>}|null,
                                          "seconds": {"<candidate>": s, ...}, "default": "two_shot"}]}}}
@@ -115,9 +115,9 @@ class TuningFile:
         return best
 
     def model(self, layout: str):
-        from jaxcoll.sim.cpu import CpuModel
+        from jaxcoll.sim.machine import MachineModel
         entry = self.layouts.get(layout)
-        return None if entry is None or "model" not in entry else CpuModel.from_json(entry["model"])
+        return None if entry is None or "model" not in entry else MachineModel.from_json(entry["model"])
 
 
 def read(path: str) -> TuningFile:
@@ -153,13 +153,13 @@ def read(path: str) -> TuningFile:
 def _check_layout(key: str, entry) -> None:
     from jaxcoll import algorithms
     from jaxcoll.plan import Collective, Plan
-    from jaxcoll.sim.cpu import CpuModel
+    from jaxcoll.sim.machine import MachineModel
 
     if not isinstance(entry, dict):
         raise ValueError(f"layout {key!r} is not an object")
     if "model" in entry:
         try:
-            CpuModel.from_json(entry["model"])
+            MachineModel.from_json(entry["model"])
         except (TypeError, ValueError) as e:
             raise ValueError(f"layout {key!r} has a malformed model: {e}") from None
     for i, c in enumerate(entry.get("cells", [])):

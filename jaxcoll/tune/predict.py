@@ -6,12 +6,12 @@ import numbers
 from collections.abc import Sequence
 
 from jaxcoll.plan import Collective, Plan
-from jaxcoll.sim import cpu
+from jaxcoll.sim import machine
 from jaxcoll.tune import choice, registry
 
 
 def predict(collective, *, nbytes: int, nranks: int, algorithm="auto", processes: Sequence[int] | None = None,
-            hosts: Sequence[int] | None = None, dtype="float32", model: cpu.CpuModel | None = None) -> float:
+            hosts: Sequence[int] | None = None, dtype="float32", model: machine.MachineModel | None = None) -> float:
     """Predicted seconds of one call of `collective` with `nbytes` bytes of input per rank over `nranks` ranks,
     running `algorithm`: "auto" (what auto would run), a built-in name, a candidate's name ("synth.rhd", a
     registered plan's) or a Plan. `processes[r]` is the process of rank r and `hosts[p]` the host of process p
@@ -33,7 +33,7 @@ def predict(collective, *, nbytes: int, nranks: int, algorithm="auto", processes
     procs = tuple(processes) if processes is not None and len(set(processes)) > 1 else None
     plan = _plan(collective, nranks, nbytes, dtype, procs, hosts if procs else None, algorithm)
     m = model or choice.model(procs, hosts if procs else None)
-    return cpu.seconds(plan, nbytes, m, choice.work_of(plan, procs, hosts if procs else None))
+    return machine.seconds(plan, nbytes, m, choice.work_of(plan, procs, hosts if procs else None))
 
 
 def _plan(collective: Collective, nranks: int, nbytes: int, dtype, processes, hosts, algorithm) -> Plan:

@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from jaxcoll.plan import Collective
-from jaxcoll.sim.cpu import CpuModel
+from jaxcoll.sim.machine import MachineModel
 
 
 @dataclasses.dataclass
@@ -48,7 +48,7 @@ def default_name(collective: str, nranks: int, nbytes: int, processes: Sequence[
     return tuning.auto(Collective(collective), nranks, nbytes, tuple(processes) if len(set(processes)) > 1 else ())
 
 
-def tune_cells(collectives: Sequence[str], sizes: Sequence[int], *, model: CpuModel, mesh, processes, hosts,
+def tune_cells(collectives: Sequence[str], sizes: Sequence[int], *, model: MachineModel, mesh, processes, hosts,
                top: int = 3, reps: int = 5, warmup: int = 2, dtype: str = "float32",
                progress: Callable[[str], None] | None = None) -> tuple[list[Cell], dict]:
     """Measure each cell's leading candidates; returns the cells and every measured plan by name."""
@@ -89,7 +89,7 @@ def _itemsize(dtype: str) -> int:
     return np.dtype(dtype).itemsize
 
 
-def write(path: str, layout: str, processes, hosts, model: CpuModel, cells: list[Cell], plans: dict) -> None:
+def write(path: str, layout: str, processes, hosts, model: MachineModel, cells: list[Cell], plans: dict) -> None:
     """Merge this layout's model and cells into the tuning file at `path` (other layouts of a usable file are
     kept), atomically."""
     from jaxcoll.tune import file

@@ -29,8 +29,8 @@ the executor's: lanes interleave step by step across ranks. So a plan that reuse
 ring's reduce-then-forward, a tree's small pipelined chunks) pays the cache's rate for the reuse, and one that
 rereads the whole input on every rank (the direct all_reduce) pays DRAM's once the inputs outgrow the cache.
 
-The constants are `CpuModel`'s, measured by `jaxcoll.tune.calibration` on the running job; `CpuModel()` holds this
-project's VM's. This is NCCL's tuning.cc in spirit (named latencies and rates, one formula), read off each plan's
+The constants are `MachineModel`'s, measured by `jaxcoll.tune.calibration` on the running job; `MachineModel()`
+holds this project's VM's. This is NCCL's tuning.cc in spirit (named latencies and rates, one formula), read off each plan's
 steps, so built-in, synthesized, imported and registered plans are priced alike.
 """
 
@@ -46,7 +46,7 @@ from jaxcoll.plan import Buffer, Collective, Op, Plan
 
 
 @dataclasses.dataclass(frozen=True)
-class CpuModel:
+class MachineModel:
     """Measured constants of the CPU runtime on one job layout (seconds, bytes, bytes per second per thread).
 
     Defaults: this project's VM (2 cores of an AMD EPYC, 32 MiB L3, 8 CPU devices, 2026-11-27, `jaxcoll tune
@@ -75,7 +75,7 @@ class CpuModel:
                          1 / self.fresh_rate, 1 / self.crossing_rate, 1 / self.network_rate,
                          self.network_message_s])
 
-    def with_coefficients(self, c: Sequence[float], call_s: float, network_latency_s: float) -> "CpuModel":
+    def with_coefficients(self, c: Sequence[float], call_s: float, network_latency_s: float) -> "MachineModel":
         """This model with the constants `coefficients` orders (a fitted vector; a zero rate term is an
         unmeasurably fast rate)."""
         def rate(x):
@@ -100,29 +100,29 @@ class CpuModel:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "CpuModel":
+    def from_json(cls, d: dict) -> "MachineModel":
         fields = {f.name: f for f in dataclasses.fields(cls)}
         if not isinstance(d, dict):
-            raise ValueError(f"CpuModel: expected an object, got {d!r}"[:200])
+            raise ValueError(f"MachineModel: expected an object, got {d!r}"[:200])
         unknown = set(d) - set(fields)
         if unknown:
-            raise ValueError(f"CpuModel: unknown fields {sorted(unknown)}")
+            raise ValueError(f"MachineModel: unknown fields {sorted(unknown)}")
         d = dict(d)
         if "caches" in d:
             levels = d.pop("caches")
             try:
                 caches = tuple((int(size), float(rate)) for size, rate in levels)
             except (TypeError, ValueError):
-                raise ValueError(f"CpuModel: caches must be [size, rate] pairs, got {levels!r}") from None
+                raise ValueError(f"MachineModel: caches must be [size, rate] pairs, got {levels!r}") from None
             if any(size <= 0 or not (rate > 0 and math.isfinite(rate)) for size, rate in caches):
-                raise ValueError(f"CpuModel: caches must have sizes and rates > 0, got {levels!r}")
+                raise ValueError(f"MachineModel: caches must have sizes and rates > 0, got {levels!r}")
             return dataclasses.replace(cls.from_json(d), caches=tuple(sorted(caches)))
         for name, value in d.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"CpuModel: {name} must be a finite number, got {value!r}")
+                raise ValueError(f"MachineModel: {name} must be a finite number, got {value!r}")
             positive = name.endswith("rate") or name in ("threads", "fresh_bytes")
             if value < 0 or (positive and value <= 0):
-                raise ValueError(f"CpuModel: {name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
+                raise ValueError(f"MachineModel: {name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
         return cls(**{k: (int(v) if fields[k].type in ("int", int) else float(v)) for k, v in d.items()})
 
 
@@ -233,8 +233,8 @@ def chunk_bytes(plan: Plan, input_bytes: float) -> float:
     return float(input_bytes) / plan.in_blocks / plan.chunk_factor
 
 
-def terms(w: Work, chunk: float, model: CpuModel) -> np.ndarray:
-    """Per process, what each of the model's constants multiplies (`CpuModel.coefficients`' order): helpers
+def terms(w: Work, chunk: float, model: MachineModel) -> np.ndarray:
+    """Per process, what each of the model's constants multiplies (`MachineModel.coefficients`' order): helpers
     (1 when the call is shared with helper threads), steps per thread, bytes per thread served by each cache
     level and by memory, fresh output bytes per thread, bytes through segments, bytes and messages over the
     network."""
@@ -251,7 +251,7 @@ def terms(w: Work, chunk: float, model: CpuModel) -> np.ndarray:
     return np.asarray(rows)
 
 
-def seconds(plan: Plan, input_bytes: float, model: CpuModel, w: Work | None = None,
+def seconds(plan: Plan, input_bytes: float, model: MachineModel, w: Work | None = None,
             processes: Sequence[int] | None = None, hosts: Sequence[int] | None = None) -> float:
     """Predicted seconds of one call of `plan` with `input_bytes` per rank input (see the module docstring):
     the fixed cost, the slowest process's terms times the model's constants, and the network's rounds."""
@@ -260,4 +260,4 @@ def seconds(plan: Plan, input_bytes: float, model: CpuModel, w: Work | None = No
     return model.call_s + float(per_process.max()) + w.rounds * model.network_latency_s
 
 
-__all__ = ["CpuModel", "Work", "chunk_bytes", "seconds", "terms", "work"]
+__all__ = ["MachineModel", "Work", "chunk_bytes", "seconds", "terms", "work"]
