@@ -167,7 +167,10 @@ def fit(shape: MachineModel, rows, times) -> MachineModel:
     from scipy.optimize import nnls
 
     rows, times = np.asarray(rows, dtype=float), np.asarray(times, dtype=float)
-    used = rows.any(axis=0)  # a term no measured call has (no network here) keeps the shape's constant
+    # A term no measured call has (no network here), or one every call has alike (helpers on a GPU, where every
+    # call is shared) and so cannot be told from the fixed cost, keeps the shape's constant.
+    used = rows.any(axis=0) & ~(rows == rows[:, :1]).all(axis=0)
+    used[0] = True
     coef = np.zeros(rows.shape[1])
     coef[used], _ = nnls(rows[:, used] / times[:, None], np.ones(len(times)))
     defaults = np.concatenate([[shape.call_s], shape.coefficients(), [shape.network_latency_s]])
