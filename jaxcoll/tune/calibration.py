@@ -162,19 +162,28 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LAR
 
 def fit(shape: MachineModel, rows, times) -> MachineModel:
     """The constants that make `shape`'s formula closest to `times` (relative least squares, all >= 0): `rows`
-    are [1 (the call), *terms, network rounds] per measured call."""
+    are [1 (the call), *terms, network rounds] per measured call. A byte served by a farther level never costs
+    less than one served by a nearer (caches, then memory): the fit solves for the increments from level to
+    level, each >= 0."""
     import numpy as np
     from scipy.optimize import nnls
 
     rows, times = np.asarray(rows, dtype=float), np.asarray(times, dtype=float)
+    levels = slice(3, 3 + len(shape.caches) + 1)  # after [call, helpers, steps]: each cache level, then memory
+    # A byte of level j pays the increments of levels 0..j: the column of increment i sums levels i and beyond.
+    cumulative = rows.copy()
+    cumulative[:, levels] = np.cumsum(rows[:, levels][:, ::-1], axis=1)[:, ::-1]
     # A term no measured call has (no network here), or one every call has alike (helpers on a GPU, where every
     # call is shared) and so cannot be told from the fixed cost, keeps the shape's constant.
-    used = rows.any(axis=0) & ~(rows == rows[:, :1]).all(axis=0)
+    used = cumulative.any(axis=0) & ~(cumulative == cumulative[:, :1]).all(axis=0)
     used[0] = True
     coef = np.zeros(rows.shape[1])
-    coef[used], _ = nnls(rows[:, used] / times[:, None], np.ones(len(times)))
+    coef[used], _ = nnls(cumulative[:, used] / times[:, None], np.ones(len(times)))
+    coef[levels] = np.cumsum(coef[levels])
     defaults = np.concatenate([[shape.call_s], shape.coefficients(), [shape.network_latency_s]])
-    coef[~used] = defaults[~used]
+    unset = ~used
+    unset[levels] = unset[levels] & (coef[levels] == 0)  # a level fitted through its nearer ones is set
+    coef[unset] = defaults[unset]
     return shape.with_coefficients(coef[1:-1], call_s=coef[0], network_latency_s=coef[-1])
 
 
