@@ -49,16 +49,17 @@ from jaxcoll.plan import Buffer, Collective, Op, Plan
 class MachineModel:
     """Measured constants of the CPU runtime on one job layout (seconds, bytes, bytes per second per thread).
 
-    Defaults: this project's VM (2 cores of an AMD EPYC, 32 MiB L3, 8 CPU devices, 2026-11-27, `jaxcoll tune
-    --calibrate-only`), a starting point that `jaxcoll.tune.calibrate` replaces with the machine at hand."""
+    Defaults: fitted on this project's VM (2 cores of an AMD EPYC, 2 x 1 MiB L2, 32 MiB L3, 8 CPU devices in one
+    process; `jaxcoll tune --calibrate-only`, two runs of 2026-11-27), a starting point that
+    `jaxcoll.tune.calibrate` replaces with the machine at hand."""
 
-    call_s: float = 50e-6
-    helpers_s: float = 150e-6  # what a call shared with helper threads adds: waking them, joining them
-    step_s: float = 20e-9
+    call_s: float = 55e-6
+    helpers_s: float = 70e-6  # what a call shared with helper threads adds: waking them, joining them
+    step_s: float = 13e-9
     # (size in bytes, bytes read or written per second per thread) of each cache level, smallest first
-    caches: tuple[tuple[int, float], ...] = ((2 << 20, 30e9), (32 << 20, 16e9))
-    memory_rate: float = 15e9  # the same, served by memory
-    fresh_rate: float = 6e9  # bytes of fresh output pages faulted in and zeroed per second per thread
+    caches: tuple[tuple[int, float], ...] = ((2 << 20, 45e9), (32 << 20, 18e9))
+    memory_rate: float = 8e9  # the same, served by memory
+    fresh_rate: float = 60e9  # bytes of fresh output pages faulted in and zeroed per second per thread
     # Outputs of at least this many bytes a rank come in fresh pages: XLA:CPU's buffers come from the C library's
     # allocator, which maps large blocks afresh (its threshold moves between 128 KiB and 32 MiB).
     fresh_bytes: int = 1 << 20
