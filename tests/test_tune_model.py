@@ -113,3 +113,16 @@ def test_the_fitted_constants_come_back_in_order():
 def test_rates_follow_the_smallest_level_that_holds_a_touch():
     reach = np.array([0.0, 1.0 * MiB, 1.0 * MiB + 1, 8.0 * MiB, 9.0 * MiB, math.inf])
     assert MODEL.rate(reach).tolist() == [40e9, 40e9, 20e9, 20e9, 10e9, 10e9]
+
+
+def test_partial_sums_of_16_bit_floats_take_twice_the_bytes_in_scratch():
+    from jaxcoll.synth import ring
+    from jaxcoll.topology import layout
+    plan = ring(layout((0,) * 4), "all_reduce")  # reduces through scratch
+    w = machine.work(plan)
+    assert any(x.any() for x in w.scratch)
+    f32 = machine.terms(w, 1024.0, MODEL, machine.widen("float32"))
+    bf16 = machine.terms(w, 1024.0, MODEL, machine.widen("bfloat16"))
+    scratch_bytes = sum(float(t[s].sum()) for t, s in zip(w.touched, w.scratch)) * 1024.0
+    assert bf16[0, 2:5].sum() - f32[0, 2:5].sum() == pytest.approx(scratch_bytes)  # solo: one thread
+    assert machine.widen("float16") == 2.0 and machine.widen(np.int32) == 1.0

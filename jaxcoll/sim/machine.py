@@ -133,6 +133,7 @@ class Work:
 
     reuse: tuple[np.ndarray, ...]  # per process: traffic from each touch's chunk's last touch through it (inf: first)
     touched: tuple[np.ndarray, ...]  # per process: the chunks each touch reads or writes
+    scratch: tuple[np.ndarray, ...]  # per process: whether each touch is of scratch (held in the accumulation type)
     footprint: tuple[int, ...]  # per process: distinct chunks its steps touch
     outputs: tuple[tuple[int, ...], ...]  # per process: each of its ranks' output chunks
     crossing: tuple[float, ...]  # per process: chunks of its XLA buffers that peer processes name (copied in/out)
@@ -166,6 +167,7 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
     last: list[dict] = [{} for _ in range(np_)]
     reuse: list[list[float]] = [[] for _ in range(np_)]
     touched: list[list[int]] = [[] for _ in range(np_)]
+    scratch: list[list[bool]] = [[] for _ in range(np_)]
     traffic = 0
     for r, prog in enumerate(plan.ranks):
         steps[index[processes[r]]] += sum(len(lane.steps) for lane in prog.lanes)
@@ -182,6 +184,7 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
             # the traffic from the chunk's last touch through this one: what a cache must hold for a hit
             dist.append(math.inf if before is None else clock[me] + ref.count - before)
             sizes.append(ref.count)
+            scratch[me].append(ref.buffer is Buffer.SCRATCH)
             clock[me] += ref.count
             for j in ref.indices():
                 seen[(ref.rank, ref.buffer, j)] = clock[me]
@@ -200,6 +203,7 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
             copies = prog.input_chunks + (prog.output_chunks if plan.collective is Collective.REDUCE_SCATTER else 0)
             reuse[me].extend([math.inf, math.inf])
             touched[me].extend([copies, copies])
+            scratch[me].extend([False, False])
     footprint = tuple(len(seen) for seen in last)
     outputs = tuple(tuple(prog.output_chunks for r, prog in enumerate(plan.ranks) if index[processes[r]] == p)
                     for p in range(np_))
@@ -207,6 +211,7 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
     multi_host = hosts is not None and len({host_of(p) for p in procs}) > 1
     rounds = _network_rounds(plan, processes, host_of) if multi_host else 0
     return Work(tuple(np.asarray(d, dtype=float) for d in reuse), tuple(np.asarray(t, dtype=float) for t in touched),
+                tuple(np.asarray(x, dtype=bool) for x in scratch),
                 footprint, outputs, crossing, tuple(network), tuple(messages), tuple(steps), float(traffic), rounds)
 
 
@@ -234,18 +239,20 @@ def chunk_bytes(plan: Plan, input_bytes: float) -> float:
     return float(input_bytes) / plan.in_blocks / plan.chunk_factor
 
 
-def terms(w: Work, chunk: float, model: MachineModel) -> np.ndarray:
+def terms(w: Work, chunk: float, model: MachineModel, widen: float = 1.0) -> np.ndarray:
     """Per process, what each of the model's constants multiplies (`MachineModel.coefficients`' order): helpers
     (1 when the call is shared with helper threads), steps per thread, bytes per thread served by each cache
     level and by memory, fresh output bytes per thread, bytes through segments, bytes and messages over the
-    network."""
+    network. `widen` is how many times larger a scratch element is than a data element (2 for 16-bit floats,
+    whose partial sums scratch holds as float32)."""
     threads = 1 if w.traffic * chunk <= model.solo_bytes else model.threads
     sizes = [size for size, _ in model.caches]
     rows = []
     for p in range(len(w.steps)):
         reach = np.minimum(w.reuse[p], w.footprint[p]) * chunk
         level = np.searchsorted(np.asarray(sizes, dtype=float), reach, side="left")  # len(sizes): memory
-        served = np.bincount(level, weights=w.touched[p], minlength=len(sizes) + 1) * chunk / threads
+        weights = np.where(w.scratch[p], w.touched[p] * widen, w.touched[p])
+        served = np.bincount(level, weights=weights, minlength=len(sizes) + 1) * chunk / threads
         fresh = sum(c for c in w.outputs[p] if c * chunk >= model.fresh_bytes) * chunk
         rows.append([float(threads > 1), w.steps[p] / threads, *served, fresh / threads, w.crossing[p] * chunk,
                      w.network[p] * chunk, float(w.messages[p])])
@@ -253,12 +260,19 @@ def terms(w: Work, chunk: float, model: MachineModel) -> np.ndarray:
 
 
 def seconds(plan: Plan, input_bytes: float, model: MachineModel, w: Work | None = None,
-            processes: Sequence[int] | None = None, hosts: Sequence[int] | None = None) -> float:
-    """Predicted seconds of one call of `plan` with `input_bytes` per rank input (see the module docstring):
-    the fixed cost, the slowest process's terms times the model's constants, and the network's rounds."""
+            processes: Sequence[int] | None = None, hosts: Sequence[int] | None = None, dtype="float32") -> float:
+    """Predicted seconds of one call of `plan` with `input_bytes` per rank input of `dtype` (see the module
+    docstring): the fixed cost, the slowest process's terms times the model's constants, the network's rounds."""
     w = w if w is not None else work(plan, processes, hosts)
-    per_process = terms(w, chunk_bytes(plan, input_bytes), model) @ model.coefficients()
+    per_process = terms(w, chunk_bytes(plan, input_bytes), model, widen(dtype)) @ model.coefficients()
     return model.call_s + float(per_process.max()) + w.rounds * model.network_latency_s
 
 
-__all__ = ["MachineModel", "Work", "chunk_bytes", "seconds", "terms", "work"]
+def widen(dtype) -> float:
+    """Bytes of a scratch element over a data element: scratch holds the accumulation type (float32 for 16-bit
+    floats; the data type otherwise)."""
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    return 2.0 if name in ("float16", "bfloat16") else 1.0
+
+
+__all__ = ["MachineModel", "Work", "chunk_bytes", "seconds", "terms", "widen", "work"]

@@ -54,12 +54,12 @@ def _kind(processes, hosts) -> tuple[int, int]:
 
 
 def rank_by_model(collective, nranks: int, nbytes: int, processes=None, hosts=None, *, large: bool = False,
-                  the_model: machine.MachineModel | None = None) -> list[tuple[float, str, Plan]]:
-    """(predicted seconds, name, plan) of every candidate, fastest first."""
+                  the_model: machine.MachineModel | None = None, dtype="float32") -> list[tuple[float, str, Plan]]:
+    """(predicted seconds, name, plan) of every candidate for `nbytes` per rank of `dtype`, fastest first."""
     m = the_model or model(processes, hosts)
     out = []
     for name, plan in registry.candidates(collective, nranks, processes, hosts, large=large).items():
-        out.append((machine.seconds(plan, nbytes, m, work_of(plan, processes, hosts)), name, plan))
+        out.append((machine.seconds(plan, nbytes, m, work_of(plan, processes, hosts), dtype=dtype), name, plan))
     return sorted(out, key=lambda t: (t[0], t[1]))
 
 
@@ -120,7 +120,7 @@ def _decide(collective: Collective, nranks: int, nbytes: int, dtype: str, proces
         cell = tf.cell(file.layout_key(processes or (0,) * nranks, hosts), collective.value, nranks, nbytes, dtype)
         if cell is not None:
             return cell["choice"]
-    return rank_by_model(collective, nranks, nbytes, processes, hosts)[0][1]
+    return rank_by_model(collective, nranks, nbytes, processes, hosts, dtype=dtype)[0][1]
 
 
 def _resolve(collective, nranks, nbytes, dtype, processes, hosts, name: str) -> Plan:

@@ -33,7 +33,7 @@ def predict(collective, *, nbytes: int, nranks: int, algorithm="auto", processes
     procs = tuple(processes) if processes is not None and len(set(processes)) > 1 else None
     plan = _plan(collective, nranks, nbytes, dtype, procs, hosts if procs else None, algorithm)
     m = model or choice.model(procs, hosts if procs else None)
-    return machine.seconds(plan, nbytes, m, choice.work_of(plan, procs, hosts if procs else None))
+    return machine.seconds(plan, nbytes, m, choice.work_of(plan, procs, hosts if procs else None), dtype=dtype)
 
 
 def _plan(collective: Collective, nranks: int, nbytes: int, dtype, processes, hosts, algorithm) -> Plan:
