@@ -184,15 +184,35 @@ def test_the_compiled_program_names_the_plan_auto_chose(tuning_file):
     assert 'jaxcoll.all_reduce[ring, 8 ranks]"' in hlo  # the custom call's op_name, as profiles show it
 
 
-def test_a_synthesized_choice_is_stored_whole_and_run(tuning_file):
+def test_a_synthesized_choice_is_named_and_a_registered_one_stored_whole(tuning_file):
     from jaxcoll.tune import registry
-    plan = registry.candidates("all_reduce", N)["synth.rhd"]
-    write_file(tuning_file, [cell("synth.rhd", nbytes=64 << 10, plan=plan)])
+    synthesized = registry.candidates("all_reduce", N)["synth.rhd"]
+    mine = Plan(Collective.ALL_REDUCE, N, algorithms.builtin(Collective.ALL_REDUCE, "ring", N).ranks, name="mine")
+    write_file(tuning_file, [cell("synth.rhd", nbytes=64 << 10), cell("mine", nbytes=1 << 20, plan=mine.to_json())])
     name, chosen = tune.choose("all_reduce", N, 64 << 10, "float32")
-    assert name == "synth.rhd" and chosen.num_steps() == plan.num_steps()
+    assert name == "synth.rhd" and chosen.num_steps() == synthesized.num_steps()
+    name, chosen = tune.choose("all_reduce", N, 1 << 20, "float32")  # not registered here: the file's own plan
+    assert name == "mine" and chosen.name == "mine"
     mesh, f, g = all_reduce_program()
-    x = jax.device_put(small_ints(N * (16 << 10)), NamedSharding(mesh, P("i")))
-    np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(g(x)))
+    for per_rank in (16 << 10, 1 << 18):  # 64 KiB and 1 MiB of float32
+        x = jax.device_put(small_ints(N * per_rank), NamedSharding(mesh, P("i")))
+        np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(g(x)))
+
+
+def test_the_tuning_run_names_each_collectives_plans_apart(tmp_path):
+    # Two collectives whose candidates share a name ("synth.direct") and a registered choice of each.
+    ag = Plan(Collective.ALL_GATHER, N, algorithms.builtin(Collective.ALL_GATHER, "ring", N).ranks, name="mine")
+    rs = Plan(Collective.REDUCE_SCATTER, N, algorithms.builtin(Collective.REDUCE_SCATTER, "ring", N).ranks,
+              name="mine")
+    cells = [run.Cell(c, N, 1 << 20, "float32", "mine", "direct", "direct", {"mine": [1e-3], "direct": [2e-3]},
+                      {"mine": 1e-3, "direct": 2e-3}) for c in ("all_gather", "reduce_scatter")]
+    path = tmp_path / "t.json"
+    run.write(str(path), "1x8", (0,) * N, None, machine.MachineModel(), cells,
+              {("all_gather", "mine"): ag, ("reduce_scatter", "mine"): rs})
+    loaded = file.read(str(path))
+    assert loaded.cell("1x8", "all_gather", N, 1 << 20, "float32")["plan"].collective is Collective.ALL_GATHER
+    assert loaded.cell("1x8", "reduce_scatter", N, 1 << 20, "float32")["plan"].collective is \
+        Collective.REDUCE_SCATTER
 
 
 def test_auto_takes_the_files_calibration_as_its_model(tuning_file):
@@ -216,7 +236,7 @@ def broken_plan_json():
     (lambda p: write_file(p, [], jaxcoll="0.0.1"), "was made with jaxcoll 0.0.1"),
     (lambda p: write_file(p, [], jax="0.4.1"), "jax 0.4.1"),
     (lambda p: write_file(p, [cell("synth.mine", plan=broken_plan_json())]), "fails the checker"),
-    (lambda p: write_file(p, [cell("fastest")]), "no built-in all_reduce plan"),
+    (lambda p: write_file(p, [cell("fastest")]), "no built-in or synthesized all_reduce plan"),
     (lambda p: write_file(p, [{"collective": "all_reduce"}]), "is malformed"),
     (lambda p: write_file(p, [], model={"call_s": -1}), "malformed model"),
 ])

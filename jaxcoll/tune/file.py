@@ -8,12 +8,13 @@ JSON, one file per machine (by default `$XDG_CACHE_HOME/jaxcoll/tuning.json`, el
      "layouts": {"<layout>": {"processes": [...], "hosts": [...],
                               "model": {<jaxcoll.sim.machine.MachineModel>},
                               "cells": [{"collective": "all_reduce", "nranks": 8, "bytes": 1048576,
-                                         "dtype": "float32", "choice": "synth.rhd", "plan": {<plan>}|null,
+                                         "dtype": "float32", "choice": "synth.rhd", "plan": null|{<plan>},
                                          "seconds": {"<candidate>": s, ...}, "default": "two_shot"}]}}}
 
 A layout is a group's processes and hosts (`layout_key`); a cell's `bytes` is the per-rank input size it was
-measured at, and auto uses the cell of the nearest size on a log scale. A chosen plan that is not a built-in is
-stored whole, so the file runs the plan that was measured. The file is written atomically (a temporary file in
+measured at, and auto uses the cell of the nearest size on a log scale. A built-in or synthesized choice is named
+(the file's jaxcoll builds the same plan for the layout); a registered plan is stored whole, so the file runs the
+plan that was measured. The file is written atomically (a temporary file in
 the same directory, then a rename): an interrupted run leaves the old one whole.
 
 A file that cannot be used (not JSON, another format, another machine, another jaxcoll or jax, a plan the checker
@@ -173,9 +174,9 @@ def _check_layout(key: str, entry) -> None:
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{where} is malformed: {json.dumps(c)[:200]}") from None
         if c.get("plan") is None:
-            if choice not in algorithms.BUILTINS[collective]:
-                raise ValueError(f"{where} chooses {choice!r}, which is no built-in {collective.value} plan and "
-                                 f"the file holds no plan for it")
+            if choice not in algorithms.BUILTINS[collective] and choice not in _synthesized(entry, collective, nranks):
+                raise ValueError(f"{where} chooses {choice!r}, which is no built-in or synthesized {collective.value} "
+                                 f"plan and the file holds no plan for it")
             continue
         try:
             plan = Plan.from_json(c["plan"])
@@ -189,6 +190,19 @@ def _check_layout(key: str, entry) -> None:
         except Exception as e:
             raise ValueError(f"{where}: its plan {choice!r} fails the checker: {e}") from None
         c["plan"] = plan  # kept loaded
+
+
+def _synthesized(entry: dict, collective, nranks: int) -> set[str]:
+    """The names of the synthesized candidates of the layout an entry is for (the synthesizers' names, without
+    building the plans)."""
+    from jaxcoll import synth
+    from jaxcoll.tune import registry
+
+    processes = entry.get("processes") or [0] * nranks
+    if len(processes) != nranks:
+        return set()
+    hosts = entry.get("hosts")
+    return {f"synth.{name}" for name in synth.candidates(registry.topology(processes, hosts), collective)}
 
 
 def write(path: str, data: dict) -> None:

@@ -34,10 +34,13 @@ class Cell:
         return statistics.median(self.seconds[name])
 
     def to_json(self, plans) -> dict:
+        """The cell as the tuning file holds it: a registered plan whole (`plans[(collective, name)]`); a
+        built-in or synthesized one by name (the same jaxcoll builds the same plan for the layout)."""
         from jaxcoll import algorithms
-        builtin = self.choice in algorithms.BUILTINS[Collective(self.collective)]
+        by_name = self.choice in algorithms.BUILTINS[Collective(self.collective)] or self.choice.startswith("synth.")
         return {"collective": self.collective, "nranks": self.nranks, "bytes": self.nbytes, "dtype": self.dtype,
-                "choice": self.choice, "plan": None if builtin else plans[self.choice], "default": self.default,
+                "choice": self.choice, "plan": None if by_name else plans[self.collective, self.choice],
+                "default": self.default,
                 "seconds": {k: self.median(k) for k in self.seconds},
                 "predicted": {k: self.predictions[k] for k in self.seconds}}
 
@@ -51,7 +54,7 @@ def default_name(collective: str, nranks: int, nbytes: int, processes: Sequence[
 def tune_cells(collectives: Sequence[str], sizes: Sequence[int], *, model: MachineModel, mesh, processes, hosts,
                top: int = 3, reps: int = 5, warmup: int = 2, dtype: str = "float32",
                progress: Callable[[str], None] | None = None) -> tuple[list[Cell], dict]:
-    """Measure each cell's leading candidates; returns the cells and every measured plan by name."""
+    """Measure each cell's leading candidates; returns the cells and every measured plan by (collective, name)."""
     from jaxcoll.tune import choice, measure, registry
 
     say = progress or (lambda _: None)
@@ -71,7 +74,7 @@ def tune_cells(collectives: Sequence[str], sizes: Sequence[int], *, model: Machi
                 if extra not in names:
                     names.append(extra)
             by_name = {name: plan for _, name, plan in ranked}
-            plans.update({name: by_name[name] for name in names})
+            plans.update({(collective, name): by_name[name] for name in names})
             times = measure.time_cell(collective, size, {name: by_name[name] for name in names}, mesh, reps=reps,
                                       warmup=warmup, dtype=dtype)
             fastest = min(names, key=lambda k: (statistics.median(times[k]), k))
