@@ -1,0 +1,61 @@
+"""How the `jaxcoll` command talks to its user: help that shows defaults and examples, progress for work that
+takes more than a second (rich, on stderr, so a command's output stays its tables), and the warning that a busy
+machine makes timings meaningless."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions and examples as written; every option with a default says it (one without, none)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.required or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def with_progress(fn, label: str, *, after_s: float = 1.0):
+    """fn()'s result; a spinner with `label` and the time elapsed shows on stderr (a terminal only) once it has
+    taken `after_s` seconds. fn runs on a thread of its own; its exception is raised here."""
+    done = threading.Event()
+    result = {}
+
+    def work():
+        try:
+            result["value"] = fn()
+        except BaseException as e:  # re-raised below, in the caller's thread
+            result["error"] = e
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    if not done.wait(after_s):
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        with Progress(SpinnerColumn(), TextColumn(label), TimeElapsedColumn(), transient=True,
+                      console=Console(stderr=True)) as bar:
+            bar.add_task(label, total=None)
+            done.wait()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def busy_machine() -> str | None:
+    """A warning when the 1-minute load average is above the core count (other work competes for the cores, so
+    timings mean little), else None."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not available on this platform
+        return None
+    cores = os.cpu_count() or 1
+    if load <= cores:
+        return None
+    return (f"the load average is {load:.1f} on {cores} cores: other work is running, so these timings mean little; "
+            "rerun on a quiet machine")
+
