@@ -28,11 +28,16 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import statistics
 import threading
 import time
 
 SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
+# A row of the --markdown tables, as benchmarks/multiprocess.py reads it back: size, jaxcoll's median, min, max,
+# busbw, traffic; XLA's median, min, max, busbw; the speedup of the medians, the least and the most per pair.
+MARKDOWN_ROW = re.compile(r"^\| ([\d.]+ [KMG]?i?B) \| ([\d.]+) \| ([\d.]+)-([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) "
+                          r"\| ([\d.]+)-([\d.]+) \| ([\d.]+) \| ([\d.]+)x \| ([\d.]+)-([\d.]+)x \|$", re.M)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
