@@ -42,3 +42,13 @@ def test_synth_of_an_unknown_preset_is_a_one_line_error(capsys):
     assert main(["synth", "--topology", "dgx9"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("jaxcoll synth: unknown topology preset 'dgx9'") and err.count("\n") == 1
+
+
+def test_with_progress_returns_the_work_s_value_and_raises_its_error():
+    import time
+
+    from jaxcoll.cli.console import with_progress
+    assert with_progress(lambda: 3, "quick") == 3
+    assert with_progress(lambda: time.sleep(0.05) or 4, "slow", after_s=0.01) == 4  # the spinner's path
+    with pytest.raises(ZeroDivisionError):
+        with_progress(lambda: 1 / 0, "failing")
