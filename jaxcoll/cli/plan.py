@@ -90,8 +90,10 @@ def run(args) -> int:
     except PlanError as e:
         print(f"{args.file}: {e}", file=sys.stderr)
         return 1
-    except OSError as e:  # a file missing or unreadable (the plan's, or the one to write)
-        print(f"{e.filename or args.file}: {e.strerror or e}", file=sys.stderr)
+    except OSError as e:  # a file missing or unreadable (the plan's, or the one to write); not a closed pipe
+        if e.filename is None:
+            raise
+        print(f"{e.filename}: {e.strerror or e}", file=sys.stderr)
         return 1
     except (json.JSONDecodeError, xml.etree.ElementTree.ParseError) as e:
         print(f"{args.file}: not a plan file: {e}", file=sys.stderr)
