@@ -230,7 +230,7 @@ def run(args) -> int:
 
     from jaxcoll.cli.console import busy_machine
 
-    console = Console(width=None if Console().is_terminal else 140, quiet=process != 0)
+    console = Console(width=None if Console().is_terminal else 160, quiet=process != 0)
     devices = jax.devices()
     n = len(devices)
     mesh = jax.sharding.Mesh(np.array(devices), ("i",))
@@ -333,7 +333,10 @@ def _time(collective, mesh, n, count, dtype, algorithm, args, timing) -> dict[st
 
 
 def _spread(seconds: list[float]) -> str:
-    return f"{min(seconds) * 1e6:.1f}-{max(seconds) * 1e6:.1f}"
+    """The least and the most of `seconds`, in microseconds, as short as the table needs (whole ones, rounded
+    outwards, from 100 up)."""
+    lo, hi = min(seconds) * 1e6, max(seconds) * 1e6
+    return f"{lo:.1f}-{hi:.1f}" if hi < 100 else f"{math.floor(lo)}-{math.ceil(hi)}"
 
 
 def _xla_cross_process() -> str:
