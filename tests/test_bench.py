@@ -45,6 +45,25 @@ def test_busy_machine_is_a_load_average_above_the_core_count(monkeypatch):
     assert busy_machine() is None
 
 
+def test_busy_meanwhile_counts_other_processes_cpu_time_not_this_one_s(monkeypatch):
+    from jaxcoll.cli import console
+    cores = os.cpu_count()
+    start = (0.0, 0.0, 0.0)
+    # 10 s of wall time: the machine busy for 10 s on every core, all of it this process's own: no warning
+    monkeypatch.setattr(console, "cpu_clock", lambda: (10.0, 10.0 * cores, 10.0 * cores))
+    assert console.busy_meanwhile(start) is None
+    # the same, with half of it other processes' time
+    monkeypatch.setattr(console, "cpu_clock", lambda: (10.0, 10.0 * cores, 5.0 * cores))
+    assert "other processes used 50%" in console.busy_meanwhile(start)
+    assert console.busy_meanwhile(None) is None
+
+
+def test_cpu_clock_reads_this_machine():
+    from jaxcoll.cli.console import cpu_clock
+    clock = cpu_clock()
+    assert clock is None or all(v >= 0 for v in clock)
+
+
 def test_bench_traffic_column_is_named_for_what_it_is_not_a_percentage(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--help"])

@@ -7,8 +7,9 @@ launch (see `_iterations`). jaxcoll and XLA programs alternate call by call
 in one run, so both see the same machine state, after `--warmup` untimed calls of each (nccl-tests' -w); the
 tables quote medians with the least and the most of the `--reps` calls ("min-max"), the ratio of the medians
 ("speedup") and the range of the ratios of each pair of alternating calls ("per pair"). A spread as wide as the
-difference between the sides means one run cannot tell them apart: run it again. A load average above the core
-count (other work competing for the cores) is warned about, before and after.
+difference between the sides means one run cannot tell them apart: run it again. Other work competing for the
+cores is warned about: a load average above the core count before the run, other processes' share of the CPU time
+above a quarter during it.
 
 Bandwidths follow nccl-tests: busbw = S / t * 2(N-1)/N for all_reduce and S / t * (N-1)/N for the others, with S
 the per-rank input bytes (the gathered output for all_gather). "traffic GB/s" is the bytes a call must at least
@@ -175,17 +176,21 @@ def _launch_job(args) -> int:
     import sys
 
     from jaxcoll import launch
-    from jaxcoll.cli.console import with_progress
+    from jaxcoll.cli.console import busy_meanwhile, cpu_clock, with_progress
 
     if args.devices % args.processes:
         raise SystemExit(f"jaxcoll bench: --devices={args.devices} does not split evenly over "
                          f"--processes={args.processes}")
     env = {_COPY_BW: repr(copy_bandwidth())}
+    clock = cpu_clock()
     results = with_progress(
         lambda: launch.launch(args.processes, ["-m", "jaxcoll", *sys.argv[1:]],
                               local_devices=args.devices // args.processes, env=env, timeout_s=3600),
         f"running the job of {args.processes} processes (process 0 prints its tables when it ends)")
     print(results[0].stdout, end="")
+    busy = busy_meanwhile(clock)  # the job's processes are this one's children, waited for: not other work
+    if busy:
+        print(f"warning: {busy}")
     failed = [r for r in results if r.returncode != 0]
     for r in failed:
         print(f"process {r.process} exited with {r.returncode}:\n{r.stderr[-3000:]}", file=sys.stderr)
@@ -228,7 +233,7 @@ def run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from jaxcoll.cli.console import busy_machine
+    from jaxcoll.cli.console import busy_machine, busy_meanwhile, cpu_clock
 
     console = Console(width=None if Console().is_terminal else 160, quiet=process != 0)
     devices = jax.devices()
@@ -252,6 +257,7 @@ def run(args) -> int:
     busy = busy_machine()
     if busy:
         console.print(f"[yellow]warning: {busy}[/]")
+    clock = cpu_clock()
     console.print(f"medians of {args.reps} timed calls a side (after {args.warmup} untimed); min-max: the least and "
                   "the most; per pair: XLA's time over jaxcoll's for each pair of calls")
     cells = [(c, a) for c in collectives for a in algorithms if a in builtins.known(c)]
@@ -294,9 +300,9 @@ def run(args) -> int:
                     plot.setdefault((collective, algorithm), []).append((nbytes, bus[0], bus[1]))
                 console.print(table)
                 rows_md += md + [""]
-    busy_after = busy_machine()
-    if busy_after:
-        console.print(f"[yellow]warning: {busy_after}[/]")
+    busy = None if launch.in_job() else busy_meanwhile(clock)  # a job's peers are no other work; its launcher checks
+    if busy:
+        console.print(f"[yellow]warning: {busy}[/]")
     if args.markdown and process == 0:
         with open(args.markdown, "w") as f:
             f.write(f"{where}, {os.cpu_count()} cores, dtype {dtype.name}, copy bandwidth {bw / 1e9:.1f} GB/s, "
