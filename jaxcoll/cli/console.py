@@ -1,7 +1,7 @@
 """How the `jaxcoll` command talks to its user: help that shows defaults and examples, progress for work that
-takes more than a second (rich, on stderr, so a command's output stays its tables), and the warnings that a busy
-machine makes timings meaningless (a load average above the core count before a run; other processes' share of
-the CPU time during it)."""
+takes more than a second (rich, transient, drawn only on a terminal, so a command's output stays its tables), and
+the warnings that a busy machine makes timings meaningless (a load average above the core count before a run;
+other processes' share of the CPU time during it)."""
 
 from __future__ import annotations
 

@@ -64,11 +64,12 @@ def run(args) -> int:
     try:
         plan = with_progress(lambda: load(args.file), f"reading {args.file}")
         if args.plan_command == "show":
-            from jaxcoll.lang.picture import draw, rounds, summary
+            from jaxcoll.lang.picture import DETAIL_STEPS, draw, rounds, summary
             when = with_progress(lambda: rounds(plan), f"placing {plan.num_steps()} steps in rounds")
             print(summary(plan, args.bytes, when=when))
             if args.output:
-                kind = with_progress(lambda: draw(plan, args.output, when=when), f"drawing {args.output}")
+                what = "a summary picture" if len(when) > DETAIL_STEPS else f"{len(when)} data steps"
+                kind = with_progress(lambda: draw(plan, args.output, when=when), f"drawing {what} to {args.output}")
                 print(f"wrote {args.output}" + (" (a summary picture: too many steps to draw one by one)"
                                                 if kind == "summary" else ""))
         elif args.plan_command == "check":
