@@ -18,6 +18,12 @@ Parts:
   (no custom call); the rows with the collective forced through the executor add a copy of the block (the
   collective's cost, which one GPU cannot overlap with anything) and carry no goal.
 
+- tune: the cost model's tune step (docs/tuning.md, "GPU"): the measured machine model's formula
+  (jaxcoll.sim.machine), fitted to shifts and the simplest plans of each collective on the emulated ranks
+  (separately for packets and bulk, the protocol auto takes at each size), then the predicted and measured times
+  of every built-in and synthesized plan side by side, apart for the plans and sizes the fit saw and did not.
+  Not in the default parts (the GPU round runs it as a step of its own).
+
 --quick shrinks every size and count (a smoke test of the program: its numbers mean nothing). The timing source
 is an argument of main(), so tests/test_bench_cuda.py checks the argument handling and the tables without a GPU.
 """
@@ -36,7 +42,8 @@ from jaxcoll.plan import Collective, Plan, encode
 
 MiB = 1 << 20
 KiB = 1 << 10
-PARTS = ("bulk", "packet", "fused")
+PARTS = ("bulk", "packet", "fused", "tune")
+DEFAULT_PARTS = ("bulk", "packet", "fused")
 # Issue 14's goals.
 BULK_GOAL = 0.85  # of the device-to-device copy's traffic
 PACKET_GOAL_S = 10e-6  # per call
@@ -53,9 +60,13 @@ class Sizes:
     gemm_dtype: str = "bfloat16"
     chunks: tuple[int, ...] = (1, 4)
     rounds: int = 10
+    tune_bytes: tuple[int, ...] = (8 * KiB, 256 * KiB, 4 * MiB, 64 * MiB)  # per-rank input
 
 
-QUICK = Sizes(bulk_bytes=1 * MiB, packet_iters=4, gemm=(256, 128, 64), chunks=(1, 2), rounds=2)
+QUICK = Sizes(bulk_bytes=1 * MiB, packet_iters=4, gemm=(256, 128, 64), chunks=(1, 2), rounds=2,
+              tune_bytes=(8 * KiB, 256 * KiB))
+# Last-level (L2) cache of the GPUs the round runs on, by name (NVIDIA's data sheets); others: the H100's.
+L2_BYTES = {"H100": 50 * MiB, "H200": 50 * MiB, "A100": 40 * MiB}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -214,12 +225,78 @@ def fused_table(timer, sizes: Sizes) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------------
 # The program
 # ---------------------------------------------------------------------------------------------------------------
+def tune_cells(n: int, sizes: Sizes):
+    """(plan name, plan, per-rank input bytes, fitted?) of the tune part: the training set of
+    jaxcoll.tune.calibration (shifts; the direct and two-shot all_reduce, the direct all_gather and
+    reduce_scatter) at every size, then every other built-in and synthesized plan of the three collectives."""
+    from jaxcoll.tune import calibration, registry
+    ranks = (0,) * n
+    shifts = {"shift": calibration.shift_plan(ranks, False),
+              "shift x8": calibration.shift_plan(ranks, False, repeats=calibration.REPEATS),
+              "shift in 1024 puts": calibration.shift_plan(ranks, False, calibration.STEP_CHUNKS)}
+    fitted = {f"{c}.{name}" for c, name in calibration.PLANS}
+    cells = []
+    for nbytes in sizes.tune_bytes:
+        for name, plan in shifts.items():
+            cells.append((name, plan, nbytes, True))
+        for collective in ("all_reduce", "all_gather", "reduce_scatter"):
+            for name, plan in registry.candidates(collective, n).items():
+                key = f"{collective}.{name}"
+                cells.append((key, plan, nbytes, key in fitted))
+    return cells
+
+
+def tune_table(timer, n: int, sizes: Sizes, iters: int) -> list[str]:
+    from jaxcoll.sim import machine
+    from jaxcoll.tune.calibration import PLANS, fit
+
+    l2 = next((b for key, b in L2_BYTES.items() if key in timer.name()), L2_BYTES["H100"])
+    # Every emulated rank runs on blocks of its own, all at once: the work divides by the ranks; no helper
+    # threads, no fresh pages (the harness allocates its buffers once).
+    shape = machine.MachineModel(threads=n, solo_bytes=0, fresh_bytes=1 << 62, caches=((l2, 1e12),),
+                                 helpers_s=0.0)
+    measured = []
+    for name, plan, nbytes, fitted in tune_cells(n, sizes):
+        ins = max(plan.in_blocks, nbytes // 4 // plan.in_blocks * plan.in_blocks)
+        outs = ins // plan.in_blocks * plan.out_blocks
+        r = timer.plan(plan, ins, outs, iters=iters, graph=True, protocol="auto")
+        w = machine.work(plan)
+        row = [1.0, *machine.terms(w, machine.chunk_bytes(plan, ins * 4), shape)[0], 0.0]
+        measured.append((name, plan, ins * 4, fitted, r["protocol"], r["seconds_per_call"], row))
+    models = {}
+    for protocol in sorted({m[4] for m in measured}):
+        train = [m for m in measured if m[4] == protocol and m[3]]
+        models[protocol] = fit(shape, [m[6] for m in train], [m[5] for m in train]) if train else shape
+    lines = [f"Fitted per protocol on the shifts and {', '.join(c + ' ' + a for c, a in PLANS)}; "
+             f"L2 {l2 // MiB} MiB.", "",
+             "| protocol | call us | step ns | L2 GB/s per rank | HBM GB/s per rank |", "|---|---:|---:|---:|---:|"]
+    for protocol, m in models.items():
+        lines.append(f"| {protocol} | {m.call_s * 1e6:.2f} | {m.step_s * 1e9:.1f} | {m.caches[0][1] / 1e9:.1f} | "
+                     f"{m.memory_rate / 1e9:.1f} |")
+    lines += ["", "| plan | per rank | protocol | predicted us | measured us | error | in the fit |",
+              "|---|---|---|---:|---:|---:|---|"]
+    errors = {True: [], False: []}
+    for name, plan, nbytes, fitted, protocol, seconds, _ in measured:
+        predicted = machine.seconds(plan, nbytes, models[protocol])
+        err = predicted / seconds - 1
+        errors[fitted].append(abs(err))
+        lines.append(f"| {name} | {size_label(nbytes)} | {protocol} | {predicted * 1e6:.1f} | {seconds * 1e6:.1f} | "
+                     f"{err:+.0%} | {'yes' if fitted else 'no'} |")
+    lines.append("")
+    for fitted, errs in errors.items():
+        if errs:
+            lines.append(f"{'In' if fitted else 'Not in'} the fit: median |error| {np.median(errs):.0%}, 90th "
+                         f"percentile {np.percentile(errs, 90):.0%} over {len(errs)} (plan, size) pairs.")
+    return lines
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", type=int, default=0, help="CUDA device index")
     ap.add_argument("--iters", type=int, default=20, help="timed calls per bulk row (>= 1)")
     ap.add_argument("--ranks", type=int, default=8, help="emulated ranks of the bulk and packet parts (2..16)")
-    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of: {', '.join(PARTS)}")
+    ap.add_argument("--parts", default=",".join(DEFAULT_PARTS),
+                    help=f"comma-separated, of: {', '.join(PARTS)} (default {','.join(DEFAULT_PARTS)})")
     ap.add_argument("--quick", action="store_true", help="small sizes and counts: a smoke test, not a measurement")
     args = ap.parse_args(argv)
     if args.iters < 1:
@@ -253,6 +330,8 @@ def main(argv=None, timer=None) -> None:
             lines = bulk_table(timer, args.ranks, sizes, args.iters)
         elif part == "packet":
             lines = packet_table(timer, args.ranks, sizes, args.iters)
+        elif part == "tune":
+            lines = tune_table(timer, args.ranks, sizes, args.iters)
         else:
             lines = fused_table(timer, sizes)
         print("\n".join(lines), flush=True)

@@ -137,6 +137,26 @@ def connect() -> World | None:
         return _world
 
 
+def agree(key: str, decide) -> str:
+    """Process 0's `decide()`, in every process of the job: process 0 decides and publishes it under `key` in the
+    key-value store, the others read it (within JAXCOLL_TIMEOUT). What must be the same in every process though
+    each could decide it differently (a choice made from measurements) goes through here. Without a job of
+    several processes it is `decide()`."""
+    world_ = connect()
+    if world_ is None:
+        return decide()
+    client = _jax.distributed_client()
+    full = _PREFIX + "agree/" + key
+    if world_.process == 0:
+        value = decide()
+        try:
+            client.key_value_set(full, value)
+        except Exception:  # already decided (an earlier compilation of the same cell): that value stands
+            return client.blocking_key_value_get(full, _timeout_ms())
+        return value
+    return _get(client, full, _timeout_ms(), "process 0", f"its choice for {key!r}")
+
+
 def _connect_network(client, me: int, n: int, remote: list[int], token: str, timeout_ms: int) -> None:
     """Open the network transport to the processes on other hosts: listen (JAXCOLL_NET_PORT, default a free
     port), publish the address and port, read theirs and connect (csrc/net.hpp)."""

@@ -101,3 +101,15 @@ def initialize() -> tuple[int, int]:
     jax.config.update("jax_num_cpu_devices", int(os.environ[_DEVICES]))
     jax.distributed.initialize(os.environ[_COORDINATOR], num_processes=n, process_id=process)
     return process, n
+
+
+def start(devices: int) -> int:
+    """This process's index, once JAX is set up: in a process started by `launch`, the job joined (its CPU
+    device count is the launcher's); otherwise `devices` emulated CPU devices here (effective only before a
+    backend starts; real GPUs are left alone). Must run before anything touches a JAX backend."""
+    if in_job():
+        return initialize()[0]
+    import jax
+    jax.config.update("jax_num_cpu_devices", devices)
+    return 0
+

@@ -94,7 +94,7 @@ def emit(ctx, value, aval, out_aval, collective: Collective, *, axes: tuple, op:
             sub_rank, sub_group, sub_processes = _sub_tables(subgroups, processes, nranks)
             layout = groups.process_layout(sub_processes, parts)
             plan = plans.choose(api_name, phase.collective, parts, size * dtype.itemsize, dtype, "auto",
-                                processes=layout)
+                                processes=layout, platform="gpu")
             flat = custom_call.call(ctx, flat, in_aval, result_aval, plan,
                                     groups.lookup(ctx, sub_rank, rank, group, nranks),
                                     groups.lookup(ctx, sub_group, rank, group, nranks),

@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 from jax.interpreters import mlir
+from jax.extend.mlir import ir
 
 from jaxcoll import _jax
 from jaxcoll.lowering import groups, plans
@@ -75,7 +76,9 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
     else:
         nbytes = math.prod(aval.shape) * wire_aval.dtype.itemsize
         plan = plans.choose(api_name, collective, nranks, nbytes, wire_aval.dtype, algorithm,
-                            processes=groups.process_layout(processes, nranks), **params)
+                            processes=groups.process_layout(processes, nranks),
+                            hosts=groups.host_layout(processes, hosts, nranks),
+                            platform="cpu" if set(ctx.module_context.platforms) == {"cpu"} else "gpu", **params)
         rank, group = groups.rank_and_group(ctx, axes)
         result = call(ctx, value, wire_aval, wire_out, plan, rank, group, processes, op)
     if wire_out is not out_aval:
@@ -91,7 +94,15 @@ def _spans_hosts(processes_by_group: np.ndarray, hosts) -> bool:
 
 def call(ctx, value, aval, out_aval, plan, rank, group, processes: np.ndarray | None, op: str):
     """One jaxcoll custom call running `plan` on `value` (of `aval`, giving `out_aval`): `rank` and `group` are this
-    device's s32 scalars, `processes` the process map of every group's ranks (None within one process)."""
+    device's s32 scalars, `processes` the process map of every group's ranks (None within one process). The op's
+    location names the collective and its plan (`jaxcoll.all_reduce[two_shot, 8 ranks]`), which XLA keeps as the
+    op's name: profiles (jax.profiler, TensorBoard, Perfetto) and HLO dumps say what ran."""
+    where = f"jaxcoll.{plan.collective.value}[{plan.name or 'plan'}, {plan.nranks} ranks]"
+    with ir.Location.name(where, childLoc=ir.Location.current):
+        return _custom_call(ctx, value, aval, out_aval, plan, rank, group, processes, op)
+
+
+def _custom_call(ctx, value, aval, out_aval, plan, rank, group, processes, op):
     return _jax.custom_call(
         target_name(plan.collective),
         result_types=[mlir.aval_to_ir_type(ctx.module_context, out_aval)],

@@ -204,6 +204,22 @@ def process_layout(processes: np.ndarray | None, nranks: int) -> tuple[int, ...]
     return layouts.pop() if len(layouts) == 1 else None
 
 
+def host_layout(processes: np.ndarray | None, hosts, nranks: int) -> tuple[int, ...] | None:
+    """The host of each of the group's processes (numbered as `process_layout` numbers them, hosts by first
+    appearance), when every group has the same one and it names several hosts; None otherwise."""
+    if processes is None or hosts is None:
+        return None
+    layouts = set()
+    for g in range(len(processes) // nranks):
+        order: dict[int, int] = {}
+        for p in processes[g * nranks:(g + 1) * nranks]:
+            order.setdefault(int(p), len(order))
+        seen: dict[int, int] = {}
+        layouts.add(tuple(seen.setdefault(int(hosts[p]), len(seen)) for p in order))
+    layout = layouts.pop() if len(layouts) == 1 else None
+    return layout if layout is not None and len(set(layout)) > 1 else None
+
+
 def rank_and_group(ctx, axes: tuple) -> tuple[ir.Value, ir.Value]:
     """(rank, group) s32 scalars of this device for a collective over `axes`."""
     shape = _mesh_shape(ctx)

@@ -9,6 +9,9 @@ import os
 import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
+# A tuning file in the user's cache (`jaxcoll tune` on this machine) would make "auto" run other plans than the
+# model's: tests see the model alone unless they point JAXCOLL_TUNING at a file of their own.
+os.environ.setdefault("JAXCOLL_TUNING", "off")
 
 from hypothesis import HealthCheck, settings  # noqa: E402 - after the device count, before any test imports
 

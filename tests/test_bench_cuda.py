@@ -182,3 +182,40 @@ def test_without_a_jax_cuda_device_the_fused_part_says_so_and_the_others_run(cap
     parts = tables(out)
     assert len(parts["bulk"]) == 4 and len(parts["packet"]) == 2
     assert "| jax has no CUDA device here: Unknown backend: 'cuda' requested, but no platforms are" in out
+
+
+class ModelTimer:
+    """Times that a known machine model gives (packets up to 64 KiB per rank, bulk above, each with constants of
+    its own), so that the tune part's fit must find those constants and predict every plan exactly."""
+
+    def __init__(self, n):
+        from jaxcoll.sim import machine
+        self.machine = machine
+        base = dict(threads=n, solo_bytes=0, fresh_bytes=1 << 62, helpers_s=0.0)
+        self.models = {"ll": machine.MachineModel(call_s=4e-6, step_s=300e-9, caches=((50 << 20, 900e9),),
+                                                  memory_rate=300e9, **base),
+                       "bulk": machine.MachineModel(call_s=9e-6, step_s=1e-6, caches=((50 << 20, 500e9),),
+                                                    memory_rate=250e9, **base)}
+
+    def name(self):
+        return "NVIDIA H200"
+
+    def plan(self, plan, input_elements, output_elements, *, iters, graph, protocol):
+        assert protocol == "auto" and graph
+        nbytes = input_elements * 4
+        chosen = "ll" if nbytes <= 64 << 10 else "bulk"
+        return {"seconds_per_call": self.machine.seconds(plan, nbytes, self.models[chosen]), "protocol": chosen,
+                "blocks_per_lane": 1, "traffic_bytes": 1}
+
+
+def test_the_tune_part_fits_the_model_per_protocol_and_predicts_every_plan(capsys):
+    out = run_main(capsys, ["--parts", "tune", "--quick", "--ranks", "4"], ModelTimer(4))
+    rows = tables(out)["tune"]
+    constants = {r[0]: r[1:] for r in rows if r[0] in ("ll", "bulk")}
+    assert constants["ll"][:2] == ["4.00", "300.0"] and constants["bulk"][:2] == ["9.00", "1000.0"]
+    plans = [r for r in rows if len(r) == 7 and r[0] != "plan" and not r[0].startswith("---")]
+    assert {r[2] for r in plans} == {"ll", "bulk"}
+    assert {r[6] for r in plans} == {"yes", "no"}  # the synthesized plans and the rings were not in the fit
+    assert any(r[0].startswith("all_gather.synth.") for r in plans)
+    assert all(r[5] in ("+0%", "-0%") for r in plans), [r for r in plans if r[5] not in ("+0%", "-0%")]
+    assert "Not in the fit: median |error| 0%" in out

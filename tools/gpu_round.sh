@@ -20,7 +20,7 @@ ME="tools/gpu_round.sh"
 # bench <= 3 min); `stop` steps end the round when they fail.
 # ---------------------------------------------------------------------------------------------------------------
 STEPS=(env prereqs build import harness harness_large memcheck racecheck synccheck jax network never_arrives bench
-       profile)
+       tune profile)
 # harness and harness_large: pytest's own time plus ~12 s of interpreter start and CUDA teardown (the round of
 # 2026-11-26 on an H100: 84 s and 52 s in pytest, over 95 s and 55 s in all); jax took 23 and 33 s.
 # profile: gpu_profile.py, then gpu_floor.cu's build and run (seconds), plus about 1 s for each of its 36 packet
@@ -28,11 +28,11 @@ STEPS=(env prereqs build import harness harness_large memcheck racecheck syncche
 declare -A LIMIT=([env]=30 [prereqs]=60 [build]=240 [import]=60
                   [harness]=110 [harness_large]=65 [jax]=45 [network]=30 [never_arrives]=20
                   [memcheck]=50 [racecheck]=40 [synccheck]=30
-                  [bench]=180 [profile]=90)
+                  [bench]=180 [tune]=60 [profile]=90)
 declare -A ON_FAIL=([env]=continue [prereqs]=stop [build]=stop [import]=stop [harness]=continue
                     [harness_large]=continue [memcheck]=continue [racecheck]=continue [synccheck]=continue
                     [jax]=continue [network]=continue [never_arrives]=continue [bench]=continue
-                    [profile]=continue)
+                    [tune]=continue [profile]=continue)
 declare -A ABOUT=(
   [env]="GPU, driver, Python, jax/jaxlib, nvcc, cmake, sanitizer (env.txt)"
   [prereqs]="Python packages the build and tests need; carried wheels installed where missing or too old"
@@ -47,6 +47,7 @@ declare -A ABOUT=(
   [network]="jaxcoll_network (XLA's NCCL via the FFI collectives extension), every collective over one GPU, vs numpy"
   [never_arrives]="a wait whose signal is withheld ends in an error naming rank, lane, step and semaphore"
   [bench]="benchmarks/cuda.py: bulk vs copy bandwidth, packet latency, fused ops vs GEMM (bench.md)"
+  [tune]="the cost model fitted on the emulated ranks per protocol, predicted vs measured for every plan (tune.md)"
   [profile]="where the packet latency goes, and its floor: tools/gpu_profile.py packet, tools/gpu_floor.cu (profile.md)")
 MIN_START_S=10   # a step is not started with less than this left of the round (unless its own limit is smaller)
 KILL_AFTER_S=5   # after the limit, TERM; this much later, KILL
@@ -261,6 +262,7 @@ step_command() {  # step_command STEP -> the shell command, run from the checkou
     network) echo "$py tools/gpu_round_checks.py network" ;;
     never_arrives) echo "$pytest tests/test_cuda.py -k never_signalled" ;;
     bench) echo "set -o pipefail; $py benchmarks/cuda.py --iters 20 | tee $(q "$DIR/bench.md")" ;;
+    tune) echo "set -o pipefail; $py benchmarks/cuda.py --parts tune --iters 10 | tee $(q "$DIR/tune.md")" ;;
     # The per-call time by ranks and plan, then what a launch costs before it moves data and what a packet
     # all_reduce could cost (tools/gpu_floor.cu). The floor needs no jaxcoll build, so it runs whatever
     # gpu_profile.py did; the step fails if either did.

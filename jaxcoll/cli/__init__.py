@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "synth": "jaxcoll.cli.synth",
     "topo": "jaxcoll.cli.topo",
     "plan": "jaxcoll.cli.plan",
+    "tune": "jaxcoll.cli.tune",
 }
 
 EXAMPLES = """examples (COMMAND --help for each command's options and defaults):

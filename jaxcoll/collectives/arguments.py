@@ -68,5 +68,7 @@ def permutation_pairs(api_name: str, perm, n: int) -> tuple[tuple[int, int], ...
 def check_algorithm(api_name: str, collective, nranks: int, x, algorithm, **params) -> None:
     """Fail while tracing, where the call is written, for an unknown algorithm name or a Plan that does not fit
     the call; the lowering chooses the plan again for the shapes the call finally has."""
+    if isinstance(algorithm, str) and algorithm == "auto":
+        return  # always known; what it runs is chosen when the call lowers
     wire = np.dtype(np.uint8) if x.dtype == np.bool_ else np.dtype(x.dtype)
     plans.choose(api_name, collective, nranks, x.size * wire.itemsize, wire, algorithm, **params)

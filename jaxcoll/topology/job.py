@@ -48,10 +48,22 @@ def job(devices: Sequence | None = None, *, hosts: Sequence[int] | None = None,
                             f"memory_GBps and shared_memory_GBps (got {memory_GBps!r} and {shared_memory_GBps!r})")
     memory_GBps = CPU_MEMORY_GBPS if memory_GBps is None else memory_GBps
     shared_memory_GBps = CPU_SHARED_MEMORY_GBPS if shared_memory_GBps is None else shared_memory_GBps
-    processes = sorted({int(d.process_index) for d in devices})
+    ranks = [int(d.process_index) for d in devices]
     if hosts is None:
-        hosts = _job_hosts(max(processes) + 1)
-    hosts = [int(h) for h in hosts]
+        hosts = _job_hosts(max(ranks) + 1)
+    return layout(ranks, hosts, memory_GBps=memory_GBps, shared_memory_GBps=shared_memory_GBps,
+                  network_GBps=network_GBps)
+
+
+def layout(processes: Sequence[int], hosts: Sequence[int] | None = None, *, memory_GBps: float = CPU_MEMORY_GBPS,
+           shared_memory_GBps: float = CPU_SHARED_MEMORY_GBPS, network_GBps: float = NETWORK_GBPS) -> Topology:
+    """The topology of a group whose rank r runs in process `processes[r]`, process p on host `hosts[p]`
+    (default: one host): what `job` builds from the job's devices, for any group layout and without JAX."""
+    ranks = [int(p) for p in processes]
+    if not ranks:
+        raise TopologyError("processes must name the process of at least one rank, got none")
+    processes = sorted(set(ranks))
+    hosts = [0] * (max(processes) + 1) if hosts is None else [int(h) for h in hosts]
     if len(hosts) <= max(processes):
         raise TopologyError(f"hosts must name the host of every process 0..{max(processes)}, got hosts={hosts}")
     used_hosts = sorted({hosts[p] for p in processes})
@@ -62,17 +74,17 @@ def job(devices: Sequence | None = None, *, hosts: Sequence[int] | None = None,
     def duplex(a, b, bw, lat):
         links.extend([(a, b, bw, lat), (b, a, bw, lat)])
 
-    for r, d in enumerate(devices):
-        duplex(r, f"process {d.process_index}", memory_GBps, CPU_MEMORY_LATENCY_US)
+    for r, p in enumerate(ranks):
+        duplex(r, f"process {p}", memory_GBps, CPU_MEMORY_LATENCY_US)
     for p in processes:
         duplex(f"process {p}", f"host {hosts[p]}", shared_memory_GBps, SHARED_MEMORY_LATENCY_US)
     if len(used_hosts) > 1:
         switches.append("network")
         for h in used_hosts:
             duplex(f"host {h}", "network", network_GBps, NETWORK_LATENCY_US)
-    boxes = [[r for r, d in enumerate(devices) if d.process_index == p] for p in processes]
-    name = f"job{len(used_hosts)}x{len(processes)}x{len(devices)}"
-    return Topology(name, len(devices), switches, links, boxes, memory_bandwidth_GBps=memory_GBps)
+    boxes = [[r for r, q in enumerate(ranks) if q == p] for p in processes]
+    name = f"job{len(used_hosts)}x{len(processes)}x{len(ranks)}"
+    return Topology(name, len(ranks), switches, links, boxes, memory_bandwidth_GBps=memory_GBps)
 
 
 def _job_hosts(nprocesses: int) -> list[int]:

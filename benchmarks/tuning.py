@@ -1,0 +1,134 @@
+"""The cost model against measurement, and auto against the fastest plan measured in the same run
+(docs/tuning.md, "Validation").
+
+In one job (one process of `--devices` CPU devices, or `--processes` processes over shared memory or TCP): calibrate
+the model (`jaxcoll.tune.calibrate`), then for every collective and size time every candidate plan (built-ins and
+the plans synthesized for the job's layout, the large tree packings left out unless `--large`), alternating call by
+call, `--reps` calls each, and put each plan's predicted time beside its measured median (and the spread, min-max).
+Then, per cell, what auto runs against the fastest median of the cell, and what the hand-tuned default
+(`jaxcoll.algorithms.tuning`) ran: auto is the tuning file's choice where a usable one has the cell (`jaxcoll
+tune` wrote it earlier; `JAXCOLL_TUNING` says where), else the model's pick with the calibration just made.
+
+    python benchmarks/tuning.py --sizes 4K,64K,1M,16M --markdown /tmp/t.md
+    python benchmarks/tuning.py --processes 2 --transport tcp
+    taskset -c 0 python benchmarks/tuning.py            # one core
+    JAXCOLL_NET_DELAY_US=200 python benchmarks/tuning.py --processes 2 --transport tcp   # a slow link
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import numpy as np
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--collectives", default="all_reduce,all_gather,reduce_scatter")
+    p.add_argument("--sizes", default="4K,16K,64K,256K,1M,4M,16M,64M", help="per-rank input sizes")
+    p.add_argument("--devices", type=int, default=8, help="CPU devices in all processes together (default 8)")
+    p.add_argument("--processes", type=int, default=1)
+    p.add_argument("--transport", choices=("shm", "tcp"), default="shm")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--large", action="store_true", help="also time the tree packings at their throughput chunks")
+    p.add_argument("--markdown", metavar="MD", help="also write the tables to this file")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    from jaxcoll import launch
+
+    args = parse_args(argv)
+    if args.processes > 1 and not launch.in_job():
+        env = {"JAXCOLL_TRANSPORT": "tcp"} if args.transport == "tcp" else {}
+        results = launch.launch(args.processes, [os.path.abspath(__file__), *sys.argv[1:]],
+                                local_devices=args.devices // args.processes, env=env, timeout_s=4 * 3600)
+        print(results[0].stdout, end="")
+        for r in results:
+            if r.returncode:
+                print(f"process {r.process} exited with {r.returncode}:\n{r.stderr[-3000:]}", file=sys.stderr)
+        return max(r.returncode or 0 for r in results)
+    return measure_here(args)
+
+
+def measure_here(args) -> int:
+    import jax
+
+    from jaxcoll import launch
+    process = launch.start(args.devices)
+    from jaxcoll.cli.bench import format_size, parse_size
+    from jaxcoll.tune import calibrate, choice, file, measure, registry, run
+
+    devices = jax.devices()
+    mesh = jax.sharding.Mesh(np.array(devices), ("i",))
+    n = len(devices)
+    processes = tuple(int(d.process_index) for d in devices)
+    spans = len(set(processes)) > 1
+    hosts = None
+    if spans:
+        from jaxcoll import distributed
+        hosts = distributed.connect().hosts
+    procs = processes if spans else None
+    hs = tuple(hosts) if spans and len(set(hosts)) > 1 else None
+    say = print if process == 0 else (lambda *a, **k: None)
+    model = calibrate(devices, reps=args.reps, hosts=hosts)
+    where = (f"{n} CPU devices, layout {file.layout_key(processes, hs)}, {file.machine()['cores']} cores, "
+             f"{os.environ.get('JAXCOLL_NET_DELAY_US', '0')} us network delay")
+    lines = [f"{where}", "", f"model: `{json.dumps(model.to_json())}`", ""]
+    errors, verdicts = [], []
+    for collective in [c.strip() for c in args.collectives.split(",") if c.strip()]:
+        lines += [f"### {collective}", "", "| size/rank | plan | predicted us | measured us (min-max) | error |",
+                  "|---:|---|---:|---:|---:|"]
+        for text in args.sizes.split(","):
+            size = measure.per_rank_elements(parse_size(text), n, "float32") * 4
+            plans = registry.candidates(collective, n, procs, hs, large=args.large)
+            times = measure.time_cell(collective, size, plans, mesh, reps=args.reps)
+            medians = {k: statistics.median(v) for k, v in times.items()}
+            ranked = choice.rank_by_model(collective, n, size, procs, hs, large=args.large, the_model=model)
+            predicted = {name: s for s, name, _ in ranked}
+            for name in sorted(medians, key=medians.get):
+                err = predicted[name] / medians[name] - 1
+                errors.append((collective, size, name, err))
+                lines.append(f"| {format_size(size)} | {name} | {predicted[name] * 1e6:.1f} | "
+                             f"{medians[name] * 1e6:.1f} ({min(times[name]) * 1e6:.1f}-{max(times[name]) * 1e6:.1f})"
+                             f" | {err:+.0%} |")
+            fastest = min(medians, key=medians.get)
+            auto = ranked[0][1]
+            tf = file.current()
+            cell = tf and tf.cell(file.layout_key(processes, hs), collective, n, size, "float32")
+            source = "model"
+            if cell and cell["choice"] in medians:
+                auto, source = cell["choice"], "file"
+            default = run.default_name(collective, n, size, processes)
+            verdicts.append((collective, size, f"{auto} ({source})", medians[auto], fastest, medians[fastest], default,
+                             medians.get(default, float("nan"))))
+        lines.append("")
+    errs = np.abs([e for *_, e in errors])
+    lines += ["### prediction error", "", f"median |error| {np.median(errs):.0%}, 90th percentile "
+              f"{np.percentile(errs, 90):.0%}, over {len(errs)} (plan, size) pairs", ""]
+    for collective in dict.fromkeys(c for c, *_ in errors):
+        e = np.abs([x for c, *_, x in errors if c == collective])
+        lines.append(f"- {collective}: median {np.median(e):.0%}, 90th percentile {np.percentile(e, 90):.0%}")
+    lines += ["", "### auto against the fastest measured", "",
+              "| collective | size/rank | auto | us | fastest | us | auto / fastest | default | us |",
+              "|---|---:|---|---:|---|---:|---:|---|---:|"]
+    within = 0
+    for collective, size, auto, t_auto, fastest, t_fast, default, t_default in verdicts:
+        ratio = t_auto / t_fast
+        within += ratio <= 1.10
+        lines.append(f"| {collective} | {format_size(size)} | {auto} | {t_auto * 1e6:.1f} | {fastest} | "
+                     f"{t_fast * 1e6:.1f} | {ratio:.2f} | {default} | {t_default * 1e6:.1f} |")
+    lines += ["", f"auto within 10% of the fastest in {within} of {len(verdicts)} cells", ""]
+    say("\n".join(lines))
+    if args.markdown and process == 0:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Calibration: the running job's `MachineModel`, fitted to short measurements of this machine.
+
+The model (`jaxcoll.sim.machine`) is one formula: a fixed cost per call plus the work each of the plan's terms names
+(helper threads joined, steps, bytes served by each cache level and by memory, fresh output pages, bytes through
+shared segments or over the network, dependent network rounds) times a constant. Calibration measures a set of
+calls whose terms differ, and fits the constants to their times by non-negative least squares on the relative
+error (the same weight for a 50 us call as for a 50 ms one). The set (`training`):
+
+- **shifts**: a ppermute that moves each rank's input to the next rank of its process, once or repeated 8 times in
+  one call, and split into 1024 puts: copies at every footprint from 4 KiB to `probe_bytes` per rank (each cache
+  level, then memory and fresh pages), alone and with helper threads, and the cost of a step;
+- **the simplest plans of each collective**: the direct all_reduce (every rank rereads every input), the two-shot
+  all_reduce, the direct all_gather and reduce_scatter, at 16 KiB, 1 MiB and 16 MiB per rank: reductions, and
+  writes to many outputs;
+- across processes, the shift to the next process (every chunk through a segment, or over the network) and the
+  hierarchical plans.
+
+The cache sizes are the machine's (sysfs). Plans not in the set (the ring, every synthesized plan) and other sizes
+are predicted, not fitted: benchmarks/tuning.py reports the error on both, apart. Every process of a job must call
+`calibrate` (each measurement is a collective over the job's devices); the job goes on with process 0's fit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections.abc import Callable
+
+from jaxcoll import distributed
+from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
+from jaxcoll.sim.machine import MachineModel, chunk_bytes, terms, work
+from jaxcoll.tune import measure
+
+STEP_CHUNKS = 1024
+REPEATS = 8
+LARGE_BYTES = 64 << 20
+SHIFT_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
+PLAN_SIZES = (16 << 10, 1 << 20, 16 << 20)
+PLANS = (("all_reduce", "direct"), ("all_reduce", "two_shot"), ("all_gather", "direct"),
+         ("reduce_scatter", "direct"))
+
+
+def shift_plan(processes: tuple[int, ...], across: bool, chunks: int = 1, repeats: int = 1) -> Plan:
+    """A ppermute in which each rank sends its input to the next rank of its own process (`across` False) or to
+    the rank at the same place in the next process (`across` True), as `chunks` puts, the whole `repeats` times."""
+    perm = shift(processes, across)
+    n = len(processes)
+    dst = dict(perm)
+    programs = []
+    for r in range(n):
+        steps = tuple(Step(Op.PUT if dst[r] != r else Op.COPY, (ChunkRef(r, Buffer.INPUT, c),),
+                           (ChunkRef(dst[r], Buffer.OUTPUT, c),)) for _ in range(repeats) for c in range(chunks))
+        programs.append(RankProgram(chunks, chunks, lanes=(Lane(steps),)))
+    name = f"probe-shift{'-across' if across else ''}-{chunks}x{repeats}"
+    return Plan(Collective.PPERMUTE, n, tuple(programs), name=name, perm=perm)
+
+
+def shift(processes: tuple[int, ...], across: bool) -> tuple[tuple[int, int], ...]:
+    """(source, destination) pairs: the next rank of the same process, or the same place in the next process."""
+    groups: dict[int, list[int]] = {}
+    for r, p in enumerate(processes):
+        groups.setdefault(p, []).append(r)
+    order = sorted(groups)
+    pairs = []
+    for i, p in enumerate(order):
+        ranks = groups[p]
+        for j, r in enumerate(ranks):
+            if across:
+                other = groups[order[(i + 1) % len(order)]]
+                pairs.append((r, other[j % len(other)]))
+            else:
+                pairs.append((r, ranks[(j + 1) % len(ranks)]))
+    return tuple(sorted(pairs))
+
+
+def training(processes: tuple[int, ...], probe_bytes: int = LARGE_BYTES) -> list[tuple[str, int, dict]]:
+    """The calls calibration measures: (collective, per-rank bytes, {name: plan}); the plans of one entry are
+    timed side by side."""
+    from jaxcoll import algorithms
+    from jaxcoll.plan import Collective
+
+    spans = len(set(processes)) > 1
+    n = len(processes)
+    local, repeated = shift_plan(processes, False), shift_plan(processes, False, repeats=REPEATS)
+    steps = shift_plan(processes, False, STEP_CHUNKS)
+    out = [("ppermute", 4 * n, {"shift": local, "steps": steps}), ("ppermute", 64 << 10, {"steps": steps})]
+    for size in sorted({*(s for s in SHIFT_SIZES if s <= probe_bytes), probe_bytes}):
+        cells = {"shift": local, "repeated": repeated} if size * REPEATS <= 16 << 20 else {"shift": local}
+        if size == probe_bytes:
+            cells["twice"] = shift_plan(processes, False, repeats=2)
+        out.append(("ppermute", size, cells))
+        if spans:  # another permutation: timed on its own
+            out.append(("ppermute", size, {"across": shift_plan(processes, True)}))
+    for size in PLAN_SIZES:
+        if size > probe_bytes:
+            continue
+        for collective in ("all_reduce", "all_gather", "reduce_scatter"):
+            names = [name for c, name in PLANS if c == collective]
+            if spans:
+                names.append("hierarchical")
+            cells = {}
+            for name in names:
+                try:
+                    cells[name] = algorithms.builtin(Collective(collective), name, n,
+                                                     processes=processes if name == "hierarchical" else ())
+                except ValueError:
+                    continue  # a hierarchical reduction over processes of unequal sizes
+            out.append((collective, size, cells))
+    return out
+
+
+def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LARGE_BYTES,
+              progress: Callable[[str], None] | None = None) -> MachineModel:
+    """Measure this job's `MachineModel` on `devices` (default: every device of the job), `reps` samples per call,
+    no call larger than `probe_bytes` per rank (smaller ones fit memory's rate less well: a footprint should
+    outgrow the caches). `hosts[p]` is the host of process p (default: the job's own). Every process of the job
+    must call it."""
+    import jax
+    import numpy as np
+
+    if not isinstance(probe_bytes, int) or probe_bytes < 4096:
+        raise ValueError(f"calibrate: probe_bytes must be an integer of at least 4096, got probe_bytes={probe_bytes!r}")
+    devices = list(jax.devices() if devices is None else devices)
+    if {d.platform for d in devices} != {"cpu"}:
+        raise ValueError(f"calibrate: the CPU runtime's model needs CPU devices, got platforms "
+                         f"{sorted({d.platform for d in devices})}")
+    processes = tuple(int(d.process_index) for d in devices)
+    spans = len(set(processes)) > 1
+    if hosts is None:
+        from jaxcoll.topology.job import _job_hosts
+        hosts = _job_hosts(max(processes) + 1)
+    hosts = tuple(hosts)
+    multi_host = spans and len({hosts[p] for p in set(processes)}) > 1
+    layout = (processes if spans else None, hosts if multi_host else None)
+    mesh = jax.sharding.Mesh(np.array(devices), ("i",))
+    say = progress or (lambda _: None)
+    n = len(devices)
+    from jaxcoll.runtime import _jaxcoll
+    shape = MachineModel(threads=_threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()),
+                     caches=tuple((size, rate) for size, (_, rate) in zip(_cache_sizes(), _default_rates())))
+    rows, times = [], []
+    for collective, nbytes, plans in training(processes, probe_bytes):
+        size = measure.per_rank_elements(nbytes, n, "float32") * 4
+        say(f"{collective} {nbytes >> 10} KiB")
+        perm = next(iter(plans.values())).perm if collective == "ppermute" else ()
+        measured = measure.time_cell(collective, size, plans, mesh, reps=reps, perm=perm)
+        for name, plan in plans.items():
+            w = work(plan, *layout)
+            per_process = terms(w, chunk_bytes(plan, size), shape)
+            busiest = int(per_process[:, 2:].sum(axis=1).argmax())
+            rows.append([1.0, *per_process[busiest], float(w.rounds)])
+            times.append(statistics.median(measured[name]))
+    model = fit(shape, np.asarray(rows), np.asarray(times))
+    if spans:
+        # Each process measured on its own; the job goes on with process 0's fit, so that every process ranks
+        # and runs the same candidates.
+        model = MachineModel.from_json(json.loads(distributed.agree(f"tune/calibration/{_next_run()}",
+                                                                lambda: json.dumps(model.to_json()))))
+    return model
+
+
+def fit(shape: MachineModel, rows, times) -> MachineModel:
+    """The constants that make `shape`'s formula closest to `times` (relative least squares, all >= 0): `rows`
+    are [1 (the call), *terms, network rounds] per measured call. A byte served by a farther level never costs
+    less than one served by a nearer (caches, then memory): the fit solves for the increments from level to
+    level, each >= 0."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    rows, times = np.asarray(rows, dtype=float), np.asarray(times, dtype=float)
+    levels = slice(3, 3 + len(shape.caches) + 1)  # after [call, helpers, steps]: each cache level, then memory
+    # A byte of level j pays the increments of levels 0..j: the column of increment i sums levels i and beyond.
+    cumulative = rows.copy()
+    cumulative[:, levels] = np.cumsum(rows[:, levels][:, ::-1], axis=1)[:, ::-1]
+    # A term no measured call has (no network here), or one every call has alike (helpers on a GPU, where every
+    # call is shared) and so cannot be told from the fixed cost, keeps the shape's constant.
+    used = cumulative.any(axis=0) & ~(cumulative == cumulative[:, :1]).all(axis=0)
+    used[0] = True
+    coef = np.zeros(rows.shape[1])
+    coef[used], _ = nnls(cumulative[:, used] / times[:, None], np.ones(len(times)))
+    coef[levels] = np.cumsum(coef[levels])
+    defaults = np.concatenate([[shape.call_s], shape.coefficients(), [shape.network_latency_s]])
+    unset = ~used
+    unset[levels] = unset[levels] & (coef[levels] == 0)  # a level fitted through its nearer ones is set
+    coef[unset] = defaults[unset]
+    return shape.with_coefficients(coef[1:-1], call_s=coef[0], network_latency_s=coef[-1])
+
+
+def _default_rates() -> list[tuple[int, float]]:
+    """Starting rates for the fitted levels (only their sizes matter: the fit sets the rates)."""
+    return list(MachineModel.caches) + [MachineModel.caches[-1]] * 4
+
+
+_runs = 0
+
+
+def _next_run() -> int:
+    """A number that every process of a job draws in the same order: one per agreement a tuning run makes."""
+    global _runs
+    _runs += 1
+    return _runs
+
+
+def _cache_sizes() -> list[int]:
+    """Bytes of the cache levels the runtime's threads use, smallest first (sysfs): the level-2 caches of the
+    cores this process may run on taken together, and the last level; the model's defaults where sysfs says
+    nothing."""
+    levels: dict[int, int] = {}
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in os.listdir(base):
+            try:
+                with open(os.path.join(base, entry, "level")) as f:
+                    level = int(f.read())
+                with open(os.path.join(base, entry, "size")) as f:
+                    text = f.read().strip()
+                with open(os.path.join(base, entry, "type")) as f:
+                    kind = f.read().strip()
+            except (OSError, ValueError):
+                continue
+            if kind == "Instruction" or level < 2:
+                continue
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            levels[level] = int(text.rstrip("KMG")) * scale
+    except OSError:
+        pass
+    if not levels:
+        return [size for size, _ in MachineModel.caches]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    sizes = [levels[2] * cores] if 2 in levels and len(levels) > 1 else []
+    return sorted(set(sizes + [levels[max(levels)]]))
+
+
+def _threads_per_process(processes: tuple[int, ...], hosts: tuple[int, ...]) -> int:
+    """Threads a process's call uses with helpers: one per core, the cores shared by the processes of its host
+    (processes told apart as hosts by JAXCOLL_TRANSPORT=tcp still share this machine's cores)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, len(set(processes))))

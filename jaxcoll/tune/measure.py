@@ -1,0 +1,107 @@
+"""Timing collectives on the running job: the measurements behind calibration, validation and `jaxcoll tune`.
+
+A measurement is one jitted shard_map program per candidate that runs the collective `iters` times back to back
+in a fori_loop (the carry feeds each call, so XLA can neither hoist nor merge them), timed per program call and
+divided by `iters`: the seconds of one call inside a compiled program, the quantity `jaxcoll.tune.predict`
+predicts. The candidates of a cell alternate call by call, after untimed warm-up calls of each, so that all see
+the same machine state (this VM's timings swing by 2x between runs; side by side they compare).
+
+Every process of a job runs the same programs in the same order (each program is a collective over the whole
+group); the times are process 0's, and every process returns the same medians (exchanged through the job's
+key-value store is not needed: the slowest process bounds every call).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping
+
+import numpy as np
+
+# Calls per timed launch: back to back below 1 MiB, where a launch of an 8-device program (about 0.1 ms here)
+# would hide the collective; one per launch from 1 MiB up.
+LOOP_BYTES = 1 << 20
+MAX_ITERS = 20
+
+
+def iterations(nbytes: int) -> int:
+    """Collective calls per timed program launch for `nbytes` per rank."""
+    return 1 if nbytes >= LOOP_BYTES else int(min(MAX_ITERS, LOOP_BYTES // max(nbytes, 1)))
+
+
+def program(collective: str, mesh, axis: str, iters: int, algorithm, perm=()):
+    """A jitted program running jaxcoll's `collective` `iters` times on a carried per-rank buffer with
+    `algorithm` (a built-in name, "auto", a Plan, or "xla" for jax.lax's own collective); `perm` is
+    ppermute's."""
+    import jax
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    import jaxcoll
+
+    kw = {} if algorithm in ("auto", "xla") else {"algorithm": algorithm}
+    xla = algorithm == "xla"
+    if collective == "all_reduce":
+        def call(x):  # the sum is invariant over the axis; the loop carry stays varying
+            y = lax.psum(x, axis) if xla else jaxcoll.all_reduce(x, axis, **kw)
+            return lax.pcast(y, axis, to="varying")
+    elif collective == "all_gather":
+        def call(x):  # keeps the rank's own block: the gathered array stays inside, as a model's use of it does
+            y = lax.all_gather(x, axis, tiled=True) if xla else jaxcoll.all_gather(x, axis, tiled=True, **kw)
+            return lax.dynamic_slice_in_dim(y, lax.axis_index(axis) * x.shape[0], x.shape[0])
+    elif collective == "reduce_scatter":
+        def call(x):
+            y = (lax.psum_scatter(x, axis, tiled=True) if xla
+                 else jaxcoll.reduce_scatter(x, axis, tiled=True, **kw))
+            # one call per launch returns the result itself; a loop writes it over the carry's first block
+            return y if iters == 1 else lax.dynamic_update_slice_in_dim(x, y, 0, 0)
+    elif collective == "all_to_all":
+        def call(x):
+            return (lax.all_to_all(x, axis, 0, 0, tiled=True) if xla
+                    else jaxcoll.all_to_all(x, axis, 0, 0, tiled=True, **kw))
+    elif collective == "ppermute":
+        def call(x):
+            return lax.ppermute(x, axis, perm) if xla else jaxcoll.ppermute(x, axis, perm, **kw)
+    else:
+        raise ValueError(f"collective={collective!r} cannot be timed; known: all_reduce, all_gather, "
+                         f"reduce_scatter, all_to_all, ppermute")
+    body = call if iters == 1 else (lambda x: lax.fori_loop(0, iters, lambda _, y: call(y), x))
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(axis), out_specs=P(axis)))
+
+
+def per_rank_elements(nbytes: int, n: int, dtype) -> int:
+    """Elements per rank for about `nbytes` per rank: a multiple of n (the collectives split it n ways)."""
+    return max(n, nbytes // np.dtype(dtype).itemsize // n * n)
+
+
+def time_cell(collective: str, nbytes: int, candidates: Mapping[str, object], mesh, *, axis: str = "i",
+              reps: int = 5, warmup: int = 2, dtype="float32", perm=()) -> dict[str, list[float]]:
+    """Seconds per call of each candidate (name -> algorithm) for `collective` at `nbytes` per rank over the
+    mesh axis `axis`, `reps` samples each, the candidates alternating call by call (`perm`: ppermute's)."""
+    import jax
+
+    n = mesh.shape[axis]
+    count = per_rank_elements(nbytes, n, dtype)
+    iters = iterations(count * np.dtype(dtype).itemsize)
+    programs = {name: program(collective, mesh, axis, iters, alg, perm) for name, alg in candidates.items()}
+    sharding = jax.NamedSharding(mesh, jax.P(axis))
+    x = jax.make_array_from_callback((n * count,), sharding,
+                                     lambda index: np.full(n * count, 1e-3, dtype)[index])
+    # Compile all before timing any, then warm up: a new program's first calls fault in fresh pages.
+    for f in programs.values():
+        jax.block_until_ready(f(x))
+    for _ in range(warmup):
+        for f in programs.values():
+            jax.block_until_ready(f(x))
+    times: dict[str, list[float]] = {name: [] for name in programs}
+    for _ in range(reps):
+        for name, f in programs.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(x))
+            times[name].append((time.perf_counter() - t0) / iters)
+    return times
+
+
+def median(samples) -> float:
+    return statistics.median(samples)

@@ -1,0 +1,114 @@
+"""The tuning run behind `jaxcoll tune`: calibrate the job's model, measure the leading candidates of each cell,
+and write the tuning file.
+
+Each cell (collective, per-rank size) ranks every candidate by the model, then times side by side, alternating call
+by call, the `top` it predicts fastest together with today's default (`jaxcoll.algorithms.tuning.auto`, what auto
+ran before any model) and the model's own pick; the fastest median is the cell's choice. Every process of a job
+runs the same cells in the same order (each timing is a collective over the job's devices); process 0 writes the
+file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable, Sequence
+
+from jaxcoll.plan import Collective
+from jaxcoll.sim.machine import MachineModel
+
+
+@dataclasses.dataclass
+class Cell:
+    collective: str
+    nranks: int
+    nbytes: int  # per-rank input bytes as measured (a multiple of the group size's elements)
+    dtype: str
+    choice: str
+    default: str
+    predicted: str  # the model's pick
+    seconds: dict[str, list[float]]  # candidate -> samples
+    predictions: dict[str, float]  # candidate -> the model's seconds
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.seconds[name])
+
+    def to_json(self, plans) -> dict:
+        from jaxcoll import algorithms
+        builtin = self.choice in algorithms.BUILTINS[Collective(self.collective)]
+        return {"collective": self.collective, "nranks": self.nranks, "bytes": self.nbytes, "dtype": self.dtype,
+                "choice": self.choice, "plan": None if builtin else plans[self.choice], "default": self.default,
+                "seconds": {k: self.median(k) for k in self.seconds},
+                "predicted": {k: self.predictions[k] for k in self.seconds}}
+
+
+def default_name(collective: str, nranks: int, nbytes: int, processes: Sequence[int]) -> str:
+    """What auto ran before the model: the hand-tuned table of `jaxcoll.algorithms.tuning`."""
+    from jaxcoll.algorithms import tuning
+    return tuning.auto(Collective(collective), nranks, nbytes, tuple(processes) if len(set(processes)) > 1 else ())
+
+
+def tune_cells(collectives: Sequence[str], sizes: Sequence[int], *, model: MachineModel, mesh, processes, hosts,
+               top: int = 3, reps: int = 5, warmup: int = 2, dtype: str = "float32",
+               progress: Callable[[str], None] | None = None) -> tuple[list[Cell], dict]:
+    """Measure each cell's leading candidates; returns the cells and every measured plan by name."""
+    from jaxcoll.tune import choice, measure, registry
+
+    say = progress or (lambda _: None)
+    n = mesh.devices.size
+    spans = len(set(processes)) > 1
+    procs = tuple(processes) if spans else None
+    hs = tuple(hosts) if spans and hosts is not None and len(set(hosts)) > 1 else None
+    cells, plans = [], {}
+    for collective in collectives:
+        for nbytes in sizes:
+            size = measure.per_rank_elements(nbytes, n, dtype) * _itemsize(dtype)
+            say(f"{collective} {size} B")
+            ranked = choice.rank_by_model(collective, n, size, procs, hs, large=True, the_model=model)
+            default = default_name(collective, n, size, processes)
+            names = [name for _, name, _ in ranked[:top]]
+            for extra in (default,):
+                if extra not in names:
+                    names.append(extra)
+            by_name = {name: plan for _, name, plan in ranked}
+            plans.update({name: by_name[name] for name in names})
+            times = measure.time_cell(collective, size, {name: by_name[name] for name in names}, mesh, reps=reps,
+                                      warmup=warmup, dtype=dtype)
+            fastest = min(names, key=lambda k: (statistics.median(times[k]), k))
+            if spans:  # the job's choice is process 0's measurement
+                from jaxcoll import distributed
+                from jaxcoll.tune.calibration import _next_run
+                fastest = distributed.agree(f"tune/cell/{_next_run()}", lambda: fastest)
+            cells.append(Cell(collective, n, size, dtype, fastest, default, ranked[0][1], times,
+                              {name: s for s, name, _ in ranked}))
+    return cells, plans
+
+
+def _itemsize(dtype: str) -> int:
+    import numpy as np
+    return np.dtype(dtype).itemsize
+
+
+def write(path: str, layout: str, processes, hosts, model: MachineModel, cells: list[Cell], plans: dict) -> None:
+    """Merge this layout's model and cells into the tuning file at `path` (other layouts of a usable file are
+    kept), atomically."""
+    from jaxcoll.tune import file
+
+    data = {"format": file.FORMAT, **file.versions(), "machine": file.machine(), "layouts": {}}
+    try:
+        old = file.read(path)
+        data["layouts"] = {k: _plain(v) for k, v in old.layouts.items() if k != layout}
+    except ValueError:
+        pass  # none, or unusable: replaced whole
+    data["layouts"][layout] = {"processes": list(processes), "hosts": None if hosts is None else list(hosts),
+                               "model": model.to_json(), "cells": [c.to_json(plans) for c in cells]}
+    file.write(path, data)
+
+
+def _plain(entry: dict) -> dict:
+    """A loaded layout entry as JSON again (its cells' plans are loaded Plans)."""
+    from jaxcoll.plan import Plan
+    out = dict(entry)
+    out["cells"] = [{**c, "plan": c["plan"].to_json() if isinstance(c.get("plan"), Plan) else c.get("plan")}
+                    for c in entry.get("cells", [])]
+    return out

@@ -1,0 +1,277 @@
+"""jaxcoll.tune: predict, register, the tuning file and what "auto" runs, in one process of 8 CPU devices.
+Results of every program are compared with jax.lax's collectives."""
+
+import json
+import os
+import warnings
+
+import jax
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jaxcoll
+from jaxcoll import algorithms, tune
+from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
+from jaxcoll.sim import machine
+from jaxcoll.tune import choice, file, run
+
+N = 8
+
+
+@pytest.fixture
+def tuning_file(tmp_path, monkeypatch):
+    """A tuning file path of this test's own, read afresh (no choice or registration kept from other tests)."""
+    path = tmp_path / "tuning.json"
+    monkeypatch.setenv("JAXCOLL_TUNING", str(path))
+    choice.forget()
+    yield path
+    choice.forget()
+
+
+@pytest.fixture
+def no_tuning_file(monkeypatch):
+    monkeypatch.setenv("JAXCOLL_TUNING", "off")
+    choice.forget()
+    yield
+    choice.forget()
+
+
+def all_reduce_program(**kw):
+    mesh = jax.make_mesh((N,), ("i",))
+    f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "i", **kw), mesh=mesh, in_specs=P("i"),
+                              out_specs=P()))
+    g = jax.jit(jax.shard_map(lambda v: lax.psum(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P()))
+    return mesh, f, g
+
+
+def small_ints(count):
+    return (np.arange(count) % 7 - 3).astype(np.float32)
+
+
+# -- predict --------------------------------------------------------------------------------------------------
+
+
+def test_predict_prices_every_builtin_and_grows_with_the_size(no_tuning_file):
+    for collective in ("all_reduce", "all_gather", "reduce_scatter"):
+        for name in algorithms.known(collective):
+            if name in ("auto", "hierarchical"):
+                continue
+            times = [tune.predict(collective, nbytes=s, nranks=N, algorithm=name) for s in (4 << 10, 1 << 20, 64 << 20)]
+            assert 0 < times[0] < times[1] < times[2], (collective, name, times)
+
+
+def test_predict_of_auto_is_the_fastest_candidate_by_the_model(no_tuning_file):
+    for nbytes in (4 << 10, 1 << 20, 16 << 20):
+        ranked = choice.rank_by_model("all_reduce", N, nbytes)
+        auto = tune.predict("all_reduce", nbytes=nbytes, nranks=N)
+        assert auto == pytest.approx(ranked[0][0])
+        assert all(auto <= s for s, _, _ in ranked)
+
+
+def test_predict_takes_a_plan_and_the_synthesized_candidates_by_name(no_tuning_file):
+    plan = algorithms.builtin(Collective.ALL_REDUCE, "ring", N)
+    assert tune.predict("all_reduce", nbytes=1 << 20, nranks=N, algorithm=plan) == \
+        tune.predict("all_reduce", nbytes=1 << 20, nranks=N, algorithm="ring")
+    assert tune.predict("all_gather", nbytes=1 << 20, nranks=N, algorithm="synth.rhd") > 0
+
+
+def test_predict_across_processes_charges_the_crossing(no_tuning_file):
+    one = tune.predict("all_gather", nbytes=1 << 20, nranks=N, algorithm="direct")
+    two = tune.predict("all_gather", nbytes=1 << 20, nranks=N, algorithm="direct", processes=(0,) * 4 + (1,) * 4)
+    assert two > one
+
+
+@pytest.mark.parametrize("kwargs,named", [
+    (dict(collective="all_reduce", nbytes=0, nranks=8), "nbytes=0"),
+    (dict(collective="all_reduce", nbytes=-4, nranks=8), "nbytes=-4"),
+    (dict(collective="all_reduce", nbytes=1.5, nranks=8), "nbytes=1.5"),
+    (dict(collective="all_reduce", nbytes=64, nranks=0), "nranks=0"),
+    (dict(collective="all_sum", nbytes=64, nranks=8), "collective='all_sum'"),
+    (dict(collective="all_reduce", nbytes=64, nranks=8, algorithm="fastest"), "algorithm='fastest'"),
+    (dict(collective="all_reduce", nbytes=64, nranks=4, processes=(0, 1)), "processes=(0, 1)"),
+])
+def test_predict_names_the_argument_and_value_it_rejects(kwargs, named, no_tuning_file):
+    with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        tune.predict(**kwargs)
+
+
+def test_predict_rejects_a_plan_for_another_group_or_collective(no_tuning_file):
+    with pytest.raises(ValueError, match="plan for 4 ranks, nranks=8"):
+        tune.predict("all_reduce", nbytes=64, nranks=8, algorithm=algorithms.builtin(Collective.ALL_REDUCE, "ring", 4))
+    with pytest.raises(ValueError, match="all_gather plan"):
+        tune.predict("all_reduce", nbytes=64, nranks=8,
+                     algorithm=algorithms.builtin(Collective.ALL_GATHER, "ring", 8))
+
+
+# -- register -------------------------------------------------------------------------------------------------
+
+
+def test_a_registered_plan_is_a_candidate_and_auto_runs_it_when_the_model_prefers_it(no_tuning_file):
+    # A copy of the model's fastest plan at 4 KiB, under a name that sorts first among equals.
+    best = choice.rank_by_model("all_reduce", N, 4 << 10)[0][2]
+    mine = Plan(Collective.ALL_REDUCE, N, best.ranks, name="aaa-mine")
+    try:
+        assert tune.register(mine) == "aaa-mine"
+        assert "aaa-mine" in tune.candidates("all_reduce", N)
+        assert tune.choose("all_reduce", N, 4 << 10, "float32")[0] == "aaa-mine"
+        mesh, f, g = all_reduce_program()
+        x = jax.device_put(small_ints(N * 1024), NamedSharding(mesh, P("i")))  # 4 KiB per rank
+        np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(g(x)))
+    finally:
+        tune.unregister("aaa-mine")
+    assert "aaa-mine" not in tune.candidates("all_reduce", N)
+    assert tune.choose("all_reduce", N, 4 << 10, "float32")[0] != "aaa-mine"
+
+
+def test_register_names_what_it_rejects(no_tuning_file):
+    with pytest.raises(TypeError, match="must be a jaxcoll.plan.Plan"):
+        tune.register("two_shot")
+    with pytest.raises(ValueError, match="broadcast plan"):
+        tune.register(algorithms.builtin(Collective.BROADCAST, "direct", N))
+    with pytest.raises(ValueError, match="name='ring'"):
+        tune.register(algorithms.builtin(Collective.ALL_REDUCE, "direct", N), name="ring")
+    with pytest.raises(ValueError, match="name=''"):
+        tune.register(algorithms.builtin(Collective.ALL_REDUCE, "direct", N), name="")
+    # A plan whose ranks reduce only their own input: not an all_reduce, and the checker says so.
+    def own(r):
+        return Step(Op.COPY, (ChunkRef(r, Buffer.INPUT, 0),), (ChunkRef(r, Buffer.OUTPUT, 0),))
+    wrong = Plan(Collective.ALL_REDUCE, 2, tuple(RankProgram(1, 1, lanes=(Lane((own(r),)),)) for r in range(2)),
+                 name="wrong")
+    with pytest.raises(ValueError, match="'wrong' does not compute all_reduce"):
+        tune.register(wrong)
+    assert "wrong" not in tune.candidates("all_reduce", 2)
+    with pytest.raises(KeyError, match="no plan is registered as 'never'"):
+        tune.unregister("never")
+
+
+# -- the tuning file ------------------------------------------------------------------------------------------
+
+
+def write_file(path, cells, model=None, **overrides):
+    data = {"format": file.FORMAT, **file.versions(), "machine": file.machine(),
+            "layouts": {"1x8": {"processes": [0] * N, "hosts": None,
+                                "model": model if isinstance(model, dict) else
+                                (model or machine.MachineModel()).to_json(),
+                                "cells": cells}}}
+    data.update(overrides)
+    path.write_text(json.dumps(data, default=lambda p: p.to_json()))
+
+
+def cell(choice_name, nbytes=1 << 20, plan=None, collective="all_reduce"):
+    return {"collective": collective, "nranks": N, "bytes": nbytes, "dtype": "float32", "choice": choice_name,
+            "plan": plan, "seconds": {choice_name: 1e-3}, "default": "two_shot"}
+
+
+def test_auto_runs_the_tuning_files_choice_for_its_cell_and_the_model_elsewhere(tuning_file):
+    model_pick = choice.rank_by_model("all_reduce", N, 1 << 20, the_model=machine.MachineModel())[0][1]
+    measured = "ring" if model_pick != "ring" else "direct"
+    write_file(tuning_file, [cell(measured)])
+    assert tune.choose("all_reduce", N, 1 << 20, "float32")[0] == measured
+    assert tune.choose("all_reduce", N, (1 << 20) + 4096, "float32")[0] == measured  # the nearest cell
+    assert tune.choose("all_reduce", N, 1 << 24, "float32")[0] != measured or model_pick == measured
+    mesh, f, g = all_reduce_program()
+    x = jax.device_put(small_ints(N * (1 << 18)), NamedSharding(mesh, P("i")))  # 1 MiB per rank
+    np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(g(x)))
+
+
+def test_the_compiled_program_names_the_plan_auto_chose(tuning_file):
+    write_file(tuning_file, [cell("ring", nbytes=4 << 10)])
+    mesh, f, _ = all_reduce_program()
+    x = jax.device_put(small_ints(N * 1024), NamedSharding(mesh, P("i")))
+    hlo = f.lower(x).compile().as_text()
+    assert 'jaxcoll.all_reduce[ring, 8 ranks]"' in hlo  # the custom call's op_name, as profiles show it
+
+
+def test_a_synthesized_choice_is_stored_whole_and_run(tuning_file):
+    from jaxcoll.tune import registry
+    plan = registry.candidates("all_reduce", N)["synth.rhd"]
+    write_file(tuning_file, [cell("synth.rhd", nbytes=64 << 10, plan=plan)])
+    name, chosen = tune.choose("all_reduce", N, 64 << 10, "float32")
+    assert name == "synth.rhd" and chosen.num_steps() == plan.num_steps()
+    mesh, f, g = all_reduce_program()
+    x = jax.device_put(small_ints(N * (16 << 10)), NamedSharding(mesh, P("i")))
+    np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(g(x)))
+
+
+def test_auto_takes_the_files_calibration_as_its_model(tuning_file):
+    slow_steps = machine.MachineModel(step_s=1e-3)
+    write_file(tuning_file, [], model=slow_steps)
+    assert tune.model((0,) * N) == slow_steps
+
+
+def broken_plan_json():
+    direct = algorithms.builtin(Collective.ALL_REDUCE, "direct", N).to_json()
+    step = direct["ranks"][0]["lanes"][0][0]  # rank 0 reduces its own input only
+    step["srcs"] = step["srcs"][:1]
+    return direct
+
+
+@pytest.mark.parametrize("damage,reason", [
+    (lambda p: p.write_text("{not json"), "is not JSON"),
+    (lambda p: p.write_text(json.dumps({"format": "other/9"})), "is not a jaxcoll tuning file"),
+    (lambda p: write_file(p, [], machine={"cpu": "elsewhere", "cores": 64, "memory_GiB": 512}),
+     "was made on another machine"),
+    (lambda p: write_file(p, [], jaxcoll="0.0.1"), "was made with jaxcoll 0.0.1"),
+    (lambda p: write_file(p, [], jax="0.4.1"), "jax 0.4.1"),
+    (lambda p: write_file(p, [cell("synth.mine", plan=broken_plan_json())]), "fails the checker"),
+    (lambda p: write_file(p, [cell("fastest")]), "no built-in all_reduce plan"),
+    (lambda p: write_file(p, [{"collective": "all_reduce"}]), "is malformed"),
+    (lambda p: write_file(p, [], model={"call_s": -1}), "malformed model"),
+])
+def test_an_unusable_tuning_file_is_ignored_with_one_warning_naming_it_and_why(damage, reason, tuning_file):
+    damage(tuning_file)
+    with pytest.warns(file.TuningFileWarning) as record:
+        name, plan = tune.choose("all_reduce", N, 1 << 20, "float32")
+        tune.choose("all_reduce", N, 1 << 21, "float32")  # a second cell: no second warning for the same file
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert str(tuning_file) in message and reason in message, message
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = choice.rank_by_model("all_reduce", N, 1 << 20, the_model=machine.MachineModel(
+            threads=choice.model().threads))[0][1]
+    assert name == expected  # the model's choice
+    mesh, f, g = all_reduce_program()
+    x = jax.device_put(small_ints(N * 64), NamedSharding(mesh, P("i")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", file.TuningFileWarning)
+        np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(g(x)))
+
+
+def test_writing_the_file_is_atomic(tuning_file, monkeypatch):
+    write_file(tuning_file, [cell("ring")])
+    before = tuning_file.read_text()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(json, "dump", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run.write(str(tuning_file), "1x8", (0,) * N, None, machine.MachineModel(), [], {})
+    assert tuning_file.read_text() == before
+    assert sorted(os.listdir(tuning_file.parent)) == ["tuning.json"]
+
+
+def test_a_run_keeps_the_other_layouts_of_the_file(tuning_file):
+    write_file(tuning_file, [cell("ring")])
+    run.write(str(tuning_file), "2x4", (0,) * 4 + (1,) * 4, None, machine.MachineModel(call_s=1e-4), [], {})
+    loaded = file.read(str(tuning_file))
+    assert set(loaded.layouts) == {"1x8", "2x4"}
+    assert loaded.model("2x4") == machine.MachineModel(call_s=1e-4)
+    assert loaded.cell("1x8", "all_reduce", N, 1 << 20, "float32")["choice"] == "ring"
+
+
+def test_the_setting_off_ignores_the_file(tuning_file, monkeypatch):
+    write_file(tuning_file, [cell("ring")])
+    monkeypatch.setenv("JAXCOLL_TUNING", "off")
+    choice.forget()
+    assert file.current() is None
+
+
+def test_layout_keys_say_processes_ranks_and_hosts():
+    assert file.layout_key((0,) * 8, None) == "1x8"
+    assert file.layout_key((0,) * 4 + (1,) * 4, None) == "2x4"
+    assert file.layout_key((0,) * 4 + (1,) * 4, (0, 1)) == "2x4/2hosts"
+    assert file.layout_key((0, 0, 0, 1), None) == "2x3+1"

@@ -1,0 +1,128 @@
+"""The CPU executor's cost model (jaxcoll.sim.machine) against closed forms: the work it reads off a plan, and the
+seconds it gives for plans whose every touch is known by hand."""
+
+import math
+
+import numpy as np
+import pytest
+
+from jaxcoll import algorithms
+from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
+from jaxcoll.sim import machine
+
+IN, OUT, SCRATCH = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
+MiB = 1 << 20
+# Round numbers, so that every expected time below is arithmetic.
+MODEL = machine.MachineModel(call_s=10e-6, helpers_s=100e-6, step_s=1e-6, caches=((1 * MiB, 40e9), (8 * MiB, 20e9)),
+                     memory_rate=10e9,
+                     fresh_rate=5e9, fresh_bytes=64 * MiB, solo_bytes=4 * MiB, threads=2)
+
+
+def shift(n: int, repeats: int = 1) -> Plan:
+    def put(r):
+        return Step(Op.PUT, (ChunkRef(r, IN, 0),), (ChunkRef((r + 1) % n, OUT, 0),))
+    programs = [RankProgram(1, 1, lanes=(Lane(tuple(put(r) for _ in range(repeats))),)) for r in range(n)]
+    return Plan(Collective.PPERMUTE, n, tuple(programs), perm=tuple((r, (r + 1) % n) for r in range(n)))
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_the_traffic_is_every_step_reading_its_sources_and_writing_its_destinations(n):
+    # The executor's own count (csrc/plan.cc traffic_chunks): (sources + destinations) x chunks, every data step.
+    direct = algorithms.builtin(Collective.ALL_REDUCE, "direct", n)  # one read_reduce of n inputs per rank
+    assert machine.work(direct).traffic == n * (n + 1)
+    two_shot = algorithms.builtin(Collective.ALL_REDUCE, "two_shot", n)
+    expected = sum(len(s.srcs) + len(s.dsts) for _, _, _, s in two_shot.steps() if s.op.is_data) * 1
+    assert machine.work(two_shot).traffic == expected
+    gather = algorithms.builtin(Collective.ALL_GATHER, "direct", n)  # one put of the input to n outputs
+    assert machine.work(gather).traffic == n * (1 + n)
+
+
+def test_a_copy_that_outgrows_every_cache_costs_its_bytes_at_the_memory_rate():
+    n, size = 8, 16 * MiB  # footprint 2 x 8 x 16 MiB: beyond the 8 MiB cache; traffic 256 MiB: two threads
+    expected = MODEL.call_s + MODEL.helpers_s + n * MODEL.step_s / 2 + (2 * n * size) / MODEL.memory_rate / 2
+    assert math.isclose(machine.seconds(shift(n), size, MODEL), expected, rel_tol=1e-12)
+
+
+def test_a_call_whose_footprint_fits_a_cache_runs_at_its_rate_and_alone_below_the_solo_threshold():
+    n, size = 4, 64 << 10  # footprint 512 KiB: the 1 MiB level; traffic 512 KiB: solo
+    expected = MODEL.call_s + n * MODEL.step_s + (2 * n * size) / 40e9
+    assert math.isclose(machine.seconds(shift(n), size, MODEL), expected, rel_tol=1e-12)
+
+
+def test_a_chunk_touched_again_soon_comes_from_the_cache_that_holds_what_was_touched_since():
+    # Rank r puts its 4 MiB input twice: footprint 2 x 2 x 4 MiB = 16 MiB, beyond the caches. The first pass is
+    # first touches (memory); in the second each chunk was last touched 16 MiB of traffic ago (every rank's pass
+    # interleaves: the executor runs step i of every rank before step i+1): beyond 8 MiB, memory again.
+    n, size = 2, 4 * MiB
+    w = machine.work(shift(n, repeats=2))
+    assert sorted(w.reuse[0][:4].tolist()) == [math.inf] * 4
+    assert w.reuse[0][4:].tolist() == [4, 4, 4, 4]  # chunks of traffic since: 4 chunks of 4 MiB = 16 MiB
+    expected = MODEL.call_s + MODEL.helpers_s + 2 * n * MODEL.step_s / 2 + 4 * n * size / MODEL.memory_rate / 2
+    assert math.isclose(machine.seconds(shift(n, repeats=2), size, MODEL), expected, rel_tol=1e-12)
+    # At 1 MiB the second pass reuses 4 MiB back: the 8 MiB level; the first pass is cold (footprint 4 MiB fits,
+    # so the loop's previous call left it there too: all at 20 GB/s).
+    small = 1 * MiB
+    expected = MODEL.call_s + MODEL.helpers_s + 2 * n * MODEL.step_s / 2 + 4 * n * small / 20e9 / 2
+    assert math.isclose(machine.seconds(shift(n, repeats=2), small, MODEL), expected, rel_tol=1e-12)
+
+
+def test_large_outputs_pay_for_their_fresh_pages():
+    n, size = 2, 128 * MiB
+    plain = machine.MachineModel(**{**MODEL.__dict__, "fresh_bytes": 1 << 40})
+    extra = machine.seconds(shift(n), size, MODEL) - machine.seconds(shift(n), size, plain)
+    assert math.isclose(extra, n * size / MODEL.fresh_rate / 2, rel_tol=1e-9)
+
+
+def test_chunks_of_another_process_are_copied_through_segments_and_across_hosts_sent():
+    # direct all_gather over 2 processes x 2 ranks: each rank puts its input into every output block r. Process
+    # 0's ranks write 2 blocks into each of process 1's 2 outputs (4 chunks of process 1's buffers), and read
+    # nothing of process 1's: the crossing copies are those 4 chunks (in or out: 2 touches each) for process 1.
+    plan = algorithms.builtin(Collective.ALL_GATHER, "direct", 4)
+    w = machine.work(plan, (0, 0, 1, 1))
+    assert w.crossing == (8.0, 8.0)
+    assert w.network == (0.0, 0.0)
+    over = machine.work(plan, (0, 0, 1, 1), hosts=(0, 1))
+    assert over.network == (4.0, 4.0) and over.crossing == (0.0, 0.0)
+    assert over.rounds == 1  # one put across, nothing waits on it
+
+
+def test_a_ring_across_hosts_waits_on_every_exchange_in_turn():
+    from jaxcoll.synth import ring
+    from jaxcoll.topology import layout
+    topo = layout((0, 1, 2, 3), hosts=(0, 1, 2, 3))
+    plan = ring(topo, "all_gather")
+    # 4 ranks each on a host of its own: the ring's N-1 = 3 forwarding hops, each after the previous one.
+    assert machine.work(plan, (0, 1, 2, 3), hosts=(0, 1, 2, 3)).rounds == 3
+
+
+def test_the_model_round_trips_through_json_and_refuses_bad_constants():
+    assert machine.MachineModel.from_json(MODEL.to_json()) == MODEL
+    for bad in ({"memory_rate": 0}, {"call_s": -1.0}, {"threads": 0}, {"caches": [[0, 1e9]]}, {"speed": 1.0},
+                {"step_s": float("nan")}, {"caches": "fast"}):
+        with pytest.raises(ValueError):
+            machine.MachineModel.from_json(bad)
+
+
+def test_the_fitted_constants_come_back_in_order():
+    c = MODEL.coefficients()
+    back = MODEL.with_coefficients(c, MODEL.call_s, MODEL.network_latency_s).to_json()
+    for name, value in MODEL.to_json().items():
+        assert np.allclose(back[name], value, rtol=1e-12, atol=0), name
+
+
+def test_rates_follow_the_smallest_level_that_holds_a_touch():
+    reach = np.array([0.0, 1.0 * MiB, 1.0 * MiB + 1, 8.0 * MiB, 9.0 * MiB, math.inf])
+    assert MODEL.rate(reach).tolist() == [40e9, 40e9, 20e9, 20e9, 10e9, 10e9]
+
+
+def test_partial_sums_of_16_bit_floats_take_twice_the_bytes_in_scratch():
+    from jaxcoll.synth import ring
+    from jaxcoll.topology import layout
+    plan = ring(layout((0,) * 4), "all_reduce")  # reduces through scratch
+    w = machine.work(plan)
+    assert any(x.any() for x in w.scratch)
+    f32 = machine.terms(w, 1024.0, MODEL, machine.widen("float32"))
+    bf16 = machine.terms(w, 1024.0, MODEL, machine.widen("bfloat16"))
+    scratch_bytes = sum(float(t[s].sum()) for t, s in zip(w.touched, w.scratch)) * 1024.0
+    assert bf16[0, 2:5].sum() - f32[0, 2:5].sum() == pytest.approx(scratch_bytes)  # solo: one thread
+    assert machine.widen("float16") == 2.0 and machine.widen(np.int32) == 1.0
