@@ -20,14 +20,15 @@ import subprocess
 import sys
 import tempfile
 
+from jaxcoll.cli.bench import MARKDOWN_ROW
+
 TRANSPORTS = {"shm": {}, "tcp": {"JAXCOLL_TRANSPORT": "tcp"}}
-ROW = re.compile(r"^\| ([\d.]+ [KMG]iB) \| ([\d.]+) \| ([\d.]+) \| (\d+)% \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)x \|$")
 TITLE = re.compile(r"^### (\w+) \(jaxcoll algorithm=(\S+)\) vs XLA$")
 BANDWIDTH = re.compile(r"copy bandwidth ([\d.]+) GB/s")
 
 
 def run_once(transport: str, args) -> tuple[float, dict]:
-    """One bench job: (copy bandwidth GB/s, {(collective, algorithm, size): (ours_us, busbw, pct, xla_us,
+    """One bench job: (copy bandwidth GB/s, {(collective, algorithm, size): (ours_us, busbw, traffic GB/s, xla_us,
     xla_busbw)})."""
     with tempfile.NamedTemporaryFile(suffix=".md") as md:
         cmd = [sys.executable, "-m", "jaxcoll", "bench", "--processes", str(args.processes), "--sizes", args.sizes,
@@ -42,9 +43,9 @@ def run_once(transport: str, args) -> tuple[float, dict]:
     for line in text.splitlines():
         if m := TITLE.match(line):
             where = (m.group(1), m.group(2))
-        elif (m := ROW.match(line)) and where:
-            size, ours, bus, pct, xla, xbus, _ = m.groups()
-            cells[(*where, size)] = (float(ours), float(bus), int(pct), float(xla), float(xbus))
+        elif (m := MARKDOWN_ROW.match(line)) and where:
+            size, ours, _, _, bus, traffic, xla, _, _, xbus, *_ = m.groups()
+            cells[(*where, size)] = (float(ours), float(bus), float(traffic), float(xla), float(xbus))
     return bw, cells
 
 
@@ -56,7 +57,7 @@ def summarize(transport: str, runs: list[tuple[float, dict]]) -> tuple[list[str]
     keys = list(runs[0][1])
     for collective, algorithm in dict.fromkeys((c, a) for c, a, _ in keys):
         lines += [f"#### {collective} (jaxcoll algorithm={algorithm}) vs gloo, {transport}", "",
-                  "| size/rank | jaxcoll us | busbw GB/s | % mem | gloo us | busbw GB/s | speedup | per run |",
+                  "| size/rank | jaxcoll us | busbw GB/s | traffic GB/s | gloo us | busbw GB/s | speedup | per run |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for c, a, size in keys:
             if (c, a) != (collective, algorithm):
@@ -64,7 +65,7 @@ def summarize(transport: str, runs: list[tuple[float, dict]]) -> tuple[list[str]
             cells = [r[(c, a, size)] for _, r in runs if (c, a, size) in r]
             med = [statistics.median(v[i] for v in cells) for i in range(5)]
             speedups = [v[3] / v[0] for v in cells]
-            lines.append(f"| {size} | {med[0]:.1f} | {med[1]:.2f} | {med[2]:.0f}% | {med[3]:.1f} | {med[4]:.2f} | "
+            lines.append(f"| {size} | {med[0]:.1f} | {med[1]:.2f} | {med[2]:.2f} | {med[3]:.1f} | {med[4]:.2f} | "
                          f"{statistics.median(speedups):.2f}x | {min(speedups):.2f}-{max(speedups):.2f}x |")
             series.setdefault((c, a), []).append((size, med[1], med[4]))
         lines.append("")

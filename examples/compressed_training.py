@@ -2,7 +2,7 @@
 each wire format (bf16, fp8, int8) and with the sparse top-k all-reduce at 1%, error feedback on, on 8 CPU
 devices; prints the final losses against the exact run's and plots the curves.
 
-    PYTHONPATH=. python examples/compressed_training.py --steps 400 --plot docs/compression-loss.png
+    PYTHONPATH=. python examples/compressed_training.py --steps 400 --out docs/compression-loss.png
 
 The task is a teacher-student regression (a fixed random 2-layer tanh network labels Gaussian inputs); the
 student is a 2-layer MLP trained with plain SGD (momentum on top of top-k with error feedback diverged here,
@@ -124,7 +124,7 @@ def plot(results, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--plot", default=None, help="PNG path for the loss curves")
+    parser.add_argument("--out", metavar="PNG", default=None, help="also plot the loss curves to this file")
     args = parser.parse_args()
     results = run(args.steps)
     exact = final(results["exact"])
@@ -137,9 +137,9 @@ def main():
         ok &= abs(rel) <= TOLERANCE
         print(f"{name:<12} {final(losses):>11.5f} {rel:>+9.1%} {losses[early]:>12.5f}")
     print(f"every run within {TOLERANCE:.0%} of exact: {ok}")
-    if args.plot:
-        plot(results, args.plot)
-        print(f"plot: {args.plot}")
+    if args.out:
+        plot(results, args.out)
+        print(f"plot: {args.out}")
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ trained with optax AdamW on a synthetic corpus three ways:
               `jaxcoll.nn.embed`, and the optimizer is `jaxcoll.nn.adamw` (ZeRO-1). XLA sums only the scalar
               loss.
 
-Prints a table of the three loss curves and plots them (docs/replace-flax-loss.png).
+Prints a table of the three loss curves and plots them to --out (default: flax_lm_replace-loss.png in the
+temporary directory; docs/replace-flax-loss.png is `--out docs/replace-flax-loss.png`).
 
-    python examples/flax_lm_replace.py [--steps 300] [--plot docs/replace-flax-loss.png]
+    python examples/flax_lm_replace.py [--steps 300] [--out loss.png]
 
 The model is one set of flax modules; a *parallel style* object (`ShardMapTP` or `JitTP`) supplies the few
 operations where the two forms differ (the embedding lookup, the column- and row-parallel products, the norm,
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import tempfile
 import time
 
 import jax
@@ -344,7 +347,8 @@ def main(argv=None):
     """Runs the three styles, prints the table, writes the plot; returns {style: (losses, seconds, report)}."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--plot", default="docs/replace-flax-loss.png", help="PNG of the loss curves ('' for none)")
+    ap.add_argument("--out", metavar="PNG", default=os.path.join(tempfile.gettempdir(), "flax_lm_replace-loss.png"),
+                    help="PNG of the loss curves, '' for none (default: %(default)s)")
     args = ap.parse_args(argv)
     try:  # a standalone run: 8 CPU devices (a test has already set them)
         jax.config.update("jax_num_cpu_devices", 8)
@@ -372,12 +376,12 @@ def main(argv=None):
     print(f"replace_collectives: {len(report.replaced)} collective sites on jaxcoll, {len(report.left_to_xla)} left "
           "to XLA (" + ", ".join(f"{k} {v[0]}" + (f"+{v[1]} XLA" if v[1] else "") for k, v in sorted(kinds.items()))
           + "; print(step.report) for the table)")
-    if args.plot:
+    if args.out:
         plot({"jax.lax collectives (shard_map)": curves["lax"],
               "jaxcoll.replace_collectives (same program)": curves["replace"],
-              "jit with shardings, jaxcoll.nn ops": curves["jit"]}, args.plot,
+              "jit with shardings, jaxcoll.nn ops": curves["jit"]}, args.out,
              f"flax NNX LM, TP4 x DP2 on 8 CPU devices, {args.steps} steps", markov_entropy())
-        print(f"wrote {args.plot}")
+        print(f"wrote {args.out}")
     return results
 
 

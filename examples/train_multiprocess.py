@@ -15,7 +15,7 @@ collective. The task is synthetic: fit a fixed random tanh network on fresh Gaus
 training on a mesh of 2 processes x 4 CPU devices, then the same training in one process with 8 CPU devices on
 the same mesh, plus an unsharded reference (the same model and data on one device, plain jnp, no collective).
 It prints the loss curves side by side and the largest differences; `--collectives jaxcoll lax` also trains
-with jax.lax's collectives (XLA's gloo across processes), `--plot losses.png` draws the curves.
+with jax.lax's collectives (XLA's gloo across processes), `--out losses.png` draws the curves.
 
 Tolerance: every loss curve equals every other within RTOL = 1e-5, relative, at each step: the job against the
 single-process run with the same collectives, jaxcoll against jax.lax, and each against the unsharded reference.
@@ -32,7 +32,7 @@ Processes x devices: 2 x 4 (mesh 2x4: "data" across the 2 processes, "model" ins
 the same arrangement; `--mesh 2x4` on 4 processes runs "model" across process pairs as well).
 
     python examples/train_multiprocess.py [--processes 2] [--steps 200] [--mesh DxM] [--collectives jaxcoll lax]
-                                          [--plot PNG]
+                                          [--out PNG]
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def main(argv=None) -> bool:
     ap.add_argument("--mesh", type=parse_mesh, default=None,
                     help="DATAxMODEL, default: processes x (8 / processes), 'data' across the processes")
     ap.add_argument("--collectives", nargs="+", choices=("jaxcoll", "lax"), default=["jaxcoll"])
-    ap.add_argument("--plot", metavar="PNG", default=None)
+    ap.add_argument("--out", metavar="PNG", default=None, help="also plot the loss curves to this file")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds each job may take")
     ap.add_argument("--reference", action="store_true", help=argparse.SUPPRESS)  # set by the driver
     args = ap.parse_args(argv)
@@ -354,8 +354,8 @@ def main(argv=None) -> bool:
     print(f"wall time: job {t1 - t0:.1f} s, single process {t2 - t1:.1f} s; "
           f"loss {curves[names[0]][0]:.4f} -> {curves[names[0]][-1]:.4f}")
     print("every curve within the tolerance" if ok else "a curve is OVER the tolerance")
-    if args.plot:
-        plot(curves, args.plot)
+    if args.out:
+        plot(curves, args.out)
     return ok
 
 

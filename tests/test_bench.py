@@ -1,27 +1,76 @@
 """`jaxcoll bench`: both program forms (a loop of calls below 1 MiB, one call per launch from 1 MiB up) build,
-run and report a row per size, and the traffic it measures against is the closed form of each collective."""
+run and report a row per size with its spread, and the traffic it measures against is the closed form of each
+collective; a busy machine is warned about."""
 
-import re
+import os
 
 import pytest
 
 from jaxcoll.cli import main
-from jaxcoll.cli.bench import copy_bandwidth_setting, min_traffic
+from jaxcoll.cli.bench import MARKDOWN_ROW, copy_bandwidth_setting, min_traffic
+from jaxcoll.cli.console import busy_machine
 
 
 def test_bench_reports_a_row_per_size_for_loop_and_single_call_programs(tmp_path, capsys):
     md = tmp_path / "bench.md"
-    assert main(["bench", "--collectives", "all_gather,reduce_scatter", "--sizes", "4K,1M", "--reps", "1",
-                 "--markdown", str(md)]) == 0
+    assert main(["bench", "--collectives", "all_gather,reduce_scatter", "--sizes", "4K,1M", "--reps", "3",
+                 "--warmup", "1", "--markdown", str(md)]) == 0
     text = md.read_text()
     for collective in ("all_gather", "reduce_scatter"):
         section = text.split(f"### {collective} ")[1].split("###")[0]
-        rows = re.findall(r"^\| (\d+ [KM]iB) \| ([\d.]+) \|.*\| ([\d.]+) \| [\d.]+ \| ([\d.]+)x \|$", section, re.M)
+        rows = MARKDOWN_ROW.findall(section)
         assert [r[0] for r in rows] == ["4 KiB", "1 MiB"], section
-        for _, ours, xla, speedup in rows:
-            assert float(ours) > 0 and float(xla) > 0
-            assert abs(float(speedup) - float(xla) / float(ours)) < 0.01 + 0.01 * float(speedup)
-    assert "reduce_scatter (jaxcoll algorithm=auto) vs XLA" in capsys.readouterr().out
+        for _, *numbers in rows:
+            ours, ours_lo, ours_hi, _, _, xla, xla_lo, xla_hi, _, speedup, pair_lo, pair_hi = map(float, numbers)
+            assert 0 < ours_lo <= ours <= ours_hi and 0 < xla_lo <= xla <= xla_hi  # median within min-max
+            assert abs(speedup - xla / ours) < 0.01 + 0.01 * speedup
+            assert pair_lo <= pair_hi
+    out = capsys.readouterr().out
+    assert "reduce_scatter (jaxcoll algorithm=auto) vs XLA" in out
+    assert f"wrote {md}" in out
+
+
+def test_bench_warns_when_the_machine_is_busy(monkeypatch, capsys):
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    assert main(["bench", "--collectives", "all_reduce", "--sizes", "4K", "--reps", "1", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"warning: the load average is 64.0 on {os.cpu_count()} cores" in out
+
+
+def test_busy_machine_is_a_load_average_above_the_core_count(monkeypatch):
+    cores = os.cpu_count()
+    monkeypatch.setattr(os, "getloadavg", lambda: (cores + 0.5, 0.0, 0.0))
+    assert "other work is running" in busy_machine()
+    monkeypatch.setattr(os, "getloadavg", lambda: (cores - 0.5, 0.0, 0.0))
+    assert busy_machine() is None
+
+
+def test_busy_meanwhile_counts_other_processes_cpu_time_not_this_one_s(monkeypatch):
+    from jaxcoll.cli import console
+    cores = os.cpu_count()
+    start = (0.0, 0.0, 0.0)
+    # 10 s of wall time: the machine busy for 10 s on every core, all of it this process's own: no warning
+    monkeypatch.setattr(console, "cpu_clock", lambda: (10.0, 10.0 * cores, 10.0 * cores))
+    assert console.busy_meanwhile(start) is None
+    # the same, with half of it other processes' time
+    monkeypatch.setattr(console, "cpu_clock", lambda: (10.0, 10.0 * cores, 5.0 * cores))
+    assert "other processes used 50%" in console.busy_meanwhile(start)
+    assert console.busy_meanwhile(None) is None
+
+
+def test_cpu_clock_reads_this_machine():
+    from jaxcoll.cli.console import cpu_clock
+    clock = cpu_clock()
+    assert clock is None or all(v >= 0 for v in clock)
+
+
+def test_bench_traffic_column_is_named_for_what_it_is_not_a_percentage(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = capsys.readouterr().out
+    assert "traffic GB/s" in text and "% mem" not in text
+    assert "(default: 7)" in text  # --reps
+    assert "examples:" in text
 
 
 def test_min_traffic_is_every_input_read_and_every_output_written_once():

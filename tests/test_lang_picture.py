@@ -33,7 +33,7 @@ def test_plan_show_draws_and_summarises(tmp_path, capsys, suffix):
     out = tmp_path / f"ring.{suffix}"
     assert main(["plan", "show", RING_XML, "-o", str(out)]) == 0
     assert out.stat().st_size > 1000
-    assert "bytes per link" in capsys.readouterr().out
+    assert "per link" in capsys.readouterr().out
 
 
 def test_plan_check_and_convert(tmp_path, capsys):
@@ -53,3 +53,49 @@ def test_plan_check_reports_a_wrong_plan(tmp_path, capsys):
     bad.write_text(open(RING_XML).read().replace('type="rrcs"', 'type="rcs"', 1))
     assert main(["plan", "check", str(bad)]) == 1
     assert "output chunk" in capsys.readouterr().err
+
+
+def test_plan_show_of_a_missing_file_is_a_one_line_error(tmp_path, capsys):
+    missing = tmp_path / "missing.json"
+    assert main(["plan", "show", str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == f"{missing}: No such file or directory"
+
+
+def test_plan_show_of_a_file_that_is_no_json_is_a_one_line_error(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert main(["plan", "show", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{bad}: not a plan file") and err.count("\n") == 1
+
+
+def test_plan_show_gives_traffic_in_multiples_of_the_input_unless_given_a_size(capsys):
+    assert main(["plan", "show", RING_XML]) == 0
+    out = capsys.readouterr().out
+    assert "0 -> 1: 1.5x input" in out and "bytes per link" not in out
+    assert main(["plan", "show", RING_XML, "--bytes", "64KiB"]) == 0
+    out = capsys.readouterr().out
+    assert "bytes per link for 65536 input bytes per rank" in out and "0 -> 1: 98,304 (1.5x input)" in out
+
+
+def test_a_plan_of_many_steps_is_drawn_as_a_summary_picture(tmp_path, capsys, monkeypatch):
+    from jaxcoll.lang import picture
+    monkeypatch.setattr(picture, "DETAIL_STEPS", 4)
+    out = tmp_path / "ring.png"
+    assert main(["plan", "show", RING_XML, "-o", str(out)]) == 0
+    assert "summary picture" in capsys.readouterr().out
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_small_plan_is_drawn_step_by_step(tmp_path):
+    from jaxcoll.lang import load_msccl_xml
+    from jaxcoll.lang.picture import draw
+    assert draw(load_msccl_xml(RING_XML), tmp_path / "ring.svg") == "steps"
+
+
+def test_plan_help_shows_defaults_and_examples(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "show", "--help"])
+    text = capsys.readouterr().out
+    assert "examples:" in text and "jaxcoll plan show" in text and "--bytes" in text

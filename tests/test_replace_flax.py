@@ -7,7 +7,9 @@ import collections
 import importlib.util
 import pathlib
 import re
+import subprocess
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -30,9 +32,26 @@ def ex():
 
 @pytest.fixture(scope="module")
 def runs(ex, tmp_path_factory):
-    """The example's own command line, short: {style: (losses, seconds, report)}, and the plot it wrote."""
-    png = tmp_path_factory.mktemp("flax") / "loss.png"
-    return ex.main(["--steps", str(STEPS), "--plot", str(png)]), png
+    """The example's own command line, short and without --out: {style: (losses, seconds, report)}, the plot it
+    wrote by default (into the temporary directory, here one of the test's own), and the checkout's `git status`
+    before and after (None outside a git checkout)."""
+    tmp = tmp_path_factory.mktemp("flax")
+    before = git_status()
+    saved, tempfile.tempdir = tempfile.tempdir, str(tmp)
+    try:
+        # The default is computed when main builds its parser, so inside this block.
+        results = ex.main(["--steps", str(STEPS)])
+    finally:
+        tempfile.tempdir = saved
+    return results, tmp / "flax_lm_replace-loss.png", (before, git_status())
+
+
+def git_status() -> str | None:
+    try:
+        return subprocess.run(["git", "status", "--porcelain"], cwd=EXAMPLES.parent, capture_output=True, text=True,
+                              check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +73,11 @@ def test_flax_lm_with_lax_collectives_learns(ex, lax_losses):
     assert_learns(lax_losses, ex.Config())
 
 
-def test_flax_lm_example_plots_its_curves(runs):
+def test_flax_lm_example_plots_its_curves_outside_the_checkout(runs):
     png = runs[1]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    before, after = runs[2]
+    assert before == after, "the example changed the checkout"
 
 
 def test_flax_lm_through_replace_collectives_has_the_lax_loss_curve(runs, lax_losses):

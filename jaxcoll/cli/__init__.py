@@ -16,10 +16,17 @@ SUBCOMMANDS = {
     "tune": "jaxcoll.cli.tune",
 }
 
+EXAMPLES = """examples (COMMAND --help for each command's options and defaults):
+  jaxcoll bench --collectives all_reduce --sizes 64K,16M
+  jaxcoll synth --topology dgx-h100 --size 64MiB --out plan.json
+  jaxcoll plan show plan.json --bytes 64MiB -o plan.png
+"""
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="jaxcoll", description="jaxcoll: collectives for JAX")
+    parser = argparse.ArgumentParser(prog="jaxcoll", description="jaxcoll: collectives for JAX", epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {}
     wanted = argv[0] if argv and argv[0] in SUBCOMMANDS else None

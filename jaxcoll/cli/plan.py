@@ -7,22 +7,47 @@
 
 from __future__ import annotations
 
+import json
 import sys
+import xml.etree.ElementTree
+
+from jaxcoll.cli.console import HelpFormatter, with_progress
+
+EXAMPLES = """examples:
+  jaxcoll synth --topology dgx1 --collective all_gather --size 64KiB --out ag.json
+  jaxcoll plan show ag.json --bytes 64KiB -o ag.png
+  jaxcoll plan check ag.json
+  jaxcoll plan convert ag.json -o ag.xml
+"""
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("plan", help="show, check or convert a plan file")
+    from jaxcoll.lang.picture import DETAIL_STEPS
+    p = subparsers.add_parser("plan", help="show, check or convert a plan file", epilog=EXAMPLES,
+                              formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="plan_command", metavar="ACTION", required=True)
-    show = sub.add_parser("show", help="print a summary and draw ranks x time (PNG or SVG)")
+    show = sub.add_parser("show", help="print a summary and draw ranks x time (PNG or SVG)", epilog=EXAMPLES,
+                          formatter_class=HelpFormatter,
+                          description=f"Print a plan's steps per rank and its traffic per link; -o draws it: one "
+                                      f"marker per data step, or a summary picture (steps per rank over time, "
+                                      f"traffic per link) for a plan of more than {DETAIL_STEPS} data steps.")
     show.add_argument("file", help="a jaxcoll plan .json or an MSCCL .xml")
     show.add_argument("-o", "--output", help="picture to write (.png or .svg)")
-    show.add_argument("--bytes", type=int, default=1 << 20, help="input bytes per rank for the link summary")
-    chk = sub.add_parser("check", help="prove the plan computes its collective without deadlock or race")
-    chk.add_argument("file")
+    show.add_argument("--bytes", type=_size, default=None,
+                      help="input bytes per rank, e.g. 64KiB, to give each link's traffic in bytes too (a plan serves "
+                           "every size; without it, traffic is in multiples of a rank's input)")
+    chk = sub.add_parser("check", help="prove the plan computes its collective without deadlock or race",
+                         formatter_class=HelpFormatter)
+    chk.add_argument("file", help="a jaxcoll plan .json or an MSCCL .xml")
     conv = sub.add_parser("convert", help="write the plan as MSCCL XML (.xml), MSCCL++ JSON (.mscclpp.json) "
-                                          "or jaxcoll JSON (.json)")
-    conv.add_argument("file")
-    conv.add_argument("-o", "--output", required=True)
+                                          "or jaxcoll JSON (.json)", formatter_class=HelpFormatter)
+    conv.add_argument("file", help="a jaxcoll plan .json or an MSCCL .xml")
+    conv.add_argument("-o", "--output", required=True, help="the file to write; its suffix chooses the format")
+
+
+def _size(text: str) -> int:
+    from jaxcoll.cli.synth import parse_size
+    return parse_size(text)
 
 
 def load(path: str):
@@ -37,15 +62,18 @@ def load(path: str):
 def run(args) -> int:
     from jaxcoll.lang import PlanError, check
     try:
-        plan = load(args.file)
+        plan = with_progress(lambda: load(args.file), f"reading {args.file}")
         if args.plan_command == "show":
-            from jaxcoll.lang.picture import draw, summary
-            print(summary(plan, args.bytes))
+            from jaxcoll.lang.picture import DETAIL_STEPS, draw, rounds, summary
+            when = with_progress(lambda: rounds(plan), f"placing {plan.num_steps()} steps in rounds")
+            print(summary(plan, args.bytes, when=when))
             if args.output:
-                draw(plan, args.output)
-                print(f"wrote {args.output}")
+                what = "a summary picture" if len(when) > DETAIL_STEPS else f"{len(when)} data steps"
+                kind = with_progress(lambda: draw(plan, args.output, when=when), f"drawing {what} to {args.output}")
+                print(f"wrote {args.output}" + (" (a summary picture: too many steps to draw one by one)"
+                                                if kind == "summary" else ""))
         elif args.plan_command == "check":
-            check(plan)
+            with_progress(lambda: check(plan), f"checking {plan.num_steps()} steps")
             print(f"{args.file}: proved ({plan.collective.value}, {plan.nranks} ranks, {plan.num_steps()} steps)")
         else:
             out = args.output
@@ -62,5 +90,13 @@ def run(args) -> int:
             print(f"wrote {out}")
     except PlanError as e:
         print(f"{args.file}: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # a file missing or unreadable (the plan's, or the one to write); not a closed pipe
+        if e.filename is None:
+            raise
+        print(f"{e.filename}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except (json.JSONDecodeError, xml.etree.ElementTree.ParseError) as e:
+        print(f"{args.file}: not a plan file: {e}", file=sys.stderr)
         return 1
     return 0

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 
+from jaxcoll.cli.console import HelpFormatter, with_progress
 from jaxcoll.plan import Collective
 
 SIZE_UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "KB": 10**3, "MB": 10**6, "GB": 10**9, "B": 1}
@@ -19,15 +19,26 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
+EXAMPLES = """examples:
+  jaxcoll synth --topology dgx-h100                        all_reduce of 1 GiB on one DGX H100
+  jaxcoll synth --topology dgx1 --collective all_gather --size 64KiB --out ag.json
+  jaxcoll synth --topology dgx-h100 --boxes 2 --collective reduce_scatter --size 64MiB
+  jaxcoll synth --topology my-topology.json                a topology from `jaxcoll topo import`
+"""
+
+
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("synth", help="synthesize a plan for a topology",
+    from jaxcoll.topology.presets import PRESETS
+    p = subparsers.add_parser("synth", help="synthesize a plan for a topology", epilog=EXAMPLES,
+                              formatter_class=HelpFormatter,
                               description="Synthesize the plan with the best simulated time and compare it with "
                                           "the bound, ring and tree.")
-    p.add_argument("--topology", required=True, help="a preset name (dgx1, dgx2, dgx-a100, dgx-h100, mi250, "
-                                                      "te-ccl-dgx2, cpu) or a topology JSON file")
-    p.add_argument("--boxes", type=int, default=1)
-    p.add_argument("--collective", default="all_reduce",
-                   choices=["all_gather", "reduce_scatter", "all_reduce"])
+    p.add_argument("--topology", required=True,
+                   help=f"a preset name ({', '.join(PRESETS)}) or a topology JSON file")
+    p.add_argument("--boxes", type=int, default=1,
+                   help="boxes of the preset joined by the network (ignored for cpu and for a JSON file)")
+    p.add_argument("--collective", default="all_reduce", choices=["all_gather", "reduce_scatter", "all_reduce"],
+                   help="the collective to synthesize")
     p.add_argument("--size", default="1GiB", help="nccl-tests size S, e.g. 1GiB, 64MiB, 4096")
     p.add_argument("--out", help="write the plan: .json (jaxcoll plan) or .xml (MSCCL)")
 
@@ -37,31 +48,6 @@ def load_topology(spec: str, boxes: int):
     if os.path.exists(spec):
         return Topology.load(spec)
     return preset(spec, boxes)
-
-
-def _with_progress(fn, label: str):
-    """Run fn(); show a progress bar if it takes more than a second."""
-    done = threading.Event()
-    result = {}
-
-    def work():
-        try:
-            result["value"] = fn()
-        except BaseException as e:  # re-raised below, in the caller's thread
-            result["error"] = e
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    if not done.wait(1.0):
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-        with Progress(SpinnerColumn(), TextColumn(label), TimeElapsedColumn(), transient=True) as bar:
-            bar.add_task(label, total=None)
-            done.wait()
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
 
 
 def run(args) -> int:
@@ -75,7 +61,7 @@ def run(args) -> int:
         return 2
     coll = Collective(args.collective)
     t0 = time.perf_counter()
-    cands = _with_progress(lambda: evaluate(topo, coll, size), f"synthesizing {coll.value} for {topo.name}")
+    cands = with_progress(lambda: evaluate(topo, coll, size), f"synthesizing {coll.value} for {topo.name}")
     gen = time.perf_counter() - t0
     best = cands[0]
     n = topo.nranks
@@ -99,11 +85,20 @@ def run(args) -> int:
             c = min(got, key=lambda c: c.seconds)
             print(line(f"{label} ({c.name})", c.seconds))
     if args.out:
-        if args.out.endswith(".xml"):
-            from jaxcoll.lang.msccl import to_msccl_xml
-            with open(args.out, "w") as f:
-                f.write(to_msccl_xml(plan))
-        else:
-            plan.save(args.out)
-        print(f"wrote {args.out}")
+        try:
+            with_progress(lambda: save(plan, args.out), f"writing {args.out} ({plan.num_steps()} steps)")
+        except OSError as e:
+            print(f"jaxcoll synth: {e.filename or args.out}: {e.strerror or e}", file=sys.stderr)
+            return 1
+        print(f"wrote {args.out}; see it with: jaxcoll plan show {args.out} --bytes {args.size}")
     return 0
+
+
+def save(plan, path: str) -> None:
+    """Write `plan` as MSCCL XML (a .xml path) or as a jaxcoll plan JSON."""
+    if path.endswith(".xml"):
+        from jaxcoll.lang.msccl import to_msccl_xml
+        with open(path, "w") as f:
+            f.write(to_msccl_xml(plan))
+    else:
+        plan.save(path)

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import sys
 
+from jaxcoll.cli.console import HelpFormatter
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("topo", help="show or import topologies")
     sub = p.add_subparsers(dest="topo_command", metavar="ACTION")
-    show = sub.add_parser("show", help="summarize a topology; --out draws it to PNG")
+    show = sub.add_parser("show", help="summarize a topology; --out draws it to PNG", formatter_class=HelpFormatter)
     show.add_argument("--topology", required=True, help="preset name or topology JSON file")
-    show.add_argument("--boxes", type=int, default=1)
+    show.add_argument("--boxes", type=int, default=1,
+                      help="boxes of the preset joined by the network (ignored for cpu and for a JSON file)")
     show.add_argument("--out", help="PNG file to draw the topology into")
-    imp = sub.add_parser("import", help="convert `nvidia-smi topo -m` output to a topology JSON file")
+    imp = sub.add_parser("import", help="convert `nvidia-smi topo -m` output to a topology JSON file",
+                         formatter_class=HelpFormatter)
     imp.add_argument("input", help="file with the text of `nvidia-smi topo -m` (- for stdin)")
     imp.add_argument("--out", required=True, help="topology JSON file to write")
-    imp.add_argument("--nvlink-GBps", type=float, default=25.0)
+    imp.add_argument("--nvlink-GBps", type=float, default=25.0, help="bandwidth of one NVLink, GB/s each way")
 
 
 def run(args) -> int:
