@@ -12,7 +12,6 @@ each cell, beside what auto ran without it (the hand-tuned default) and by how m
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -21,22 +20,23 @@ COLLECTIVES = "all_reduce,all_gather,reduce_scatter"
 
 
 def add_parser(sub) -> None:
+    from jaxcoll.cli.console import HelpFormatter
     p = sub.add_parser("tune", help="measure the fastest plans on this machine and write the tuning file",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--collectives", default=COLLECTIVES, help=f"comma-separated (default {COLLECTIVES})")
-    p.add_argument("--sizes", default=SIZES, help=f"per-rank input sizes, comma-separated (default {SIZES})")
+                       description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--collectives", default=COLLECTIVES, help="comma-separated")
+    p.add_argument("--sizes", default=SIZES, help="per-rank input sizes, comma-separated")
     p.add_argument("--devices", type=int, default=8,
-                   help="CPU devices, in all processes together (default 8)")
+                   help="CPU devices, in all processes together")
     p.add_argument("--processes", type=int, default=1,
-                   help="tune for a jax.distributed job of this many processes on this machine (default 1)")
+                   help="tune for a jax.distributed job of this many processes on this machine")
     p.add_argument("--transport", choices=("shm", "tcp"), default="shm",
-                   help="between the processes: shared memory, or the network transport (default shm)")
+                   help="between the processes: shared memory, or the network transport")
     p.add_argument("--top", type=int, default=3,
-                   help="candidates measured per cell, by the model's ranking, beside the default (default 3)")
-    p.add_argument("--reps", type=int, default=5, help="timed calls per candidate and cell (default 5)")
-    p.add_argument("--dtype", default="float32", help="element type of the measured calls (default float32)")
+                   help="candidates measured per cell, by the model's ranking, beside the default")
+    p.add_argument("--reps", type=int, default=5, help="timed calls per candidate and cell")
+    p.add_argument("--dtype", default="float32", help="element type of the measured calls")
     p.add_argument("--probe-bytes", default="64M",
-                   help="largest calibration probe per rank; its footprint should outgrow the caches (default 64M)")
+                   help="largest calibration probe per rank; its footprint should outgrow the caches")
     p.add_argument("--out", metavar="PATH", help="the tuning file to write (default: JAXCOLL_TUNING, else "
                                                  "~/.cache/jaxcoll/tuning.json)")
     p.add_argument("--calibrate-only", action="store_true",
@@ -119,6 +119,10 @@ def _tune_here(args, collectives, sizes, path) -> int:
     layout = file.layout_key(processes, hosts)
     console.print(f"[bold]jaxcoll tune[/]: {len(devices)} CPU devices, layout {layout}, "
                   f"{file.machine()['cores']} cores; file {path}")
+    from jaxcoll.cli.console import busy_machine, busy_meanwhile, cpu_clock
+    busy, clock = busy_machine(), cpu_clock()
+    if busy:
+        console.print(f"warning: {busy}")
     total = len(calibration.training(processes, args.probe_bytes)) + len(collectives) * len(sizes)
     with Progress(TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True, disable=process != 0) as bar:
@@ -136,6 +140,9 @@ def _tune_here(args, collectives, sizes, path) -> int:
                                              hosts=hosts, top=args.top, reps=args.reps, dtype=args.dtype,
                                              progress=step)
     _print_cells(console, cells)
+    busy = busy_meanwhile(clock)
+    if busy:
+        console.print(f"warning: {busy}")
     if process == 0:
         tuning_run.write(path, layout, processes, hosts, model, cells, plans)
         console.print(f"wrote {path}")
