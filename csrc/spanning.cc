@@ -121,13 +121,41 @@ struct Mailbox {
   std::map<CallKey, std::string> failed;
 };
 
+struct Mailboxes {
+  std::mutex mu;
+  std::map<std::pair<int64_t, int32_t>, std::shared_ptr<Mailbox>> boxes;
+};
+
+Mailboxes& mailboxes() {
+  static Mailboxes* m = new Mailboxes();  // leaked on purpose: the network threads outlive statics
+  return *m;
+}
+
 std::shared_ptr<Mailbox> mailbox(int64_t callsite, int32_t group) {
-  static std::mutex mu;
-  static auto* boxes = new std::map<std::pair<int64_t, int32_t>, std::shared_ptr<Mailbox>>();
-  std::lock_guard<std::mutex> lock(mu);
-  auto& box = (*boxes)[{callsite, group}];
+  Mailboxes& m = mailboxes();
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto& box = m.boxes[{callsite, group}];
   if (!box) box = std::make_shared<Mailbox>();
   return box;
+}
+
+}  // namespace
+
+class SpanningCommunicator;
+
+namespace {
+
+// Every live spanning communicator of this process, by (callsite, group): the network handler finds calls here.
+// The compiled calls that run a call site own its communicator (spanning_communicator_for); the registry only
+// finds it, so a call site whose executables XLA has dropped frees its segments and mappings.
+struct Registry {
+  std::mutex mu;
+  std::map<std::pair<int64_t, int32_t>, std::weak_ptr<SpanningCommunicator>> comms;
+};
+
+Registry& registry() {
+  static Registry* r = new Registry();  // leaked on purpose: the watchdog and network threads outlive statics
+  return *r;
 }
 
 }  // namespace
@@ -135,7 +163,7 @@ std::shared_ptr<Mailbox> mailbox(int64_t callsite, int32_t group) {
 class SpanCall;
 void finish_call(const std::shared_ptr<SpanCall>& call, Status st);
 
-class SpanningCommunicator : public Gathering {
+class SpanningCommunicator : public Gathering, public std::enable_shared_from_this<SpanningCommunicator> {
  public:
   SpanningCommunicator(int64_t callsite, int32_t group, const Plan& plan, std::vector<int32_t> processes,
                        uint64_t fingerprint, const World& world)
@@ -204,7 +232,9 @@ class SpanningCommunicator : public Gathering {
     data_ids_.assign(kSlots, 0);
     watch(this);
   }
-  ~SpanningCommunicator() override { unwatch(this); }
+  // The last owner is gone (XLA dropped every executable of the call site, and no call of it is in flight): the
+  // call site leaves the registry and the watchdog, and its segments are unmapped, this process's unlinked.
+  ~SpanningCommunicator() override;
 
   // The watchdog: a call whose local ranks have not all arrived by its deadline fails (the peers' workers time
   // out on their own, waiting for this process to publish it).
@@ -337,6 +367,20 @@ class SpanningCommunicator : public Gathering {
   std::string failure_;
 };
 
+SpanningCommunicator::~SpanningCommunicator() {
+  unwatch(this);
+  {
+    Registry& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mu);
+    auto it = reg.comms.find({callsite_, group_});
+    if (it != reg.comms.end() && it->second.expired()) reg.comms.erase(it);
+  }
+  Mailboxes& m = mailboxes();
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.boxes.find({callsite_, group_});
+  if (it != m.boxes.end() && it->second == mailbox_) m.boxes.erase(it);
+}
+
 namespace {
 std::atomic<uint64_t> next_data_id{1};
 constexpr int32_t kNotFound = -1, kOverNetwork = -2;  // a peer's slot: not found yet, or none (network peer)
@@ -408,7 +452,7 @@ class SpanCall : public CallFailure {
  public:
   SpanCall(SpanningCommunicator& comm, int64_t run_id, uint64_t iteration, int32_t slot, int64_t block, DType dtype,
            const CallSite& site, Clock::time_point deadline)
-      : comm_(comm), run_id_(run_id), iteration_(iteration), slot_(slot), block_(block), dtype_(dtype), site_(site),
+      : comm_(comm), owner_(comm.shared_from_this()), run_id_(run_id), iteration_(iteration), slot_(slot), block_(block), dtype_(dtype), site_(site),
         deadline_(deadline), buffers_(comm.local_.size()), copy_out_(comm.local_.size()),
         completions_(comm.local_.size()), handoff_(std::make_unique<std::atomic<int>[]>(comm.local_.size())),
         arrived_ranks_(comm.local_.size(), false),
@@ -533,6 +577,7 @@ class SpanCall : public CallFailure {
   }
 
   SpanningCommunicator& comm_;
+  const std::shared_ptr<SpanningCommunicator> owner_;  // a call in flight keeps its call site's segments
   const int64_t run_id_;
   const uint64_t iteration_;
   const int32_t slot_;
@@ -849,11 +894,13 @@ bool SpanningCommunicator::expire(Clock::time_point now, std::vector<Completion>
     std::string missing;
     for (size_t i = 0; i < local_.size(); ++i)
       if (!call->arrived(i)) missing += (missing.empty() ? "" : ", ") + std::to_string(local_[i]);
-    finish_call(call, Status::Error(call->site_.describe() + ": timed out waiting for this process's ranks to "
+    // On a worker: the watchdog holds its lock here, and a call may hold the last reference to its call site.
+    const Status st = Status::Error(call->site_.describe() + ": timed out waiting for this process's ranks to "
                                     "arrive (launch " + std::to_string(call->run_id_) + ", call " +
                                     std::to_string(call->iteration_) + " of this site in it); ranks that never "
                                     "arrived: [" + missing + "] (timeout set by JAXCOLL_TIMEOUT; a rank that never "
-                                    "arrives usually ran a different program or failed before this collective)"));
+                                    "arrives usually ran a different program or failed before this collective)");
+    run_on_worker([call, st] { finish_call(call, st); });
   }
   return gathering;
 }
@@ -884,22 +931,11 @@ int32_t claim_slot(SpanningCommunicator& c) {
 
 namespace {
 
-// Every spanning communicator of this process, by (callsite, group): the network handler finds calls here.
-struct Registry {
-  std::mutex mu;
-  std::map<std::pair<int64_t, int32_t>, std::unique_ptr<SpanningCommunicator>> comms;
-};
-
-Registry& registry() {
-  static Registry* r = new Registry();  // leaked on purpose: the watchdog and network threads outlive statics
-  return *r;
-}
-
-SpanningCommunicator* find_communicator(int64_t callsite, int32_t group) {
+std::shared_ptr<SpanningCommunicator> find_communicator(int64_t callsite, int32_t group) {
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
   auto it = reg.comms.find({callsite, group});
-  return it == reg.comms.end() ? nullptr : it->second.get();
+  return it == reg.comms.end() ? nullptr : it->second.lock();
 }
 
 std::shared_ptr<SpanCall> find_call(SpanningCommunicator& c, int64_t run_id, uint64_t iteration) {
@@ -911,7 +947,7 @@ std::shared_ptr<SpanCall> find_call(SpanningCommunicator& c, int64_t run_id, uin
 
 // The local chunk a signal, put or get from a network peer addresses, or an error naming what is wrong.
 struct Addressed {
-  SpanningCommunicator* comm = nullptr;
+  std::shared_ptr<SpanningCommunicator> comm;
   std::shared_ptr<SpanCall> call;
   const PeerView* view = nullptr;
   void* at = nullptr;  // put, get: the chunk's first byte
@@ -921,7 +957,7 @@ struct Addressed {
 bool address(const NetMessage& m, Addressed& a) {
   // Signals, puts and gets come only after the sender found this process's publication of the call.
   a.comm = find_communicator(m.callsite, m.group);
-  SpanningCommunicator* c = a.comm;
+  SpanningCommunicator* c = a.comm.get();
   a.call = c ? find_call(*c, m.run_id, m.iteration) : nullptr;
   if (!a.call || m.rank < 0 || m.rank >= c->plan_.nranks || c->local_index_[m.rank] < 0) return false;
   a.view = &a.call->local_views_[c->local_index_[m.rank]];
@@ -957,7 +993,7 @@ void on_message(const NetMessage& m, std::vector<char>& payload, bool placed) {
       else if (m.type == NetMessage::kDone) box->done.insert(key);
       else box->failed[key] = std::string(payload.begin(), payload.end());
     }
-    if (SpanningCommunicator* c = find_communicator(m.callsite, m.group))
+    if (auto c = find_communicator(m.callsite, m.group))
       if (auto call = find_call(*c, m.run_id, m.iteration)) call->header().bell.ring();
     return;
   }
@@ -1001,9 +1037,9 @@ uint64_t plan_fingerprint(const int32_t* words, size_t nwords, int32_t reduce_op
   return h;
 }
 
-SpanningCommunicator* spanning_communicator_for(int64_t callsite, int32_t group, const Plan& plan,
-                                                const std::vector<int32_t>& processes, uint64_t fingerprint,
-                                                Status& status) {
+std::shared_ptr<SpanningCommunicator> spanning_communicator_for(int64_t callsite, int32_t group, const Plan& plan,
+                                                               const std::vector<int32_t>& processes,
+                                                               uint64_t fingerprint, Status& status) {
   const World* w = world();
   if (!w) {
     status = Status::Error("jaxcoll callsite " + std::to_string(callsite) +
@@ -1019,19 +1055,18 @@ SpanningCommunicator* spanning_communicator_for(int64_t callsite, int32_t group,
       return nullptr;
     }
   Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  auto& c = reg.comms[{callsite, group}];
-  if (!c) {
-    auto made = std::make_unique<SpanningCommunicator>(callsite, group, plan, processes, fingerprint, *w);
-    made->iterations_.resize(made->local_.size());
-    status = made->open_directory();
-    if (!status.ok()) {
-      reg.comms.erase({callsite, group});
-      return nullptr;
-    }
-    c = std::move(made);
+  std::unique_lock<std::mutex> lock(reg.mu);
+  if (auto c = reg.comms[{callsite, group}].lock()) return c;
+  auto made = std::make_shared<SpanningCommunicator>(callsite, group, plan, processes, fingerprint, *w);
+  made->iterations_.resize(made->local_.size());
+  status = made->open_directory();
+  if (!status.ok()) {
+    reg.comms.erase({callsite, group});
+    lock.unlock();  // its destructor takes the registry's lock
+    return nullptr;
   }
-  return c.get();
+  reg.comms[{callsite, group}] = made;
+  return made;
 }
 
 Status execute_spanning_rank(SpanningCommunicator& c, int64_t run_id, const Plan& plan, int32_t rank,

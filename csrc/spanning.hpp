@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "csrc/communicator.hpp"
@@ -38,10 +39,12 @@ class SpanningCommunicator;
 
 // The communicator of (callsite, group) for a plan whose ranks live in the processes `processes[r]` (job process
 // indices, world.hpp); created on first use. `fingerprint` identifies the plan and reduction: a peer process whose
-// directory states another is running a different program at this call site.
-SpanningCommunicator* spanning_communicator_for(int64_t callsite, int32_t group, const Plan& plan,
-                                                const std::vector<int32_t>& processes, uint64_t fingerprint,
-                                                Status& status);
+// directory states another is running a different program at this call site. The compiled calls that run the
+// call site own it (and each call in flight): when the last owner drops it, its segments are unmapped and this
+// process's unlinked, so recompiling a program does not grow /dev/shm.
+std::shared_ptr<SpanningCommunicator> spanning_communicator_for(int64_t callsite, int32_t group, const Plan& plan,
+                                                               const std::vector<int32_t>& processes,
+                                                               uint64_t fingerprint, Status& status);
 
 // Rank `rank`'s part of a call of a spanning group (rank must be hosted here). Like execute_rank: returns OK with
 // `pending` set when `completion` will be called later with the call's status.

@@ -367,12 +367,65 @@ def case_segments_private() -> str:
     """Every shared-memory segment jaxcoll made in this process is owner-only (0600)."""
     mesh = mesh_1d()
     x = put(np.ones((mesh.devices.size * 2,), np.float32), mesh)
-    run(lambda v: jaxcoll.all_reduce(v, "i"), mesh, x).block_until_ready()
+    f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    f(x).block_until_ready()  # f alive: a dropped executable's call sites free their segments
     mine = [f for f in os.listdir("/dev/shm") if f.startswith("jaxcoll-") and f"-{os.getpid()}-" in f]
     assert mine, "no jaxcoll segment found in /dev/shm"
     modes = {f: oct(os.stat(os.path.join("/dev/shm", f)).st_mode & 0o777) for f in mine}
     assert all(m == "0o600" for m in modes.values()), modes
     return f"{len(mine)} segments, all 0600"
+
+
+def _segments_and_mappings() -> tuple[int, int]:
+    """(jaxcoll segments this process created that are in /dev/shm, jaxcoll segments it has mapped)."""
+    mine = [f for f in os.listdir("/dev/shm") if f.startswith("jaxcoll-") and f.split("-")[2] == str(os.getpid())]
+    with open("/proc/self/maps") as f:
+        mapped = {line[line.index("/dev/shm/jaxcoll-"):].split()[0] for line in f if "/dev/shm/jaxcoll-" in line}
+    return len(mine), len(mapped)
+
+
+def case_recompiles() -> str:
+    """An all_reduce compiled 32 times (jax.clear_caches() after each) and 8 steps of a replacing_collectives block
+    (which clears the caches on entry and exit) leave no more segments and mappings than one compilation did: a
+    dropped executable frees what its call sites held."""
+    import gc
+    mesh = mesh_1d()
+    n = mesh.devices.size
+    x_np = (np.arange(n * (1 << 18)) % 7).astype(np.float32)  # 1 MiB a rank
+    x = put(x_np, mesh)
+    want = reference("sum", mesh, ("i",), x_np)
+
+    spec = P("i")
+
+    def step(fn):
+        f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec))
+        for index, value in local_values(f(x)).items():
+            np.testing.assert_array_equal(value, want[tuple(slice(a, b) for a, b in index)], err_msg=f"at {index}")
+        return f
+
+    f = step(lambda v: jaxcoll.all_reduce(v, "i"))
+    live = _segments_and_mappings()
+    assert live[0] > 0 and live[1] > 0, f"a live call site holds no segment: {live}"
+    del f
+    jax.clear_caches()
+    gc.collect()
+    once = _segments_and_mappings()
+    for _ in range(32):
+        step(lambda v: jaxcoll.all_reduce(v, "i"))
+        jax.clear_caches()
+        gc.collect()
+    recompiled = _segments_and_mappings()
+    assert recompiled[0] <= once[0] and recompiled[1] <= once[1], \
+        f"(segments, mappings): {once} after one compilation, {recompiled} after 33"
+    for _ in range(8):
+        with jaxcoll.replacing_collectives():
+            step(lambda v: lax.psum(v, "i"))
+        gc.collect()
+    stepped = _segments_and_mappings()
+    assert stepped[0] <= once[0] and stepped[1] <= once[1], \
+        f"(segments, mappings): {once} after one compilation, {stepped} after 8 replacing_collectives steps"
+    return f"(segments, mappings) live {live}, dropped {once}, after 33 compilations {recompiled}, " \
+           f"after 8 steps {stepped}"
 
 
 # -- faults: the surviving processes print the error they got ------------------------------------------------

@@ -179,6 +179,13 @@ def test_a_finished_job_leaves_no_segment():
     assert not left, f"segments left behind: {sorted(left)}"
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_recompiling_leaves_no_segment_or_mapping_behind(transport):
+    # 33 compilations of one all_reduce and 8 replacing_collectives steps: a dropped executable's call sites free
+    # their shared memory and mappings (each compilation kept 2 segments a process, 4 mappings, before).
+    assert_all_ok(job("recompiles", timeout_s=180, **TRANSPORTS[transport]), "recompiles")
+
+
 def test_a_network_port_that_is_taken_is_named():
     with socket.socket() as held:
         held.bind(("0.0.0.0", 0))
