@@ -38,6 +38,7 @@ struct NetMessage {
   int32_t dtype = 0;  // publish
   int32_t pad = 0;
   int64_t block = 0;         // publish
+  int64_t elements = 0;      // publish: input elements of each rank at the call site
   uint64_t fingerprint = 0;  // publish
   uint64_t request = 0;      // get, data: matches an answer to its read
   uint64_t bytes = 0;        // payload bytes that follow the header

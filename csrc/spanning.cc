@@ -25,7 +25,7 @@ namespace jaxcoll {
 
 namespace {
 
-constexpr uint64_t kDirectoryMagic = 0x314C4C4F43584A44ull;  // "DJXCOLL1"
+constexpr uint64_t kDirectoryMagic = 0x324C4C4F43584A44ull;  // "DJXCOLL2"
 constexpr int32_t kSlots = 32;                               // calls of one call site in flight in one process
 constexpr size_t kPage = 4096;
 
@@ -51,6 +51,8 @@ struct SlotHeader {
 struct Directory {
   uint64_t magic = kDirectoryMagic;
   uint64_t fingerprint = 0;
+  int64_t elements = 0;  // the call site's input elements a rank, and their dtype: fixed per compiled call
+  int32_t dtype = 0;
   int32_t nranks = 0;
   int32_t process = 0;
   std::atomic<uint32_t> ready{0};  // set once the header is written
@@ -115,7 +117,7 @@ using CallKey = std::tuple<int32_t, int64_t, uint64_t>;
 // process has reached the call site at all, so the mailbox lives apart from the communicator.
 struct Mailbox {
   std::mutex mu;
-  std::map<int32_t, uint64_t> fingerprints;  // per process: the plan fingerprint its publications carry
+  std::map<int32_t, NetMessage> sites;  // per process: its first publication (plan fingerprint, dtype, elements)
   std::map<CallKey, NetMessage> published;
   std::set<CallKey> done;
   std::map<CallKey, std::string> failed;
@@ -166,9 +168,9 @@ void finish_call(const std::shared_ptr<SpanCall>& call, Status st);
 class SpanningCommunicator : public Gathering, public std::enable_shared_from_this<SpanningCommunicator> {
  public:
   SpanningCommunicator(int64_t callsite, int32_t group, const Plan& plan, std::vector<int32_t> processes,
-                       uint64_t fingerprint, const World& world)
+                       uint64_t fingerprint, int64_t elements, DType dtype, const World& world)
       : callsite_(callsite), group_(group), plan_(plan), processes_(std::move(processes)),
-        fingerprint_(fingerprint), world_(world), me_(world.process) {
+        fingerprint_(fingerprint), elements_(elements), dtype_(dtype), world_(world), me_(world.process) {
     for (int32_t r = 0; r < plan_.nranks; ++r) {
       if (processes_[r] == me_) local_.push_back(r);
       else if (std::find(peers_.begin(), peers_.end(), processes_[r]) == peers_.end()) peers_.push_back(processes_[r]);
@@ -247,6 +249,8 @@ class SpanningCommunicator : public Gathering, public std::enable_shared_from_th
     if (!st.ok()) return st;
     Directory* d = new (directory_.data()) Directory();
     d->fingerprint = fingerprint_;
+    d->elements = elements_;
+    d->dtype = static_cast<int32_t>(dtype_);
     d->nranks = plan_.nranks;
     d->process = me_;
     d->ready.store(1, std::memory_order_release);
@@ -263,6 +267,17 @@ class SpanningCommunicator : public Gathering, public std::enable_shared_from_th
     for (int32_t r = 0; r < plan_.nranks; ++r)
       if (processes_[r] == process) out.push_back(r);
     return out;
+  }
+
+  // The error naming process p, which calls this call site with `elements` of `dtype` a rank; "" when they are
+  // this process's. Processes that compiled another shape or dtype run other executables, whose launches never
+  // meet: the call site's shape is compared at once, not when a call is matched.
+  std::string shape_differs(int32_t p, int64_t elements, int32_t dtype) const {
+    if (elements == elements_ && dtype == static_cast<int32_t>(dtype_)) return {};
+    return describe() + ": " + describe_process(p) + " passes " + std::to_string(elements) + " elements of " +
+           dtype_name(static_cast<DType>(dtype)) + " a rank at this call site, this process " +
+           std::to_string(elements_) + " of " + dtype_name(dtype_) +
+           "; every process must call it with the same shape and dtype";
   }
 
   std::string describe_process(int32_t p) const {
@@ -343,6 +358,8 @@ class SpanningCommunicator : public Gathering, public std::enable_shared_from_th
   const Plan plan_;
   const std::vector<int32_t> processes_;
   const uint64_t fingerprint_;
+  const int64_t elements_;  // input elements a rank at this call site
+  const DType dtype_;
   const World& world_;
   const int32_t me_;
   std::vector<int32_t> local_;        // ranks hosted here, ascending
@@ -552,6 +569,7 @@ class SpanCall : public CallFailure {
     m.block = block_;
     m.dtype = static_cast<int32_t>(dtype_);
     m.fingerprint = comm_.fingerprint_;
+    m.elements = comm_.elements_;
     return m;
   }
   void tell_network_peers(uint32_t type) {
@@ -630,6 +648,8 @@ Status find_peer(SpanCall& call, size_t i, bool& found) {
   }
   Directory* d = static_cast<Directory*>(dir.data());
   if (d->ready.load(std::memory_order_acquire) != 1) return {};
+  if (d->magic == kDirectoryMagic)
+    if (std::string why = c.shape_differs(p, d->elements, d->dtype); !why.empty()) return Status::Error(why);
   if (d->magic != kDirectoryMagic || d->nranks != c.plan_.nranks || d->fingerprint != c.fingerprint_)
     return Status::Error(call.site_.describe() + ": " + c.describe_process(p) +
                          " runs a different plan at this call site (plan fingerprint " +
@@ -690,14 +710,15 @@ Status find_network_peer(SpanCall& call, size_t i, bool& found) {
     found = it != c.mailbox_->published.end();
     if (found) {
       m = it->second;
-    } else if (auto f = c.mailbox_->fingerprints.find(p); f != c.mailbox_->fingerprints.end()) {
-      // Another plan at this call site runs in another executable, whose launches never match ours: refuse
-      // it from any publication rather than wait for this one.
-      m.fingerprint = f->second;
+    } else if (auto f = c.mailbox_->sites.find(p); f != c.mailbox_->sites.end()) {
+      // Another plan or shape at this call site runs in another executable, whose launches never match ours:
+      // refuse it from any publication rather than wait for this one.
+      m = f->second;
     } else {
       return {};
     }
   }
+  if (std::string why = c.shape_differs(p, m.elements, m.dtype); !why.empty()) return Status::Error(why);
   if (m.fingerprint != c.fingerprint_)
     return Status::Error(call.site_.describe() + ": " + c.describe_process(p) +
                          " runs a different plan at this call site (plan fingerprint " + std::to_string(m.fingerprint) +
@@ -988,7 +1009,7 @@ void on_message(const NetMessage& m, std::vector<char>& payload, bool placed) {
       std::lock_guard<std::mutex> lock(box->mu);
       if (m.type == NetMessage::kPublish) {
         box->published[key] = m;
-        box->fingerprints.emplace(m.from, m.fingerprint);
+        box->sites.emplace(m.from, m);
       }
       else if (m.type == NetMessage::kDone) box->done.insert(key);
       else box->failed[key] = std::string(payload.begin(), payload.end());
@@ -1039,7 +1060,8 @@ uint64_t plan_fingerprint(const int32_t* words, size_t nwords, int32_t reduce_op
 
 std::shared_ptr<SpanningCommunicator> spanning_communicator_for(int64_t callsite, int32_t group, const Plan& plan,
                                                                const std::vector<int32_t>& processes,
-                                                               uint64_t fingerprint, Status& status) {
+                                                               uint64_t fingerprint, int64_t elements, DType dtype,
+                                                               Status& status) {
   const World* w = world();
   if (!w) {
     status = Status::Error("jaxcoll callsite " + std::to_string(callsite) +
@@ -1057,7 +1079,8 @@ std::shared_ptr<SpanningCommunicator> spanning_communicator_for(int64_t callsite
   Registry& reg = registry();
   std::unique_lock<std::mutex> lock(reg.mu);
   if (auto c = reg.comms[{callsite, group}].lock()) return c;
-  auto made = std::make_shared<SpanningCommunicator>(callsite, group, plan, processes, fingerprint, *w);
+  auto made = std::make_shared<SpanningCommunicator>(callsite, group, plan, processes, fingerprint, elements, dtype,
+                                                     *w);
   made->iterations_.resize(made->local_.size());
   status = made->open_directory();
   if (!status.ok()) {

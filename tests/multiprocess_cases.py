@@ -533,6 +533,29 @@ def case_different_plan() -> str:
     _report(lambda: f(x).block_until_ready(), everyone_reports=True)
 
 
+def _differs(dtype0, dtype1, rows0, rows1) -> None:
+    """Process 0 calls one all_reduce call site with `rows0` elements a rank of `dtype0`, process 1 with `rows1` of
+    `dtype1`: each prints the error it got."""
+    mesh = mesh_1d()
+    dtype, rows = (dtype0, rows0) if PROCESS == 0 else (dtype1, rows1)
+    local = np.ones((len(jax.local_devices()) * rows,), dtype)
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("i")), local)
+    f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    _report(lambda: f(x).block_until_ready(), everyone_reports=True)
+
+
+def case_dtype_differs() -> str:
+    _differs(np.float32, np.int32, 1024, 1024)
+
+
+def case_bfloat16_differs() -> str:
+    _differs(np.float32, jnp.bfloat16, 1024, 1024)
+
+
+def case_size_differs() -> str:
+    _differs(np.float32, np.float32, 1024, 512)
+
+
 def case_different_version() -> str:
     if PROCESS == 1:
         jaxcoll.__version__ = "0.0.0-other"

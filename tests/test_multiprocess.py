@@ -151,6 +151,26 @@ def test_a_process_running_another_plan_is_refused_by_fingerprint(transport):
         assert seconds < 10, seconds
 
 
+# (case, what process 0 passes a rank, what process 1 passes): one call site, compiled for other arguments.
+DIFFERS = {"dtype_differs": ("1024 elements of float32", "1024 elements of int32"),
+           "bfloat16_differs": ("1024 elements of float32", "1024 elements of bfloat16"),
+           "size_differs": ("1024 elements of float32", "512 elements of float32")}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("case", DIFFERS)
+def test_a_process_passing_another_dtype_or_shape_is_named_at_once(case, transport):
+    # Processes that compiled another dtype or shape run other executables, whose launches never meet: the call
+    # site's dtype and size travel with its plan fingerprint, so the difference is named, not waited out.
+    for r in job(case, JAXCOLL_TIMEOUT=60, **TRANSPORTS[transport]):
+        seconds, message = error_of(r)
+        other = 1 - r.process
+        theirs, ours = DIFFERS[case][other], DIFFERS[case][r.process]
+        assert re.search(rf"process {other} \(pid \d+, ranks \[[\d, ]+\] of this group\) passes {theirs} a rank "
+                         rf"at this call site, this process {ours.replace(' elements', '')}", message), message
+        assert seconds < 10, f"the error took {seconds} s (timeout 60 s): it should be named at once"
+
+
 def test_a_process_running_another_jaxcoll_version_is_refused_at_setup():
     for r in job("different_version", JAXCOLL_TIMEOUT=60):
         _, message = error_of(r)

@@ -134,7 +134,8 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
         if (!owned) {
           Status st;
           owned = spanning_communicator_for(state->callsite, group, plan,
-                                            std::vector<int32_t>(procs, procs + plan.nranks), state->fingerprint, st);
+                                            std::vector<int32_t>(procs, procs + plan.nranks), state->fingerprint,
+                                            b.input_elements, *dtype, st);
           if (!owned) {
             state->spanning.erase(group);
             return Failed(ffi::Error::InvalidArgument(st.message()));
