@@ -285,6 +285,15 @@ class SpanningCommunicator : public Gathering, public std::enable_shared_from_th
            rank_list(ranks_of(p)) + " of this group)";
   }
 
+  // Process p, which the call waited on until its deadline, with what can be told of it: alive (its pidfd, or
+  // its connection) but stalled, or gone.
+  std::string describe_stalled(int32_t p) const {
+    return describe_process(p) + " on " + world_.describe_host(p) +
+           (process_alive(p) ? " is alive but stalled: it made no progress in this call within JAXCOLL_TIMEOUT "
+                               "(a stopped, hung or starved process)"
+                             : " has exited");
+  }
+
   // Per chunk of rank's input (or output): 1 where shared.
   const std::vector<uint8_t>& chunk_flags(int32_t rank, BufferKind b) const {
     return chunks_[size_t(rank) * 2 + (b == BufferKind::kOutput ? 1 : 0)];
@@ -406,9 +415,9 @@ constexpr int32_t kNotFound = -1, kOverNetwork = -2;  // a peer's slot: not foun
 // The ranks of one network peer in one call: reads, writes and signals become messages naming the call.
 class NetRanks : public RemoteRanks {
  public:
-  NetRanks(int32_t process, std::string who, int64_t callsite, int32_t group, int64_t run_id, uint64_t iteration,
+  NetRanks(int32_t process, std::string who, std::string stalled, int64_t callsite, int32_t group, int64_t run_id, uint64_t iteration,
            Clock::time_point deadline)
-      : process_(process), who_(std::move(who)), deadline_(deadline) {
+      : process_(process), who_(std::move(who)), stalled_(std::move(stalled)), deadline_(deadline) {
     base_.callsite = callsite;
     base_.group = group;
     base_.run_id = run_id;
@@ -451,6 +460,8 @@ class NetRanks : public RemoteRanks {
     Status finish() override {
       Status st = net_await(*read_, ranks_.deadline_);
       if (!st.ok() && !net_alive(ranks_.process_)) return ranks_.gone();
+      if (!st.ok() && Clock::now() >= ranks_.deadline_)
+        return Status::Error(ranks_.stalled_ + "; it did not answer a read");
       return st;
     }
 
@@ -460,6 +471,7 @@ class NetRanks : public RemoteRanks {
   };
   int32_t process_;
   std::string who_;
+  std::string stalled_;  // the error when it answers nothing until the deadline (describe_stalled)
   Clock::time_point deadline_;
   NetMessage base_;
 };
@@ -497,6 +509,13 @@ class SpanCall : public CallFailure {
   }
   bool failed() const override { return comm_.failed(); }
   std::string failure() const override { return comm_.failure(); }
+  std::string stalled(const std::vector<int32_t>& ranks) override {
+    std::string out;
+    for (int32_t p : comm_.peers_)
+      if (std::any_of(ranks.begin(), ranks.end(), [&](int32_t r) { return comm_.processes_[r] == p; }))
+        out += "; " + comm_.describe_stalled(p);
+    return out;
+  }
   void poll() override {
     const auto now = Clock::now();
     if (now - last_poll_ < std::chrono::milliseconds(20)) return;
@@ -759,6 +778,8 @@ Status run_call(SpanCall& call) {
     call.poll();
     if (c.failed()) return Status::Error(c.failure());
     if (Clock::now() >= call.deadline_) {
+      // A peer that failed the call is why (this process may have been the one stopped past its deadline).
+      if (std::string cause = call.any_peer_failure(); !cause.empty()) return Status::Error(cause);
       std::string missing;
       for (size_t i = 0; i < c.peers_.size(); ++i)
         if (call.peer_slot_[i] == kNotFound)
@@ -782,7 +803,8 @@ Status run_call(SpanCall& call) {
   for (size_t i = 0; i < c.peers_.size(); ++i) {
     const int32_t p = c.peers_[i];
     if (c.net_[i]) {
-      call.net_ranks_[i] = std::make_unique<NetRanks>(p, c.describe_process(p), c.callsite_, c.group_, call.run_id_,
+      call.net_ranks_[i] = std::make_unique<NetRanks>(p, c.describe_process(p), call.site_.describe() + ": " +
+                                                      c.describe_stalled(p), c.callsite_, c.group_, call.run_id_,
                                                       call.iteration_, call.deadline_);
       for (int32_t r : c.ranks_of(p)) views[r].remote = call.net_ranks_[i].get();
       continue;
@@ -837,8 +859,13 @@ Status run_call(SpanCall& call) {
     if (all) break;
     call.poll();
     if (c.failed()) return Status::Error(c.failure());
-    if (Clock::now() >= call.deadline_)
-      return Status::Error(call.site_.describe() + ": timed out waiting for the other processes to finish the call");
+    if (Clock::now() >= call.deadline_) {
+      std::string stalled;
+      for (size_t i = 0; i < c.peers_.size(); ++i)
+        if (!call.peer_done(i)) stalled += "; " + c.describe_stalled(c.peers_[i]);
+      return Status::Error(call.site_.describe() + ": timed out waiting for the other processes to finish the call" +
+                           stalled);
+    }
     wait_for(me.bell, [&] { return me.bell.word.load(std::memory_order_seq_cst) != seen; },
              [&] { return c.failed(); }, std::min(call.deadline_, Clock::now() + std::chrono::milliseconds(20)));
   }

@@ -34,7 +34,14 @@ int open_pidfd(int64_t pid) {
 
 }  // namespace
 
-Status configure_world(int32_t process, std::vector<int64_t> pids, std::vector<int32_t> hosts, std::string token) {
+std::string World::describe_host(int32_t p) const {
+  std::string s = "host " + std::to_string(hosts[p]);
+  if (size_t(p) < host_names.size() && !host_names[p].empty()) s += " ('" + host_names[p] + "')";
+  return s;
+}
+
+Status configure_world(int32_t process, std::vector<int64_t> pids, std::vector<int32_t> hosts, std::string token,
+                       std::vector<std::string> host_names) {
   std::lock_guard<std::mutex> lock(mu);
   if (pids.size() != hosts.size() || process < 0 || process >= static_cast<int32_t>(pids.size()))
     return Status::Error("jaxcoll: configure_world(process=" + std::to_string(process) + ") with " +
@@ -52,6 +59,7 @@ Status configure_world(int32_t process, std::vector<int64_t> pids, std::vector<i
   w->pids = std::move(pids);
   w->hosts = std::move(hosts);
   w->token = std::move(token);
+  w->host_names = std::move(host_names);
   pidfds.assign(w->pids.size(), -1);
   for (int32_t p = 0; p < w->nprocesses(); ++p)
     if (p != process && w->same_host(p, process)) pidfds[p] = open_pidfd(w->pids[p]);

@@ -129,7 +129,7 @@ def connect() -> World | None:
                       for q, peer in enumerate(peers))
         pids = tuple(int(peer["pid"]) for peer in peers)
         from jaxcoll import runtime
-        runtime.configure_world(me, pids, hosts, token)
+        runtime.configure_world(me, pids, hosts, token, [peer["host"].split("/")[0] for peer in peers])
         remote = [q for q in range(n) if hosts[q] != hosts[me]]
         if remote:
             _connect_network(client, me, n, remote, token, timeout)

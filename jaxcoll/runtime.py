@@ -86,9 +86,12 @@ def default_timeout_s() -> float:
     return float(_jaxcoll.default_timeout_s())
 
 
-def configure_world(process: int, pids: Sequence[int], hosts: Sequence[int], token: str) -> None:
-    """Tell the native runtime which job this process is part of (jaxcoll.distributed.connect does it)."""
-    _jaxcoll.configure_world(int(process), [int(p) for p in pids], [int(h) for h in hosts], str(token))
+def configure_world(process: int, pids: Sequence[int], hosts: Sequence[int], token: str,
+                    host_names: Sequence[str] = ()) -> None:
+    """Tell the native runtime which job this process is part of (jaxcoll.distributed.connect does it);
+    `host_names[p]` names process p's host in messages."""
+    _jaxcoll.configure_world(int(process), [int(p) for p in pids], [int(h) for h in hosts], str(token),
+                             [str(h) for h in host_names])
 
 
 def net_listen(process: int, port: int, token: str) -> int:

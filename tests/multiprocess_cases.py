@@ -508,6 +508,28 @@ def case_killed_mid_call() -> str:
     _report(lambda: f(x).block_until_ready())
 
 
+def case_stalled_mid_call() -> str:
+    """Process 1 arrives at a call and is stopped (SIGSTOP) before process 0 arrives: process 0 waits on it until
+    the timeout, reports, and resumes it (SIGCONT) so the job can end."""
+    import signal
+    import threading
+    f, x = _fault_call()
+    f = f.lower(x).compile()  # both compile before either waits: the timeout is short
+    jax.experimental.multihost_utils.sync_global_devices("stalled_mid_call compiled")
+    f(x).block_until_ready()
+    if PROCESS == 1:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGSTOP)).start()
+        _report(lambda: f(x).block_until_ready())
+    time.sleep(1.5)
+
+    def call_then_resume():
+        try:
+            f(x).block_until_ready()
+        finally:
+            os.kill(jaxcoll.distributed.world().pids[1], signal.SIGCONT)
+    _report(call_then_resume)
+
+
 def case_never_arrives() -> str:
     f, x = _fault_call()
     f(x).block_until_ready()

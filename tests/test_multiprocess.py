@@ -136,6 +136,17 @@ def test_a_process_that_never_arrives_is_named_after_the_timeout(transport):
     assert 4 < seconds < 30, seconds
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_process_stalled_mid_call_is_named_alive_but_stalled(transport):
+    # Process 1 is stopped (SIGSTOP) inside a call: alive (its pid runs, its connection holds) but making no
+    # progress. Process 0's call fails after the timeout naming it, its host, and that it is stalled.
+    results = job("stalled_mid_call", JAXCOLL_TIMEOUT=4, **TRANSPORTS[transport])
+    seconds, message = error_of(results[0])
+    assert re.search(r"process 1 \(pid \d+, ranks \[4, 5, 6, 7\] of this group\) on host \d+ \('[^']+'\) is alive "
+                     r"but stalled", message), message
+    assert 3 < seconds < 30, seconds
+
+
 def test_a_process_that_never_starts_jaxcoll_is_named_after_the_timeout():
     seconds, message = error_of(job("never_starts_jaxcoll", JAXCOLL_TIMEOUT=5)[0])
     assert "process 1 did not publish" in message and "within 5 s" in message, message

@@ -138,11 +138,14 @@ NB_MODULE(_jaxcoll, m) {
         "The timeout of a call in seconds: JAXCOLL_TIMEOUT, default 300 (read once).");
 
   m.def("configure_world",
-        [](int32_t process, std::vector<int64_t> pids, std::vector<int32_t> hosts, std::string token) {
-          jaxcoll::Status st = jaxcoll::configure_world(process, std::move(pids), std::move(hosts), std::move(token));
+        [](int32_t process, std::vector<int64_t> pids, std::vector<int32_t> hosts, std::string token,
+           std::vector<std::string> host_names) {
+          jaxcoll::Status st = jaxcoll::configure_world(process, std::move(pids), std::move(hosts), std::move(token),
+                                                        std::move(host_names));
           if (!st.ok()) throw std::runtime_error(st.message());
         },
         nb::arg("process"), nb::arg("pids"), nb::arg("hosts"), nb::arg("token"),
+        nb::arg("host_names") = std::vector<std::string>(),
         "Tell the runtime which job this process belongs to (jaxcoll.distributed.connect does it once).");
 
   m.def("net_listen",
