@@ -139,15 +139,16 @@ def connect() -> World | None:
 
 def _connect_network(client, me: int, n: int, remote: list[int], token: str, timeout_ms: int) -> None:
     """Open the network transport to the processes on other hosts: listen (JAXCOLL_NET_PORT, default a free
-    port), publish the address and port, read theirs and connect (csrc/net.hpp)."""
+    port) at the address published (JAXCOLL_NET_BIND: another, such as 0.0.0.0), publish the address and port,
+    read theirs and connect (csrc/net.hpp)."""
     from jaxcoll import runtime
+    address = os.environ.get("JAXCOLL_NET_ADDRESS") or _address_towards(_jax.coordinator_address())
     try:
-        bound = runtime.net_listen(me, _net_port(), token)
+        bound = runtime.net_listen(me, os.environ.get("JAXCOLL_NET_BIND") or address, _net_port(), token)
     except (RuntimeError, ValueError) as e:
         # Tell the peers now, or they would wait out the timeout for an address that never comes.
         client.key_value_set(_PREFIX + f"net/{me}", json.dumps({"error": str(e).removeprefix("jaxcoll: ")}))
         raise
-    address = os.environ.get("JAXCOLL_NET_ADDRESS") or _address_towards(_jax.coordinator_address())
     client.key_value_set(_PREFIX + f"net/{me}", json.dumps({"address": address, "port": bound}))
     addresses, ports = [""] * n, [0] * n
     for q in remote:

@@ -94,9 +94,10 @@ def configure_world(process: int, pids: Sequence[int], hosts: Sequence[int], tok
                              [str(h) for h in host_names])
 
 
-def net_listen(process: int, port: int, token: str) -> int:
-    """Listen for the job's network peers on `port` (0: a free one); returns the port taken."""
-    return int(_jaxcoll.net_listen(int(process), int(port), str(token)))
+def net_listen(process: int, address: str, port: int, token: str) -> int:
+    """Listen for the job's network peers at `address` ("" or "0.0.0.0": every interface) on `port` (0: a free
+    one); returns the port taken."""
+    return int(_jaxcoll.net_listen(int(process), str(address), int(port), str(token)))
 
 
 def net_connect(peers: Sequence[int], addresses: Sequence[str], ports: Sequence[int], timeout_s: float) -> None:

@@ -611,6 +611,49 @@ def case_wrong_token() -> str:
     return f"refused {runtime._jaxcoll.net_refused()}"
 
 
+def case_strangers() -> str:
+    """Five connections that never say a word reach process 1's network port before process 0's own: the job still
+    sets up (process 1 closes each after its hello deadline, counted and logged), and the port listens at the
+    address published only (127.0.0.1 here: 127.0.0.2, also this machine, is refused)."""
+    import json
+    import socket
+    import threading
+
+    from jaxcoll import _jax, runtime
+    strangers, ready = [], threading.Event()
+    if PROCESS == 0:
+        def connect_strangers():
+            peer = json.loads(_jax.distributed_client().blocking_key_value_get("jaxcoll/v1/net/1", 60_000))
+            for _ in range(5):
+                strangers.append(socket.create_connection((peer["address"], peer["port"]), timeout=10))
+            ready.set()
+        threading.Thread(target=connect_strangers, daemon=True).start()
+        connect = runtime.net_connect
+
+        def after_strangers(*args):  # process 0's own connection to process 1 comes after the strangers'
+            assert ready.wait(60), "the strangers could not connect"
+            connect(*args)
+        runtime.net_connect = after_strangers
+    jaxcoll.distributed.connect()
+    f, x = _fault_call()
+    f(x).block_until_ready()
+    while PROCESS == 1 and runtime._jaxcoll.net_refused() < 5:  # the strangers stay silent until refused
+        time.sleep(0.05)
+    jax.experimental.multihost_utils.sync_global_devices("strangers refused")
+    for s in strangers:
+        s.close()
+    if PROCESS == 0:
+        peer = json.loads(_jax.distributed_client().blocking_key_value_get("jaxcoll/v1/net/1", 10_000))
+        assert peer["address"] == "127.0.0.1", peer
+        try:
+            socket.create_connection(("127.0.0.2", peer["port"]), timeout=10).close()
+            raise AssertionError("process 1's port answered at 127.0.0.2: it listens beyond the address published")
+        except ConnectionRefusedError:
+            pass
+    jax.experimental.multihost_utils.sync_global_devices("bind checked")
+    return f"refused {runtime._jaxcoll.net_refused()}"
+
+
 def case_gpu_lowering() -> str:
     """The custom calls a program over GPUs of this job lowers to (lowered for XLA's CUDA platform on these CPU
     devices; nothing runs): one line `lowered <label> <json>` per program, read by test_multiprocess_cuda.py.

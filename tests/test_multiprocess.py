@@ -231,6 +231,17 @@ def test_a_network_port_that_is_taken_is_named():
     assert seconds < 5, f"the peer learnt of the taken port after {seconds} s (timeout 10 s): it should be at once"
 
 
+def test_silent_connections_during_setup_do_not_stop_the_job():
+    # Five strangers connect to process 1's port before process 0 does and never send a byte; with hellos awaited
+    # one at a time (10 s each) process 1 gave up on process 0 after the setup timeout. The listener binds the
+    # address it publishes, not every interface.
+    results = job("strangers", JAXCOLL_TIMEOUT=20, JAXCOLL_TRANSPORT="tcp", timeout_s=120)
+    assert_all_ok(results, "strangers")
+    assert "refused 5" in results[1].stdout, results[1].stdout
+    logged = [line for line in results[1].stderr.splitlines() if "closed a connection from 127.0.0.1:" in line]
+    assert len(logged) == 5 and all("presented no hello within 2 s" in line for line in logged), logged
+
+
 def test_a_connection_without_the_jobs_token_is_refused():
     results = job("wrong_token", JAXCOLL_TRANSPORT="tcp")
     assert_all_ok(results, "wrong_token")

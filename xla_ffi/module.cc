@@ -149,16 +149,17 @@ NB_MODULE(_jaxcoll, m) {
         "Tell the runtime which job this process belongs to (jaxcoll.distributed.connect does it once).");
 
   m.def("net_listen",
-        [](int32_t process, int port, std::string token) {
+        [](int32_t process, std::string address, int port, std::string token) {
           // The handler before the port: a peer may connect and send as soon as the port is open.
           jaxcoll::serve_network();
           int bound = 0;
-          jaxcoll::Status st = jaxcoll::net_listen(process, port, token, bound);
+          jaxcoll::Status st = jaxcoll::net_listen(process, address, port, token, bound);
           if (!st.ok()) throw std::runtime_error(st.message());
           return bound;
         },
-        nb::arg("process"), nb::arg("port"), nb::arg("token"),
-        "Listen for the job's network peers (0: a free port); returns the port.");
+        nb::arg("process"), nb::arg("address"), nb::arg("port"), nb::arg("token"),
+        "Listen for the job's network peers at an address (\"\": every one) and port (0: a free one); returns the "
+        "port.");
 
   m.def("net_connect",
         [](std::vector<int32_t> peers, std::vector<std::string> addresses, std::vector<int> ports, double timeout_s) {
