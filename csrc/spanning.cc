@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,16 @@ namespace {
 constexpr uint64_t kDirectoryMagic = 0x324C4C4F43584A44ull;  // "DJXCOLL2"
 constexpr int32_t kSlots = 32;                               // calls of one call site in flight in one process
 constexpr size_t kPage = 4096;
+// Crossed launches. Calls are matched across processes by XLA's launch id, which jax takes per dispatch of an
+// executable, before XLA runs the launch; XLA:CPU runs a process's multi-device launches one after another. Two
+// threads that dispatch one function race between the two, so one process may run launch 8 before 7 while its
+// peer runs 7 before 8: each waits for a launch the other cannot start. When a call is the only one of its call
+// site in this process and a peer has published exactly one unmatched call of another launch (same count within
+// it) for this long, unchanged, the two are the same call in execution order and are matched (both processes
+// see the mirror image and decide alike). Which thread's launch pairs with which across processes was a race in
+// jax already; within one thread's dispatches launches run in launch-id order in every process.
+constexpr auto kCrossedAfter = std::chrono::milliseconds(250);
+constexpr size_t kCrossedKept = 64;  // calls of each peer matched across launches, remembered (see consumed_)
 
 // A slot's state word: generation << 3 | phase. The generation grows each time the owner reuses the slot, so a
 // peer that matched a call can tell it from a later one in the same slot.
@@ -228,6 +239,7 @@ class SpanningCommunicator : public Gathering, public std::enable_shared_from_th
                                               uint8_t{either});
       }
     peer_dirs_.resize(peers_.size());
+    consumed_.resize(peers_.size());
     peer_data_.resize(peers_.size() * kSlots);
     peer_data_ids_.assign(peers_.size() * kSlots, 0);
     data_.resize(kSlots);
@@ -383,6 +395,9 @@ class SpanningCommunicator : public Gathering, public std::enable_shared_from_th
   std::vector<SharedSegment> data_;       // per slot
   std::vector<uint64_t> data_ids_;        // per slot
   std::vector<SharedSegment> peer_dirs_;  // per peer
+  // Per peer: its calls (launch id, count) that a call of another launch here was matched with (kCrossedAfter),
+  // newest last. Its slot of such a call is no match for this process's call of that launch, done though it is.
+  std::vector<std::deque<std::pair<int64_t, uint64_t>>> consumed_;
   std::vector<SharedSegment> peer_data_;  // per peer * kSlots + slot
   std::vector<uint64_t> peer_data_ids_;
   std::vector<std::map<int64_t, uint64_t>> iterations_;  // per local rank: run id -> calls in that launch
@@ -420,7 +435,7 @@ class NetRanks : public RemoteRanks {
       : process_(process), who_(std::move(who)), stalled_(std::move(stalled)), deadline_(deadline) {
     base_.callsite = callsite;
     base_.group = group;
-    base_.run_id = run_id;
+    base_.run_id = run_id;  // the peer's launch id for the call (its own, where launches crossed)
     base_.iteration = iteration;
   }
   std::unique_ptr<Read> begin_read(const ChunkRef& ref, void* dst, size_t bytes) override {
@@ -486,6 +501,8 @@ class SpanCall : public CallFailure {
         completions_(comm.local_.size()), handoff_(std::make_unique<std::atomic<int>[]>(comm.local_.size())),
         arrived_ranks_(comm.local_.size(), false),
         peer_slot_(comm.peers_.size(), kNotFound), peer_generation_(comm.peers_.size(), 0),
+        peer_run_id_(comm.peers_.size(), run_id), crossed_run_(comm.peers_.size(), run_id),
+        crossed_since_(comm.peers_.size()),
         net_ranks_(comm.peers_.size()) {}
 
   // -- CallFailure --
@@ -502,7 +519,7 @@ class SpanCall : public CallFailure {
     if (!told_failure_.exchange(true))
       for (size_t i = 0; i < comm_.peers_.size(); ++i)
         if (comm_.net_[i]) {
-          NetMessage m = net_message(NetMessage::kFailed);
+          NetMessage m = net_message(NetMessage::kFailed, i);
           m.bytes = message.size();
           net_send(comm_.peers_[i], m, message.data());
         }
@@ -577,13 +594,14 @@ class SpanCall : public CallFailure {
   }
 
   SlotHeader& header() { return comm_.directory().slots[slot_]; }
-  // A message about this call to network peers.
-  NetMessage net_message(uint32_t type) const {
+  // A message about this call to network peer i (its publication to every peer); it names the call by the peer's
+  // launch id once matched (they differ where launches crossed), so the peer finds it as its own.
+  NetMessage net_message(uint32_t type, size_t i = SIZE_MAX) const {
     NetMessage m;
     m.type = type;
     m.callsite = comm_.callsite_;
     m.group = comm_.group_;
-    m.run_id = run_id_;
+    m.run_id = i == SIZE_MAX ? run_id_ : peer_run_id_[i];
     m.iteration = iteration_;
     m.block = block_;
     m.dtype = static_cast<int32_t>(dtype_);
@@ -593,7 +611,19 @@ class SpanCall : public CallFailure {
   }
   void tell_network_peers(uint32_t type) {
     for (size_t i = 0; i < comm_.peers_.size(); ++i)
-      if (comm_.net_[i]) net_send(comm_.peers_[i], net_message(type), nullptr);
+      if (comm_.net_[i]) net_send(comm_.peers_[i], net_message(type, type == NetMessage::kPublish ? SIZE_MAX : i),
+                                  nullptr);
+  }
+  // Whether peer i's one unmatched call of launch `other` has stood unchanged for kCrossedAfter while this call is
+  // the only one of the call site here (kCrossedAfter above); under comm_.mu_.
+  bool crossed(size_t i, int64_t other) {
+    const auto now = Clock::now();
+    if (comm_.active_.size() != 1 || crossed_run_[i] != other || crossed_since_[i] == Clock::time_point{}) {
+      crossed_run_[i] = other;
+      crossed_since_[i] = comm_.active_.size() == 1 ? now : Clock::time_point{};
+      return false;
+    }
+    return now - crossed_since_[i] >= kCrossedAfter;
   }
   // Whether peer process i has finished this call's steps (its ranks touch no buffer of the call any more).
   bool peer_done(size_t i) {
@@ -641,6 +671,9 @@ class SpanCall : public CallFailure {
   Doorbell finished_;
   std::vector<int32_t> peer_slot_;  // per peer: the slot holding this call once found (kOverNetwork: no slot)
   std::vector<uint64_t> peer_generation_;
+  std::vector<int64_t> peer_run_id_;  // per peer: its launch id for this call (this one's, unless launches crossed)
+  std::vector<int64_t> crossed_run_;  // per peer: the other launch it published alone, since crossed_since_
+  std::vector<Clock::time_point> crossed_since_;
   std::vector<std::unique_ptr<NetRanks>> net_ranks_;  // per peer reached over the network
   std::atomic<bool> told_failure_{false};
   Clock::time_point last_poll_{};
@@ -674,19 +707,20 @@ Status find_peer(SpanCall& call, size_t i, bool& found) {
                          " runs a different plan at this call site (plan fingerprint " +
                          std::to_string(d->fingerprint) + ", this process " + std::to_string(c.fingerprint_) +
                          "); every process must run the same program with the same jaxcoll version");
-  for (int32_t s = 0; s < kSlots; ++s) {
-    SlotHeader& h = d->slots[s];
-    const uint64_t st1 = h.state.load(std::memory_order_acquire);
-    const uint64_t ph = phase_of(st1);
-    if (ph != kPublished && ph != kDone && ph != kFailed) continue;
-    const int64_t run_id = h.run_id.load(std::memory_order_relaxed);
-    const uint64_t iteration = h.iteration.load(std::memory_order_relaxed);
-    const int64_t block = h.block.load(std::memory_order_relaxed);
-    const int32_t dtype = h.dtype.load(std::memory_order_relaxed);
-    const uint64_t data_id = h.data_id.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (generation_of(h.state.load(std::memory_order_relaxed)) != generation_of(st1)) continue;  // being reused
-    if (run_id != call.run_id_ || iteration != call.iteration_) continue;
+  // A slot as read at one moment: its state word and what the owner published in it.
+  struct Seen {
+    int32_t slot = -1;
+    uint64_t state = 0;
+    int64_t run_id = 0, block = 0;
+    int32_t dtype = 0;
+    uint64_t data_id = 0;
+  };
+  auto take = [&](const Seen& seen) -> Status {
+    const int32_t s = seen.slot;
+    const uint64_t st1 = seen.state;
+    const int64_t block = seen.block;
+    const int32_t dtype = seen.dtype;
+    const uint64_t data_id = seen.data_id;
     if (block != call.block_ || dtype != static_cast<int32_t>(call.dtype_))
       return Status::Error(call.site_.describe() + ": " + c.describe_process(p) + " called with " +
                            std::to_string(block) + "-element blocks of " +
@@ -712,9 +746,39 @@ Status find_peer(SpanCall& call, size_t i, bool& found) {
                            std::to_string(bytes));
     call.peer_slot_[i] = s;
     call.peer_generation_[i] = generation_of(st1);
+    call.peer_run_id_[i] = seen.run_id;
+    if (seen.run_id != call.run_id_) {
+      c.consumed_[i].emplace_back(seen.run_id, call.iteration_);
+      if (c.consumed_[i].size() > kCrossedKept) c.consumed_[i].pop_front();
+    }
     found = true;
-    return {};
+    return Status{};
+  };
+  Seen other;  // the peer's one published call of another launch at this call's count, if exactly one
+  int32_t others = 0;
+  for (int32_t s = 0; s < kSlots; ++s) {
+    SlotHeader& h = d->slots[s];
+    Seen seen{s, h.state.load(std::memory_order_acquire)};
+    const uint64_t ph = phase_of(seen.state);
+    if (ph != kPublished && ph != kDone && ph != kFailed) continue;
+    seen.run_id = h.run_id.load(std::memory_order_relaxed);
+    const uint64_t iteration = h.iteration.load(std::memory_order_relaxed);
+    seen.block = h.block.load(std::memory_order_relaxed);
+    seen.dtype = h.dtype.load(std::memory_order_relaxed);
+    seen.data_id = h.data_id.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (generation_of(h.state.load(std::memory_order_relaxed)) != generation_of(seen.state)) continue;  // reused
+    if (iteration != call.iteration_) continue;
+    const std::pair<int64_t, uint64_t> key{seen.run_id, iteration};
+    if (std::find(c.consumed_[i].begin(), c.consumed_[i].end(), key) != c.consumed_[i].end()) continue;
+    if (seen.run_id == call.run_id_) return take(seen);
+    if (ph == kPublished) {
+      other = seen;
+      ++others;
+    }
   }
+  if (others == 1 && call.crossed(i, other.run_id)) return take(other);
+  if (others != 1) call.crossed(i, call.run_id_);  // nothing crossed: start over
   return {};
 }
 
@@ -727,8 +791,27 @@ Status find_network_peer(SpanCall& call, size_t i, bool& found) {
     std::lock_guard<std::mutex> lock(c.mailbox_->mu);
     auto it = c.mailbox_->published.find({p, call.run_id_, call.iteration_});
     found = it != c.mailbox_->published.end();
+    if (!found) {
+      // The peer's one publication of another launch at this call's count (kCrossedAfter); this process holds
+      // no call of that launch (it holds only this one).
+      auto other = c.mailbox_->published.end();
+      int32_t others = 0;
+      for (auto o = c.mailbox_->published.begin(); o != c.mailbox_->published.end(); ++o)
+        if (std::get<0>(o->first) == p && std::get<2>(o->first) == call.iteration_ &&
+            !c.mailbox_->done.count(o->first) && !c.mailbox_->failed.count(o->first)) {
+          other = o;
+          ++others;
+        }
+      if (others == 1 && call.crossed(i, std::get<1>(other->first))) {
+        it = other;
+        found = true;
+      } else if (others != 1) {
+        call.crossed(i, call.run_id_);
+      }
+    }
     if (found) {
       m = it->second;
+      call.peer_run_id_[i] = m.run_id;
     } else if (auto f = c.mailbox_->sites.find(p); f != c.mailbox_->sites.end()) {
       // Another plan or shape at this call site runs in another executable, whose launches never match ours:
       // refuse it from any publication rather than wait for this one.
@@ -804,7 +887,7 @@ Status run_call(SpanCall& call) {
     const int32_t p = c.peers_[i];
     if (c.net_[i]) {
       call.net_ranks_[i] = std::make_unique<NetRanks>(p, c.describe_process(p), call.site_.describe() + ": " +
-                                                      c.describe_stalled(p), c.callsite_, c.group_, call.run_id_,
+                                                      c.describe_stalled(p), c.callsite_, c.group_, call.peer_run_id_[i],
                                                       call.iteration_, call.deadline_);
       for (int32_t r : c.ranks_of(p)) views[r].remote = call.net_ranks_[i].get();
       continue;
@@ -897,10 +980,11 @@ void finish_call(const std::shared_ptr<SpanCall>& call, Status st) {
   {
     // What network peers said of this call is spent.
     std::lock_guard<std::mutex> lock(c.mailbox_->mu);
-    for (int32_t p : c.peers_) {
-      const CallKey key{p, call->run_id_, call->iteration_};
-      c.mailbox_->published.erase(key);
-      c.mailbox_->done.erase(key);
+    // (Its publication is under its launch id; what it said since, under this process's. Where launches crossed,
+    // its publication under this launch id is of another call, which a later call here is matched with.)
+    for (size_t i = 0; i < c.peers_.size(); ++i) {
+      c.mailbox_->published.erase({c.peers_[i], call->peer_run_id_[i], call->iteration_});
+      c.mailbox_->done.erase({c.peers_[i], call->run_id_, call->iteration_});
     }
   }
   call->status_ = st;
@@ -1142,6 +1226,7 @@ Status execute_spanning_rank(SpanningCommunicator& c, int64_t run_id, const Plan
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(timeout_s));
   const size_t dsize = dtype_size(b.dtype);
+  if (env_settings().trace) std::fprintf(stderr, "jaxcoll trace: rank %d joins launch %lld\n", rank, (long long)run_id);
 
   // Join (or open) the call: the first local rank claims a slot and sizes its data segment.
   std::shared_ptr<SpanCall> call;

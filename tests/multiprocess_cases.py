@@ -363,6 +363,36 @@ def case_compressed() -> str:
     return f"int8, top-k, adasum and hierarchical int8 across processes, hosts {jaxcoll.distributed.world().hosts}"
 
 
+def case_threads() -> str:
+    """Two threads of each process dispatch one jaxcoll function 20 times each, at once: every call completes,
+    equal to numpy (the launches of the two threads interleave differently in each process)."""
+    import threading
+    mesh = mesh_1d()
+    n = mesh.devices.size
+    x_np = (np.arange(n * 1024) % 7).astype(np.float32)
+    x = put(x_np, mesh)
+    want = reference("sum", mesh, ("i",), x_np)
+    f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    f(x).block_until_ready()
+    errors = []
+
+    def dispatch():
+        try:
+            for _ in range(20):
+                for index, value in local_values(f(x)).items():
+                    np.testing.assert_array_equal(value, want[tuple(slice(a, b) for a, b in index)])
+        except Exception as e:  # reported below, from the main thread
+            errors.append(e)
+    threads = [threading.Thread(target=dispatch) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return "2 threads x 20 calls"
+
+
 def case_segments_private() -> str:
     """Every shared-memory segment jaxcoll made in this process is owner-only (0600)."""
     mesh = mesh_1d()

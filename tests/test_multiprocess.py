@@ -80,6 +80,14 @@ def test_across_two_processes(case, transport):
     assert_all_ok(job(case, **TRANSPORTS[transport]), case)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_two_threads_dispatching_one_function_finish_every_call(transport):
+    # jax takes a launch id per dispatch and XLA runs a process's launches one at a time: two threads racing
+    # between the two run launches 7 and 8 in opposite orders in the two processes, and each waited for the
+    # other's (every run hung on shared memory). Such crossed launches are matched in execution order.
+    assert_all_ok(job("threads", JAXCOLL_TIMEOUT=20, timeout_s=150, **TRANSPORTS[transport]), "threads")
+
+
 def test_shared_memory_segments_are_owner_only():
     assert_all_ok(job("segments_private"), "segments_private")
 
