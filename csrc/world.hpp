@@ -20,6 +20,8 @@ struct World {
   std::vector<std::string> host_names;  // per process: its host's name for messages (may be empty)
   int32_t nprocesses() const { return static_cast<int32_t>(pids.size()); }
   bool same_host(int32_t a, int32_t b) const { return hosts[a] == hosts[b]; }
+  // The prefix of process p's shared-memory segments (shared_memory.hpp).
+  std::string segment_prefix(int32_t p) const;
   // "host 1 ('name')": process p's host, for messages.
   std::string describe_host(int32_t p) const;
 };
@@ -31,7 +33,8 @@ Status configure_world(int32_t process, std::vector<int64_t> pids, std::vector<i
 const World* world();
 
 // Whether process `p` of the job still runs: on this host, false once it has exited (or been killed), even
-// before its parent reaps it; on another host, false once its connection broke (net.hpp).
+// before its parent reaps it, in any pid namespace (its presence's lock, shared_memory.hpp); on another host,
+// false once its connection broke (net.hpp).
 bool process_alive(int32_t p);
 
 }  // namespace jaxcoll

@@ -94,6 +94,18 @@ def configure_world(process: int, pids: Sequence[int], hosts: Sequence[int], tok
                              [str(h) for h in host_names])
 
 
+def open_presence(token: str, process: int) -> str:
+    """Create this process's presence segment (a nonce, locked while the process lives: csrc/shared_memory.hpp);
+    returns the nonce."""
+    return str(_jaxcoll.open_presence(str(token), int(process)))
+
+
+def read_presence(token: str, process: int) -> str:
+    """The nonce in process `process`'s presence as this process sees it; "" when it sees none (another
+    /dev/shm)."""
+    return str(_jaxcoll.read_presence(str(token), int(process)))
+
+
 def net_listen(process: int, address: str, port: int, token: str) -> int:
     """Listen for the job's network peers at `address` ("" or "0.0.0.0": every interface) on `port` (0: a free
     one); returns the port taken."""

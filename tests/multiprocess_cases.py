@@ -13,8 +13,15 @@ import os
 import sys
 import time
 
-import jaxcoll.distributed
-import jaxcoll.launch
+# CASE_UNSHARE=pid or mount: this process runs in a pid namespace of its own (its pid is 1 there), or in a mount
+# namespace with a /dev/shm of its own (as containers on one kernel may be); the tests run it as root.
+_UNSHARE = {"pid": ["unshare", "--pid", "--fork", "--kill-child"],
+            "mount": ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@"']}
+if os.environ.get("CASE_UNSHARE") in _UNSHARE:
+    os.execvp("unshare", [*_UNSHARE[os.environ.pop("CASE_UNSHARE")], sys.executable, *sys.argv])
+
+import jaxcoll.distributed  # noqa: E402
+import jaxcoll.launch  # noqa: E402
 
 PROCESS, NPROCESSES = jaxcoll.launch.initialize()
 
@@ -323,7 +330,14 @@ def case_large() -> str:
         x = (np.arange(n * rows, dtype=np.float32) % 7).reshape(n * rows, 1)
         check(f"all_reduce of {rows} rows", mesh, "i", lambda v: jaxcoll.all_reduce(v, "i"),
               lambda v: lax.psum(v, "i"), x, "sum")
-    return "segments grow"
+    return f"segments grow, segments named {_segment_prefix()}"
+
+
+def _segment_prefix(process: int = PROCESS) -> str:
+    """How the segments process `process` of this job creates are named in /dev/shm (csrc/shared_memory.hpp)."""
+    from jaxcoll import _jax
+    token = _jax.distributed_client().blocking_key_value_get("jaxcoll/v1/token", 10_000)
+    return f"jaxcoll-{token}-p{process}-"
 
 
 def case_compressed() -> str:
@@ -363,6 +377,32 @@ def case_compressed() -> str:
     return f"int8, top-k, adasum and hierarchical int8 across processes, hosts {jaxcoll.distributed.world().hosts}"
 
 
+def case_namespaces() -> str:
+    """An all_reduce across the processes, process 1 in a pid or mount namespace of its own (CASE_UNSHARE, at the
+    top): values as numpy's in every call, and process 1's cleaner of stale segments leaves process 0's alone."""
+    from jaxcoll import runtime
+    mesh = mesh_1d()
+    n = mesh.devices.size
+    x_np = (np.arange(n * 256) % 7).astype(np.float32)
+    x = put(x_np, mesh)
+    want = reference("sum", mesh, ("i",), x_np)
+    f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+
+    def call_and_check():
+        for index, value in local_values(f(x)).items():
+            np.testing.assert_array_equal(value, want[tuple(slice(a, b) for a, b in index)], err_msg=f"at {index}")
+    for _ in range(3):
+        call_and_check()
+        time.sleep(0.2)  # calls that wait: a peer taken for gone fails them
+    removed = runtime._jaxcoll.clean_stale_segments() if PROCESS == 1 else 0
+    jax.experimental.multihost_utils.sync_global_devices("cleaned")
+    if PROCESS == 0:
+        mine = sorted(f for f in os.listdir("/dev/shm") if f.startswith(_segment_prefix()))
+        assert any(f.endswith("-alive") for f in mine) and len(mine) >= 3, f"process 0's segments: {mine}"
+    call_and_check()
+    return f"hosts {jaxcoll.distributed.world().hosts}, pid {os.getpid()}, removed {removed}"
+
+
 def case_threads() -> str:
     """Two threads of each process dispatch one jaxcoll function 20 times each, at once: every call completes,
     equal to numpy (the launches of the two threads interleave differently in each process)."""
@@ -399,7 +439,7 @@ def case_segments_private() -> str:
     x = put(np.ones((mesh.devices.size * 2,), np.float32), mesh)
     f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
     f(x).block_until_ready()  # f alive: a dropped executable's call sites free their segments
-    mine = [f for f in os.listdir("/dev/shm") if f.startswith("jaxcoll-") and f"-{os.getpid()}-" in f]
+    mine = [f for f in os.listdir("/dev/shm") if f.startswith(_segment_prefix())]
     assert mine, "no jaxcoll segment found in /dev/shm"
     modes = {f: oct(os.stat(os.path.join("/dev/shm", f)).st_mode & 0o777) for f in mine}
     assert all(m == "0o600" for m in modes.values()), modes
@@ -408,7 +448,7 @@ def case_segments_private() -> str:
 
 def _segments_and_mappings() -> tuple[int, int]:
     """(jaxcoll segments this process created that are in /dev/shm, jaxcoll segments it has mapped)."""
-    mine = [f for f in os.listdir("/dev/shm") if f.startswith("jaxcoll-") and f.split("-")[2] == str(os.getpid())]
+    mine = [f for f in os.listdir("/dev/shm") if f.startswith(_segment_prefix()) and not f.endswith("-alive")]
     with open("/proc/self/maps") as f:
         mapped = {line[line.index("/dev/shm/jaxcoll-"):].split()[0] for line in f if "/dev/shm/jaxcoll-" in line}
     return len(mine), len(mapped)

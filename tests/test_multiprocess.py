@@ -5,11 +5,14 @@ gets an error naming the process at fault, well within the job's time, never a h
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -197,25 +200,40 @@ def test_a_process_running_another_jaxcoll_version_is_refused_at_setup():
         assert "every process of a job must run the same version" in message, message
 
 
-def test_segments_left_by_a_crashed_run_are_removed():
-    # A segment named as jaxcoll names them, for a process that no longer exists.
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    stale = f"/dev/shm/jaxcoll-{'ab' * 16}-{dead.pid}-c1g0"
-    with open(stale, "wb") as f:
-        f.write(b"\0" * 4096)
-    os.chmod(stale, 0o600)
-    assert_all_ok(job("segments_private"), "segments_private")
-    assert not os.path.exists(stale), "the stale segment is still in /dev/shm"
+def _segments_of(prefix: str) -> list[str]:
+    """A process's segments as jaxcoll names them, made here, a minute old: its presence (`prefix`alive, first) and
+    a directory. The presence is unlocked, as a crashed process leaves it; a caller that locks it stands for a live
+    process."""
+    paths = [f"/dev/shm/{prefix}alive", f"/dev/shm/{prefix}c1g0"]
+    for path in paths:
+        with open(path, "wb") as f:
+            f.write(b"\0" * 64)
+        os.chmod(path, 0o600)
+        os.utime(path, (time.time() - 60, time.time() - 60))  # older than the cleaner's 10 s of grace
+    return paths
+
+
+def test_segments_left_by_a_crashed_run_are_removed_and_a_live_runs_are_not():
+    # One process that crashed (its presence unlocked) and one that lives (its presence locked by this test, as a
+    # process of another job, in another pid namespace perhaps, holds its own): no pid is asked.
+    dead = _segments_of(f"jaxcoll-{'ab' * 16}-p0-")
+    live = _segments_of(f"jaxcoll-{'cd' * 16}-p0-")
+    with open(live[0], "rb") as presence:
+        fcntl.flock(presence, fcntl.LOCK_EX)
+        assert_all_ok(job("segments_private"), "segments_private")
+        left = [p for p in dead + live if os.path.exists(p)]
+    for path in live:
+        os.unlink(path)
+    assert left == live, f"left in /dev/shm: {left}, expected only the live process's {live}"
 
 
 def test_a_finished_job_leaves_no_segment():
     results = job("large")
     assert_all_ok(results, "large")
-    # Segments carry their creator's pid (other jobs may be running on this machine: only this job's count).
-    pids = {str(r.pid) for r in results}
-    left = [f for f in os.listdir("/dev/shm") if f.startswith("jaxcoll-") and f.split("-")[2] in pids]
-    assert not left, f"segments left behind: {sorted(left)}"
+    # Only this job's segments count: other jobs may be running on this machine.
+    prefixes = {re.search(r"segments named (\S+)", r.stdout).group(1) for r in results}
+    left = [f for f in os.listdir("/dev/shm") if any(f.startswith(p) for p in prefixes)]
+    assert len(prefixes) == 2 and not left, f"segments left behind: {sorted(left)}"
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -223,6 +241,30 @@ def test_recompiling_leaves_no_segment_or_mapping_behind(transport):
     # 33 compilations of one all_reduce and 8 replacing_collectives steps: a dropped executable's call sites free
     # their shared memory and mappings (each compilation kept 2 segments a process, 4 mappings, before).
     assert_all_ok(job("recompiles", timeout_s=180, **TRANSPORTS[transport]), "recompiles")
+
+
+def _unshare_works(how: str) -> bool:
+    args = {"pid": ["--pid", "--fork", "true"], "mount": ["--mount", "sh", "-c", "mount -t tmpfs tmpfs /dev/shm"]}
+    return shutil.which("unshare") is not None and subprocess.run(["unshare", *args[how]], capture_output=True,
+                                                                   timeout=30).returncode == 0
+
+
+# (namespace of process 1, the hosts every process must see): a pid namespace shares /dev/shm (one host, shared
+# memory); a private /dev/shm is another host (the network transport), hostname and boot id alike.
+NAMESPACES = {"pid": (0, 0), "mount": (0, 1)}
+
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
+def test_a_process_in_another_namespace_is_told_apart_by_what_it_shares(namespace):
+    # pid namespace: its peers' pids mean nothing there (a peer was taken for exited, another job's live segments
+    # removed); mount namespace: its /dev/shm is its own (every call waited out the timeout).
+    if not _unshare_works(namespace):
+        pytest.skip(f"unshare cannot make a {namespace} namespace here (needs root)")
+    results = job("namespaces", JAXCOLL_TIMEOUT=20, timeout_s=120, process_env={1: {"CASE_UNSHARE": namespace}})
+    assert_all_ok(results, "namespaces")
+    assert all(f"hosts {NAMESPACES[namespace]}" in r.stdout for r in results), [r.stdout[-300:] for r in results]
+    if namespace == "pid":
+        assert "pid 1," in results[1].stdout, results[1].stdout
 
 
 def test_a_network_port_that_is_taken_is_named():

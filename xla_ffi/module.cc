@@ -18,6 +18,7 @@
 #include "csrc/local_group.hpp"
 #include "csrc/net.hpp"
 #include "csrc/plan.hpp"
+#include "csrc/shared_memory.hpp"
 #include "csrc/spanning.hpp"
 #include "csrc/topk.hpp"
 #include "csrc/world.hpp"
@@ -147,6 +148,20 @@ NB_MODULE(_jaxcoll, m) {
         nb::arg("process"), nb::arg("pids"), nb::arg("hosts"), nb::arg("token"),
         nb::arg("host_names") = std::vector<std::string>(),
         "Tell the runtime which job this process belongs to (jaxcoll.distributed.connect does it once).");
+
+  m.def("open_presence",
+        [](std::string token, int32_t process) {
+          std::string nonce;
+          jaxcoll::Status st = jaxcoll::open_presence(token, process, nonce);
+          if (!st.ok()) throw std::runtime_error(st.message());
+          return nonce;
+        },
+        nb::arg("token"), nb::arg("process"),
+        "Create this process's presence segment (locked while it lives); returns the nonce in it.");
+  m.def("read_presence", &jaxcoll::read_presence, nb::arg("token"), nb::arg("process"),
+        "The nonce in another process's presence as this process sees it (\"\": none, another /dev/shm).");
+  m.def("clean_stale_segments", &jaxcoll::clean_stale_segments,
+        "Unlink the segments of jaxcoll processes that no longer live; returns how many (tests).");
 
   m.def("net_listen",
         [](int32_t process, std::string address, int port, std::string token) {

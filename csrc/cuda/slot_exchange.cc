@@ -50,7 +50,7 @@ constexpr size_t kSegmentBytes = kRecordOffset + kPage;
 static_assert(sizeof(ErrorRecord) <= kPage);
 
 std::string offer_name(const World& w, int32_t process, int64_t callsite, int32_t group) {
-  return "/jaxcoll-" + w.token + "-" + std::to_string(w.pids[process]) + "-gpu-c" + std::to_string(callsite) + "g" +
+  return w.segment_prefix(process) + "gpu-c" + std::to_string(callsite) + "g" +
          std::to_string(group);
 }
 
