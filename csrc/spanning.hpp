@@ -20,8 +20,9 @@
 //      and acknowledges each peer's slot; a slot is reused only when every peer has acknowledged it.
 //
 // Faults end in an error on every surviving rank, never a hang: a peer process that exits (seen through its
-// pidfd within 50 ms), one that reports a failure in its slot, one that runs another plan at this call site, or
-// one that does not arrive within the timeout. A failed call site stays failed, as in one process.
+// presence's lock within 50 ms), one that reports a failure in its slot, one that runs another plan or shape at
+// this call site, or one that does not arrive within the timeout. A failed call site stays failed, as in one
+// process.
 #pragma once
 
 #include <cstdint>

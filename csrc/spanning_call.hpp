@@ -265,8 +265,8 @@ class SpanningCommunicator : public Gathering, public std::enable_shared_from_th
            rank_list(ranks_of(p)) + " of this group)";
   }
 
-  // Process p, which the call waited on until its deadline, with what can be told of it: alive (its pidfd, or
-  // its connection) but stalled, or gone.
+  // Process p, which the call waited on until its deadline, with what can be told of it: alive (its presence's
+  // lock, or its connection) but stalled, or gone.
   std::string describe_stalled(int32_t p) const {
     return describe_process(p) + " on " + world_.describe_host(p) +
            (process_alive(p) ? " is alive but stalled: it made no progress in this call within JAXCOLL_TIMEOUT "

@@ -301,7 +301,7 @@ void SlotExchange::run_watchdog() {
         else if (!x->peer_failure(p).empty()) claim(x->record_, Failure::kPeerFailed, p, r);
       }
     }
-    d.changed.wait_for(lock, std::chrono::milliseconds(50));  // the CPU path's pidfd poll interval
+    d.changed.wait_for(lock, std::chrono::milliseconds(50));  // the CPU path's liveness poll interval
   }
   d.running = false;
 }
