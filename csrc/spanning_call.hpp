@@ -42,7 +42,7 @@ constexpr size_t kPage = 4096;
 // it) for this long, unchanged, the two are the same call in execution order and are matched (both processes
 // see the mirror image and decide alike). Which thread's launch pairs with which across processes was a race in
 // jax already; within one thread's dispatches launches run in launch-id order in every process.
-constexpr auto kCrossedAfter = std::chrono::milliseconds(250);
+constexpr auto kCrossedAfter = std::chrono::seconds(1);
 constexpr size_t kCrossedKept = 64;  // calls of each peer matched across launches, remembered (see consumed_)
 
 // A slot's state word: generation << 3 | phase. The generation grows each time the owner reuses the slot, so a
