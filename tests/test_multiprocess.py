@@ -1,7 +1,8 @@
 """jaxcoll across the processes of a jax.distributed job on this machine: each test launches a job
-(jaxcoll.launch) whose processes run a case of multiprocess_cases.py; every collective there is compared with
-XLA's gloo collectives in the same processes and with numpy. The fault tests check that each surviving process
-gets an error naming the process at fault, well within the job's time, never a hang."""
+(jaxcoll.launch) whose processes run a case of multiprocess_cases.py (or multiprocess_reliability_cases.py);
+every collective there is compared with XLA's gloo collectives in the same processes and with numpy. The fault
+tests check that each surviving process gets an error naming the process at fault, well within the job's time,
+never a hang."""
 
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ import jaxcoll
 from jaxcoll.launch import launch
 
 CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_cases.py")
+RELIABILITY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_reliability_cases.py")
 
 
 def job(case: str, nprocesses: int = 2, local_devices: int = 4, timeout_s: float = 240.0, process_env=None,
-        **env):
+        cases: str = CASES, **env):
     # A call that fails must say so well before the job is killed, so the test shows its message.
     env.setdefault("JAXCOLL_TIMEOUT", 100)
-    return launch(nprocesses, [CASES, case], local_devices=local_devices, timeout_s=timeout_s,
+    return launch(nprocesses, [cases, case], local_devices=local_devices, timeout_s=timeout_s,
                   env={k: str(v) for k, v in env.items()}, process_env=process_env)
 
 
@@ -88,7 +90,7 @@ def test_two_threads_dispatching_one_function_finish_every_call(transport):
     # jax takes a launch id per dispatch and XLA runs a process's launches one at a time: two threads racing
     # between the two run launches 7 and 8 in opposite orders in the two processes, and each waited for the
     # other's (every run hung on shared memory). Such crossed launches are matched in execution order.
-    assert_all_ok(job("threads", JAXCOLL_TIMEOUT=20, timeout_s=150, **TRANSPORTS[transport]), "threads")
+    assert_all_ok(job("threads", JAXCOLL_TIMEOUT=20, cases=RELIABILITY, timeout_s=150, **TRANSPORTS[transport]), "threads")
 
 
 def test_shared_memory_segments_are_owner_only():
@@ -151,7 +153,7 @@ def test_a_process_that_never_arrives_is_named_after_the_timeout(transport):
 def test_a_process_stalled_mid_call_is_named_alive_but_stalled(transport):
     # Process 1 is stopped (SIGSTOP) inside a call: alive (its pid runs, its connection holds) but making no
     # progress. Process 0's call fails after the timeout naming it, its host, and that it is stalled.
-    results = job("stalled_mid_call", JAXCOLL_TIMEOUT=4, **TRANSPORTS[transport])
+    results = job("stalled_mid_call", JAXCOLL_TIMEOUT=4, cases=RELIABILITY, **TRANSPORTS[transport])
     seconds, message = error_of(results[0])
     assert re.search(r"process 1 \(pid \d+, ranks \[4, 5, 6, 7\] of this group\) on host \d+ \('[^']+'\) is alive "
                      r"but stalled", message), message
@@ -184,7 +186,7 @@ DIFFERS = {"dtype_differs": ("1024 elements of float32", "1024 elements of int32
 def test_a_process_passing_another_dtype_or_shape_is_named_at_once(case, transport):
     # Processes that compiled another dtype or shape run other executables, whose launches never meet: the call
     # site's dtype and size travel with its plan fingerprint, so the difference is named, not waited out.
-    for r in job(case, JAXCOLL_TIMEOUT=60, **TRANSPORTS[transport]):
+    for r in job(case, JAXCOLL_TIMEOUT=60, cases=RELIABILITY, **TRANSPORTS[transport]):
         seconds, message = error_of(r)
         other = 1 - r.process
         theirs, ours = DIFFERS[case][other], DIFFERS[case][r.process]
@@ -240,7 +242,7 @@ def test_a_finished_job_leaves_no_segment():
 def test_recompiling_leaves_no_segment_or_mapping_behind(transport):
     # 33 compilations of one all_reduce and 8 replacing_collectives steps: a dropped executable's call sites free
     # their shared memory and mappings (each compilation kept 2 segments a process, 4 mappings, before).
-    assert_all_ok(job("recompiles", timeout_s=180, **TRANSPORTS[transport]), "recompiles")
+    assert_all_ok(job("recompiles", timeout_s=180, cases=RELIABILITY, **TRANSPORTS[transport]), "recompiles")
 
 
 def _unshare_works(how: str) -> bool:
@@ -260,7 +262,7 @@ def test_a_process_in_another_namespace_is_told_apart_by_what_it_shares(namespac
     # removed); mount namespace: its /dev/shm is its own (every call waited out the timeout).
     if not _unshare_works(namespace):
         pytest.skip(f"unshare cannot make a {namespace} namespace here (needs root)")
-    results = job("namespaces", JAXCOLL_TIMEOUT=20, timeout_s=120, process_env={1: {"CASE_UNSHARE": namespace}})
+    results = job("namespaces", JAXCOLL_TIMEOUT=20, cases=RELIABILITY, timeout_s=120, process_env={1: {"CASE_UNSHARE": namespace}})
     assert_all_ok(results, "namespaces")
     assert all(f"hosts {NAMESPACES[namespace]}" in r.stdout for r in results), [r.stdout[-300:] for r in results]
     if namespace == "pid":
@@ -285,7 +287,7 @@ def test_silent_connections_during_setup_do_not_stop_the_job():
     # Five strangers connect to process 1's port before process 0 does and never send a byte; with hellos awaited
     # one at a time (10 s each) process 1 gave up on process 0 after the setup timeout. The listener binds the
     # address it publishes, not every interface.
-    results = job("strangers", JAXCOLL_TIMEOUT=20, JAXCOLL_TRANSPORT="tcp", timeout_s=120)
+    results = job("strangers", JAXCOLL_TIMEOUT=20, cases=RELIABILITY, JAXCOLL_TRANSPORT="tcp", timeout_s=120)
     assert_all_ok(results, "strangers")
     assert "refused 5" in results[1].stdout, results[1].stdout
     logged = [line for line in results[1].stderr.splitlines() if "closed a connection from 127.0.0.1:" in line]
