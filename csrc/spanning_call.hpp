@@ -383,7 +383,8 @@ class SpanCall : public CallFailure {
  public:
   SpanCall(SpanningCommunicator& comm, int64_t run_id, uint64_t iteration, int32_t slot, int64_t block, DType dtype,
            const CallSite& site, Clock::time_point deadline)
-      : comm_(comm), owner_(comm.shared_from_this()), run_id_(run_id), iteration_(iteration), slot_(slot), block_(block), dtype_(dtype), site_(site),
+      : comm_(comm), owner_(comm.shared_from_this()), run_id_(run_id), iteration_(iteration), slot_(slot),
+        block_(block), dtype_(dtype), site_(site),
         deadline_(deadline), buffers_(comm.local_.size()), copy_out_(comm.local_.size()),
         completions_(comm.local_.size()), handoff_(std::make_unique<std::atomic<int>[]>(comm.local_.size())),
         arrived_ranks_(comm.local_.size(), false),

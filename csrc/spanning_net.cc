@@ -13,8 +13,8 @@ namespace {
 // The ranks of one network peer in one call: reads, writes and signals become messages naming the call.
 class NetRanks : public RemoteRanks {
  public:
-  NetRanks(int32_t process, std::string who, std::string stalled, int64_t callsite, int32_t group, int64_t run_id, uint64_t iteration,
-           Clock::time_point deadline)
+  NetRanks(int32_t process, std::string who, std::string stalled, int64_t callsite, int32_t group, int64_t run_id,
+           uint64_t iteration, Clock::time_point deadline)
       : process_(process), who_(std::move(who)), stalled_(std::move(stalled)), deadline_(deadline) {
     base_.callsite = callsite;
     base_.group = group;

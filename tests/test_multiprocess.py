@@ -90,7 +90,8 @@ def test_two_threads_dispatching_one_function_finish_every_call(transport):
     # jax takes a launch id per dispatch and XLA runs a process's launches one at a time: two threads racing
     # between the two run launches 7 and 8 in opposite orders in the two processes, and each waited for the
     # other's (every run hung on shared memory). Such crossed launches are matched in execution order.
-    assert_all_ok(job("threads", JAXCOLL_TIMEOUT=20, cases=RELIABILITY, timeout_s=150, **TRANSPORTS[transport]), "threads")
+    results = job("threads", JAXCOLL_TIMEOUT=20, cases=RELIABILITY, timeout_s=150, **TRANSPORTS[transport])
+    assert_all_ok(results, "threads")
 
 
 def test_shared_memory_segments_are_owner_only():
@@ -262,7 +263,8 @@ def test_a_process_in_another_namespace_is_told_apart_by_what_it_shares(namespac
     # removed); mount namespace: its /dev/shm is its own (every call waited out the timeout).
     if not _unshare_works(namespace):
         pytest.skip(f"unshare cannot make a {namespace} namespace here (needs root)")
-    results = job("namespaces", JAXCOLL_TIMEOUT=20, cases=RELIABILITY, timeout_s=120, process_env={1: {"CASE_UNSHARE": namespace}})
+    results = job("namespaces", JAXCOLL_TIMEOUT=20, cases=RELIABILITY, timeout_s=120,
+                  process_env={1: {"CASE_UNSHARE": namespace}})
     assert_all_ok(results, "namespaces")
     assert all(f"hosts {NAMESPACES[namespace]}" in r.stdout for r in results), [r.stdout[-300:] for r in results]
     if namespace == "pid":
