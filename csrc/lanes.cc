@@ -126,13 +126,14 @@ class RankRun {
   Status blocked_error(const std::string& why) {
     LaneState* lanes = lanes_.data();
     const uint32_t* consumed = consumed_.data();
-    std::string what;
+    std::string what, stalled;
     std::atomic<uint32_t>* mine = views_[rank_].semaphores;
     for (int32_t l = 0; l < prog_.nlanes; ++l) {
       if (lanes[l].done) continue;
       const Step& s = plan_.steps[plan_.lanes[prog_.first_lane + l].first_step + lanes[l].pc];
       if (s.op != Op::kWait) continue;
       std::string signallers;
+      std::vector<int32_t> signalling;  // the ranks whose signal never came
       for (int32_t r = 0; r < plan_.nranks; ++r) {
         const RankProgram& p = plan_.ranks[r];
         bool sends = false;
@@ -143,16 +144,23 @@ class RankRun {
             sends = t.op == Op::kSignal && t.peer == rank_ && t.sem == s.sem;
           }
         }
-        if (sends) signallers += (signallers.empty() ? "" : ", ") + std::to_string(r);
+        if (!sends) continue;
+        signallers += (signallers.empty() ? "" : ", ") + std::to_string(r);
+        signalling.push_back(r);
       }
+      const std::string of_signallers = failure_.stalled(signalling);
+      stalled += of_signallers;
       what += (what.empty() ? "" : "; ") + plan_.where(rank_, l, lanes[l].pc) + " waits on semaphore " +
               std::to_string(s.sem) + ", which received " +
               std::to_string(mine[s.sem].load()) + " signal(s) and needs " +
-              std::to_string(consumed[s.sem] + 1) + " (ranks whose plan signals it: [" + signallers + "])";
+              std::to_string(consumed[s.sem] + 1) + " (ranks whose plan signals it: [" + signallers + "])" +
+              of_signallers;
     }
+    // A signaller known to be stalled is the cause; else the plan may be.
     Status err = Status::Error(site_.describe() + ": rank " + std::to_string(rank_) + " " + why + what +
-                               " (timeout set by JAXCOLL_TIMEOUT; the plan may deadlock: check it with "
-                               "jaxcoll.lang's checker)");
+                               (stalled.empty() ? " (timeout set by JAXCOLL_TIMEOUT; the plan may deadlock: check "
+                                                  "it with jaxcoll.lang's checker)"
+                                                : " (timeout set by JAXCOLL_TIMEOUT)"));
     failure_.fail(err.message());
     return err;
   }

@@ -76,6 +76,12 @@ class CallFailure {
   // Called by a runner each time it wakes without progress: the place to notice a peer process that has gone
   // (by calling fail()). In-process groups have nothing to poll.
   virtual void poll() {}
+  // What the call knows, beyond the plan, of why `ranks` made no progress until the deadline (a process of them
+  // alive but stalled), as text to append to the error; "" when nothing (in-process groups).
+  virtual std::string stalled(const std::vector<int32_t>& ranks) {
+    (void)ranks;
+    return {};
+  }
 };
 
 // One rank's operands of one call, as XLA (or run_plan) hands them over.

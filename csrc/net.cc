@@ -1,15 +1,19 @@
 #include "csrc/net.hpp"
 
 #include <atomic>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -27,6 +31,10 @@ namespace {
 
 constexpr uint64_t kHelloMagic = 0x4F4C4C4548584A43ull;  // "CJXHELLO"
 constexpr size_t kTokenBytes = 32;
+// A peer sends its hello the moment it connects; a connection silent this long is a stranger. Hellos are awaited
+// side by side, so a stranger delays no peer: the deadline only bounds what strangers hold.
+constexpr auto kHelloWithin = std::chrono::seconds(2);
+constexpr size_t kMostAwaitingHello = 64;
 
 struct Hello {
   uint64_t magic = kHelloMagic;
@@ -207,25 +215,91 @@ void start_link(int fd, int32_t peer) {
   std::thread([link] { send_loop(link); }).detach();
 }
 
-void accept_loop(int fd) {
+// A connection accepted, whose hello has not all arrived yet.
+struct AwaitingHello {
+  int fd = -1;
+  std::string from;  // address:port, for the log
+  Clock::time_point deadline;
+  Hello hello;
+  size_t got = 0;  // bytes of the hello read so far
+};
+
+std::string peer_address(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  char text[INET_ADDRSTRLEN] = "?";
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) inet_ntop(AF_INET, &a.sin_addr, text, sizeof(text));
+  return std::string(text) + ":" + std::to_string(ntohs(a.sin_port));
+}
+
+// Close a connection that is no peer of the job: counted, and said on stderr (the job goes on).
+void refuse(const AwaitingHello& c, const std::string& why) {
   Net& n = net();
+  const int count = n.refused.fetch_add(1) + 1;
+  ::close(c.fd);
+  std::fprintf(stderr, "jaxcoll: process %d closed a connection from %s to its network port: %s (%d refused so "
+               "far; the job goes on)\n", n.process, c.from.c_str(), why.c_str(), count);
+}
+
+// Read what has arrived of c's hello; true when c is settled (linked to its peer, or refused).
+bool read_hello(AwaitingHello& c) {
+  Net& n = net();
+  const ssize_t got = ::recv(c.fd, reinterpret_cast<char*>(&c.hello) + c.got, sizeof(Hello) - c.got, MSG_DONTWAIT);
+  if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+  if (got <= 0) {
+    refuse(c, "it closed before presenting the job's hello");
+    return true;
+  }
+  c.got += size_t(got);
+  if (c.got < sizeof(Hello)) return false;
+  const Hello& h = c.hello;
+  if (h.magic != kHelloMagic || std::string(h.token, strnlen(h.token, kTokenBytes)) != n.token)
+    refuse(c, "it did not present the job's token");
+  else if (h.process < 0 || h.process == n.process)
+    refuse(c, "it presented the job's token as process " + std::to_string(h.process));
+  else
+    start_link(c.fd, h.process);
+  return true;
+}
+
+// Accepts connections and awaits their hellos side by side (one poll over the port and every connection still
+// silent): a peer's connection is linked as soon as its hello arrives, whatever strangers are connected.
+void accept_loop(int fd) {
+  std::vector<AwaitingHello> awaiting;
+  std::vector<pollfd> fds;
   for (;;) {
-    const int c = ::accept(fd, nullptr, nullptr);
+    fds.assign(1, pollfd{fd, POLLIN, 0});
+    for (const AwaitingHello& c : awaiting) fds.push_back({c.fd, POLLIN, 0});
+    int wait_ms = -1;
+    for (const AwaitingHello& c : awaiting) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(c.deadline - Clock::now()).count();
+      wait_ms = static_cast<int>(std::max<int64_t>(0, wait_ms < 0 ? left : std::min<int64_t>(wait_ms, left)));
+    }
+    if (::poll(fds.data(), fds.size(), wait_ms) < 0 && errno != EINTR) return;
+    const auto now = Clock::now();
+    std::vector<AwaitingHello> still;
+    for (size_t i = 0; i < awaiting.size(); ++i) {
+      AwaitingHello& c = awaiting[i];
+      if (fds[i + 1].revents && read_hello(c)) continue;
+      if (now >= c.deadline) {
+        refuse(c, "it presented no hello within " + std::to_string(kHelloWithin.count()) + " s");
+        continue;
+      }
+      still.push_back(std::move(c));
+    }
+    awaiting = std::move(still);
+    if (!(fds[0].revents & POLLIN)) continue;
+    const int c = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (c < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
       return;
     }
-    // The first bytes must be the job's hello; anything else is closed (and counted) without a word.
-    pollfd p{c, POLLIN, 0};
-    Hello h;
-    const bool ready = ::poll(&p, 1, 10000) == 1 && recv_all(c, &h, sizeof(h));
-    if (!ready || h.magic != kHelloMagic || std::string(h.token, strnlen(h.token, kTokenBytes)) != n.token ||
-        h.process < 0 || h.process == n.process) {
-      n.refused.fetch_add(1);
-      ::close(c);
-      continue;
+    if (awaiting.size() >= kMostAwaitingHello) {
+      refuse(awaiting.front(), "more connections than " + std::to_string(kMostAwaitingHello) +
+                                   " awaited their hello at once");
+      awaiting.erase(awaiting.begin());
     }
-    start_link(c, h.process);
+    awaiting.push_back({c, peer_address(c), now + kHelloWithin});
   }
 }
 
@@ -238,7 +312,7 @@ void net_set_handler(NetHandler handler, NetPlacer placer) {
   n.placer = std::move(placer);
 }
 
-Status net_listen(int32_t process, int port, const std::string& token, int& bound) {
+Status net_listen(int32_t process, const std::string& address, int port, const std::string& token, int& bound) {
   Net& n = net();
   std::lock_guard<std::mutex> lock(n.mu);
   // A peer may connect and send the moment the port is open; a message before the handler would be lost.
@@ -257,10 +331,22 @@ Status net_listen(int32_t process, int port, const std::string& token, int& boun
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_ANY);
   a.sin_port = htons(static_cast<uint16_t>(port));
+  if (!address.empty() && inet_pton(AF_INET, address.c_str(), &a.sin_addr) != 1) {
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_family = AF_INET;
+    if (getaddrinfo(address.c_str(), nullptr, &hints, &res) != 0 || !res) {
+      ::close(fd);
+      return Status::Error("jaxcoll: cannot resolve the address '" + address + "' to listen on for the network "
+                           "transport (JAXCOLL_NET_BIND, else the address published: JAXCOLL_NET_ADDRESS)");
+    }
+    a.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
+    freeaddrinfo(res);
+  }
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, 128) != 0) {
     const int err = errno;
     ::close(fd);
-    return Status::Error("jaxcoll: cannot listen on port " + std::to_string(port) + " for the network transport: " +
+    return Status::Error("jaxcoll: cannot listen on port " + std::to_string(port) + " at " +
+                         (address.empty() ? std::string("every address") : address) + " for the network transport: " +
                          errno_text(err) + (err == EADDRINUSE ? "; the port is taken: choose another with "
                                                                 "JAXCOLL_NET_PORT, or leave it unset for a free one"
                                                               : ""));

@@ -38,6 +38,7 @@ struct NetMessage {
   int32_t dtype = 0;  // publish
   int32_t pad = 0;
   int64_t block = 0;         // publish
+  int64_t elements = 0;      // publish: input elements of each rank at the call site
   uint64_t fingerprint = 0;  // publish
   uint64_t request = 0;      // get, data: matches an answer to its read
   uint64_t bytes = 0;        // payload bytes that follow the header
@@ -52,9 +53,11 @@ using NetPlacer = std::function<void*(const NetMessage& m)>;
 using NetHandler = std::function<void(const NetMessage& m, std::vector<char>& payload, bool placed)>;
 void net_set_handler(NetHandler handler, NetPlacer placer);
 
-// Listen on `port` (0: a free one) for the job's peers presenting `token`; `bound` is the port taken. An error
-// names the port when it is taken. The handler must be set first (net_set_handler).
-Status net_listen(int32_t process, int port, const std::string& token, int& bound);
+// Listen at `address` ("" or "0.0.0.0": every interface), on `port` (0: a free one), for the job's peers
+// presenting `token`; `bound` is the port taken. An error names the port when it is taken. The handler must be
+// set first (net_set_handler). Connections are accepted side by side: one that presents no hello within 2 s, or
+// another job's token, is closed, counted (net_refused) and logged on stderr, and delays no peer.
+Status net_listen(int32_t process, const std::string& address, int port, const std::string& token, int& bound);
 
 // Connect this process to every process in `peers` (their addresses and ports), each pair once, and wait until
 // every connection is up and authenticated, or until `timeout_s`, naming the processes that never connected.
@@ -83,7 +86,7 @@ inline Status net_read(int32_t to, NetMessage get, void* dst, size_t bytes, Cloc
 
 // Whether process `p` is connected (false once its connection broke; true for a process never connected to).
 bool net_alive(int32_t p);
-// How many connections were refused for a wrong token (tests).
+// How many connections were refused: no hello in time, or another job's token (tests).
 int net_refused();
 
 }  // namespace jaxcoll

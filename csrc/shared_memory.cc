@@ -2,13 +2,17 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
+#include <map>
 #include <mutex>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -125,29 +129,98 @@ Status SharedSegment::open(const std::string& name, SharedSegment& out, Opened& 
   return {};
 }
 
-std::string segment_prefix(const std::string& token) {
-  return "/jaxcoll-" + token + "-" + std::to_string(getpid()) + "-";
+std::string segment_prefix(const std::string& token, int32_t process) {
+  return "/jaxcoll-" + token + "-p" + std::to_string(process) + "-";
+}
+
+namespace {
+constexpr size_t kPresenceBytes = 64;
+}
+
+Status open_presence(const std::string& token, int32_t process, std::string& nonce) {
+  static std::mutex mu;
+  static std::string* mine = new std::string();  // the nonce, once made; the fd stays open (and locked) for good
+  std::lock_guard<std::mutex> lock(mu);
+  if (!mine->empty()) {
+    nonce = *mine;
+    return {};
+  }
+  char bytes[16];
+  const int random = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  const bool got = random >= 0 && read(random, bytes, sizeof(bytes)) == ssize_t(sizeof(bytes));
+  if (random >= 0) close(random);
+  if (!got) return Status::Error("jaxcoll: cannot read /dev/urandom for this process's presence nonce");
+  std::string made;
+  for (unsigned char b : bytes) made += "0123456789abcdef"[b >> 4], made += "0123456789abcdef"[b & 15];
+  const std::string name = segment_prefix(token, process) + "alive";
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return Status::Error("jaxcoll: cannot create this process's presence segment " + name + ": " + errno_text(errno));
+  {
+    Created& c = Created::created();
+    std::lock_guard<std::mutex> names(c.mu);
+    c.names.insert(name);
+  }
+  char text[kPresenceBytes] = {};
+  std::memcpy(text, made.data(), made.size());
+  if (flock(fd, LOCK_EX) != 0 || ftruncate(fd, kPresenceBytes) != 0 || pwrite(fd, text, sizeof(text), 0) !=
+                                                                             ssize_t(sizeof(text))) {
+    const int err = errno;
+    close(fd);
+    return Status::Error("jaxcoll: cannot write this process's presence segment " + name + ": " + errno_text(err));
+  }
+  *mine = made;
+  nonce = made;
+  return {};
+}
+
+int open_presence_fd(const std::string& token, int32_t process) {
+  return shm_open((segment_prefix(token, process) + "alive").c_str(), O_RDONLY | O_CLOEXEC, 0);
+}
+
+std::string read_presence(const std::string& token, int32_t process) {
+  const int fd = open_presence_fd(token, process);
+  if (fd < 0) return {};
+  char text[kPresenceBytes] = {};
+  const bool got = pread(fd, text, sizeof(text), 0) == ssize_t(sizeof(text));
+  close(fd);
+  return got ? std::string(text, strnlen(text, sizeof(text))) : std::string();
+}
+
+bool presence_alive(int fd) {
+  if (flock(fd, LOCK_SH | LOCK_NB) == 0) {  // its owner's exclusive lock is gone: so is the owner
+    flock(fd, LOCK_UN);
+    return false;
+  }
+  return errno == EWOULDBLOCK || errno == EINTR;
 }
 
 int clean_stale_segments() {
   DIR* dir = opendir("/dev/shm");
   if (!dir) return 0;
-  int removed = 0;
+  // jaxcoll-<token>-p<process>-<rest>: the segments of one process, and whether its presence is unlocked (dead).
+  std::map<std::string, std::vector<std::string>> groups;
   while (dirent* e = readdir(dir)) {
-    // jaxcoll-<token>-<pid>-<rest>
     const std::string name = e->d_name;
     if (name.rfind("jaxcoll-", 0) != 0) continue;
     const size_t a = name.find('-', 8);
-    if (a == std::string::npos) continue;
-    const size_t b = name.find('-', a + 1);
+    const size_t b = a == std::string::npos ? a : name.find('-', a + 1);
     if (b == std::string::npos) continue;
-    char* end = nullptr;
-    const long pid = std::strtol(name.c_str() + a + 1, &end, 10);
-    if (end != name.c_str() + b || pid <= 0) continue;
-    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
-    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+    groups[name.substr(0, b + 1)].push_back(name);
   }
   closedir(dir);
+  int removed = 0;
+  const time_t now = time(nullptr);
+  for (const auto& [prefix, names] : groups) {
+    const int fd = shm_open(("/" + prefix + "alive").c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) continue;  // no presence: not ours to judge
+    struct stat st {};
+    const bool dead = fstat(fd, &st) == 0 && now - st.st_mtime >= 10 && !presence_alive(fd);
+    close(fd);
+    if (!dead) continue;
+    for (const std::string& name : names)
+      if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
   return removed;
 }
 

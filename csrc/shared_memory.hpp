@@ -40,11 +40,24 @@ class SharedSegment {
   bool owner_ = false;
 };
 
-// The prefix of every segment jaxcoll creates: "/jaxcoll-<token>-<pid>-"; the pid lets a later run tell a
-// crashed process's segments from live ones.
-std::string segment_prefix(const std::string& token);
+// The prefix of every segment process `process` of the job with `token` creates: "/jaxcoll-<token>-p<process>-"
+// (the job's process index, unique where pids are not: processes in several pid namespaces share /dev/shm).
+std::string segment_prefix(const std::string& token, int32_t process);
 
-// Unlink every jaxcoll segment in /dev/shm whose creating process no longer exists; returns how many.
+// A process's presence: the segment "<prefix>alive", holding a random nonce and locked (flock, exclusive) for as
+// long as the process lives. The lock tells liveness across pid namespaces (a pid names another process, or
+// none, in another namespace; a lock on the one file is the same everywhere), and the nonce read by a peer tells
+// that the two really share /dev/shm (two containers may share a hostname and kernel but not /dev/shm).
+// open_presence creates this process's (once) and returns its nonce.
+Status open_presence(const std::string& token, int32_t process, std::string& nonce);
+// The nonce in process `process`'s presence as this process sees it; "" when there is none (another /dev/shm).
+std::string read_presence(const std::string& token, int32_t process);
+// An open presence of another process, -1 if there is none; whether its owner still lives.
+int open_presence_fd(const std::string& token, int32_t process);
+bool presence_alive(int fd);
+
+// Unlink every jaxcoll segment in /dev/shm whose creating process no longer lives (its presence unlocked, for
+// ten seconds at least); returns how many. Segments without a presence are another version's: left alone.
 int clean_stale_segments();
 
 }  // namespace jaxcoll

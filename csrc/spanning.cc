@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,82 +19,13 @@
 #include "csrc/memory.hpp"
 #include "csrc/net.hpp"
 #include "csrc/shared_memory.hpp"
+#include "csrc/spanning_call.hpp"
 #include "csrc/workers.hpp"
 #include "csrc/world.hpp"
 
 namespace jaxcoll {
 
 namespace {
-
-constexpr uint64_t kDirectoryMagic = 0x314C4C4F43584A44ull;  // "DJXCOLL1"
-constexpr int32_t kSlots = 32;                               // calls of one call site in flight in one process
-constexpr size_t kPage = 4096;
-
-// A slot's state word: generation << 3 | phase. The generation grows each time the owner reuses the slot, so a
-// peer that matched a call can tell it from a later one in the same slot.
-enum Phase : uint64_t { kFree = 0, kFilling = 1, kPublished = 2, kDone = 3, kFailed = 4 };
-constexpr uint64_t phase_of(uint64_t state) { return state & 7; }
-constexpr uint64_t generation_of(uint64_t state) { return state >> 3; }
-
-// One call slot of a directory; written by its owner, read (and its doorbell rung, its acks counted) by peers.
-struct SlotHeader {
-  Doorbell bell{true};  // rung by every signal to the owner's ranks, and by peers publishing or finishing the call
-  std::atomic<uint64_t> state{kFree};
-  std::atomic<uint32_t> acks{0};  // peer processes done with this generation of the slot
-  std::atomic<int32_t> dtype{0};
-  std::atomic<int64_t> run_id{0};
-  std::atomic<uint64_t> iteration{0};
-  std::atomic<uint64_t> data_id{0};  // the data segment: directory prefix + "d" + data_id
-  std::atomic<int64_t> block{0};
-  char message[512] = {};  // why the owner failed the call (phase kFailed)
-};
-
-struct Directory {
-  uint64_t magic = kDirectoryMagic;
-  uint64_t fingerprint = 0;
-  int32_t nranks = 0;
-  int32_t process = 0;
-  std::atomic<uint32_t> ready{0};  // set once the header is written
-  SlotHeader slots[kSlots];
-};
-
-size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-// Call f(byte offset, bytes) for each maximal run of flagged chunks of a buffer (k chunks per block of `block`
-// elements of `dsize` bytes).
-template <class F>
-void for_each_run(const std::vector<uint8_t>& flags, int64_t k, int64_t block, size_t dsize, F&& f) {
-  const int64_t n = static_cast<int64_t>(flags.size());
-  for (int64_t i = 0; i < n;) {
-    if (!flags[i]) {
-      ++i;
-      continue;
-    }
-    int64_t j = i;
-    while (j < n && flags[j]) ++j;
-    const ElementRange range = chunk_range(k, block, i, j - i);
-    if (range.size() > 0) f(size_t(range.start) * dsize, size_t(range.size()) * dsize);
-    i = j;
-  }
-}
-
-// Where a process's ranks keep, in one call's data segment, what the call shares: their semaphores and scratch
-// always, their input and output where a rank of another process reaches them. kPrivate: the rank uses XLA's
-// buffer. Every process computes the same layout for every process from the plan, so no offset is exchanged.
-constexpr size_t kPrivate = SIZE_MAX;
-struct RankArea {
-  size_t semaphores = kPrivate, input = kPrivate, output = kPrivate, scratch = kPrivate;
-};
-
-std::string process_prefix(const World& w, int32_t p) {
-  return "/jaxcoll-" + w.token + "-" + std::to_string(w.pids[p]) + "-";
-}
-
-std::string rank_list(const std::vector<int32_t>& ranks) {
-  std::string s;
-  for (int32_t r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return "[" + s + "]";
-}
 
 // Helper threads a call of this process may use: the host's cores split among the job's processes on this host,
 // less the worker's own; JAXCOLL_SPAN_HELPERS overrides (read once).
@@ -107,462 +39,48 @@ int helpers_per_call(const World& w) {
   return n;
 }
 
-// A call key as processes name it: (process, run id, call of the site within the launch).
-using CallKey = std::tuple<int32_t, int64_t, uint64_t>;
-
-// What peers on other hosts told this process about the calls of one call site: their publications (block,
-// dtype, plan fingerprint), which of those they finished, and their failures. Messages may come before this
-// process has reached the call site at all, so the mailbox lives apart from the communicator.
-struct Mailbox {
+struct Mailboxes {
   std::mutex mu;
-  std::map<int32_t, uint64_t> fingerprints;  // per process: the plan fingerprint its publications carry
-  std::map<CallKey, NetMessage> published;
-  std::set<CallKey> done;
-  std::map<CallKey, std::string> failed;
+  std::map<std::pair<int64_t, int32_t>, std::shared_ptr<Mailbox>> boxes;
 };
 
-std::shared_ptr<Mailbox> mailbox(int64_t callsite, int32_t group) {
-  static std::mutex mu;
-  static auto* boxes = new std::map<std::pair<int64_t, int32_t>, std::shared_ptr<Mailbox>>();
-  std::lock_guard<std::mutex> lock(mu);
-  auto& box = (*boxes)[{callsite, group}];
-  if (!box) box = std::make_shared<Mailbox>();
-  return box;
+Mailboxes& mailboxes() {
+  static Mailboxes* m = new Mailboxes();  // leaked on purpose: the network threads outlive statics
+  return *m;
 }
 
 }  // namespace
 
-class SpanCall;
-void finish_call(const std::shared_ptr<SpanCall>& call, Status st);
+std::shared_ptr<Mailbox> mailbox(int64_t callsite, int32_t group) {
+  Mailboxes& m = mailboxes();
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto& box = m.boxes[{callsite, group}];
+  if (!box) box = std::make_shared<Mailbox>();
+  return box;
+}
 
-class SpanningCommunicator : public Gathering {
- public:
-  SpanningCommunicator(int64_t callsite, int32_t group, const Plan& plan, std::vector<int32_t> processes,
-                       uint64_t fingerprint, const World& world)
-      : callsite_(callsite), group_(group), plan_(plan), processes_(std::move(processes)),
-        fingerprint_(fingerprint), world_(world), me_(world.process) {
-    for (int32_t r = 0; r < plan_.nranks; ++r) {
-      if (processes_[r] == me_) local_.push_back(r);
-      else if (std::find(peers_.begin(), peers_.end(), processes_[r]) == peers_.end()) peers_.push_back(processes_[r]);
-    }
-    std::sort(peers_.begin(), peers_.end());
-    for (int32_t p : peers_) net_.push_back(!world.same_host(p, me_));
-    mailbox_ = mailbox(callsite_, group_);
-    local_index_.assign(plan_.nranks, -1);
-    for (size_t i = 0; i < local_.size(); ++i) local_index_[local_[i]] = static_cast<int32_t>(i);
-    // A chunk of a rank's input or output is shared when a step that another process runs names it; then so is
-    // every chunk of any ref that names a shared chunk, so each ref is wholly in shared memory or wholly not.
-    chunks_.resize(size_t(plan_.nranks) * 2);
-    for (int32_t r = 0; r < plan_.nranks; ++r) {
-      chunks_[size_t(r) * 2].assign(plan_.ranks[r].input_chunks, 0);
-      chunks_[size_t(r) * 2 + 1].assign(plan_.ranks[r].output_chunks, 0);
-    }
-    auto for_each_ref = [&](auto&& visit) {
-      for (int32_t q = 0; q < plan_.nranks; ++q) {
-        const RankProgram& prog = plan_.ranks[q];
-        for (int32_t l = 0; l < prog.nlanes; ++l) {
-          const Lane& lane = plan_.lanes[prog.first_lane + l];
-          for (int32_t i = 0; i < lane.nsteps; ++i) {
-            const Step& s = plan_.steps[lane.first_step + i];
-            const ChunkRef* refs = plan_.srcs(s);
-            for (int32_t j = 0; j < s.nsrc + s.ndst; ++j)
-              if (refs[j].buffer != BufferKind::kScratch) visit(q, refs[j]);
-          }
-        }
-      }
-    };
-    auto flags = [&](const ChunkRef& ref) -> std::vector<uint8_t>& {
-      return chunks_[size_t(ref.rank) * 2 + (ref.buffer == BufferKind::kOutput ? 1 : 0)];
-    };
-    // (Only shared-memory peers reach into the copies; a network peer's reads and writes are served by this
-    // process, from wherever its own steps use the chunk.)
-    for_each_ref([&](int32_t q, const ChunkRef& ref) {
-      if (processes_[ref.rank] != processes_[q] && world.same_host(processes_[ref.rank], processes_[q]))
-        std::fill_n(flags(ref).begin() + ref.index, ref.count, uint8_t{1});
-    });
-    for (bool changed = true; changed;) {
-      changed = false;
-      for_each_ref([&](int32_t, const ChunkRef& ref) {
-        auto& f = flags(ref);
-        const auto first = f.begin() + ref.index, last = first + ref.count;
-        if (std::find(first, last, uint8_t{1}) != last && std::find(first, last, uint8_t{0}) != last) {
-          std::fill(first, last, uint8_t{1});
-          changed = true;
-        }
-      });
-    }
-    if (plan_.in_place)  // input and output are one buffer (or one inside the other): shared whole, together
-      for (int32_t r = 0; r < plan_.nranks; ++r) {
-        const bool either = shared(r, BufferKind::kInput) || shared(r, BufferKind::kOutput);
-        for (int b = 0; b < 2; ++b) std::fill(chunks_[size_t(r) * 2 + b].begin(), chunks_[size_t(r) * 2 + b].end(),
-                                              uint8_t{either});
-      }
-    peer_dirs_.resize(peers_.size());
-    peer_data_.resize(peers_.size() * kSlots);
-    peer_data_ids_.assign(peers_.size() * kSlots, 0);
-    data_.resize(kSlots);
-    data_ids_.assign(kSlots, 0);
-    watch(this);
+Registry& registry() {
+  static Registry* r = new Registry();  // leaked on purpose: the watchdog and network threads outlive statics
+  return *r;
+}
+
+SpanningCommunicator::~SpanningCommunicator() {
+  unwatch(this);
+  {
+    Registry& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mu);
+    auto it = reg.comms.find({callsite_, group_});
+    if (it != reg.comms.end() && it->second.expired()) reg.comms.erase(it);
   }
-  ~SpanningCommunicator() override { unwatch(this); }
-
-  // The watchdog: a call whose local ranks have not all arrived by its deadline fails (the peers' workers time
-  // out on their own, waiting for this process to publish it).
-  bool expire(Clock::time_point now, std::vector<Completion>& pending, Status& error) override;
-
-  Status open_directory() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (directory_.mapped()) return {};
-    Status st = SharedSegment::create(directory_name(me_), sizeof(Directory), directory_);
-    if (!st.ok()) return st;
-    Directory* d = new (directory_.data()) Directory();
-    d->fingerprint = fingerprint_;
-    d->nranks = plan_.nranks;
-    d->process = me_;
-    d->ready.store(1, std::memory_order_release);
-    return {};
-  }
-
-  std::string describe() const {
-    return "jaxcoll " + std::string(collective_name(plan_.collective)) + " (callsite " + std::to_string(callsite_) +
-           ", group " + std::to_string(group_) + ", process " + std::to_string(me_) + ")";
-  }
-
-  std::vector<int32_t> ranks_of(int32_t process) const {
-    std::vector<int32_t> out;
-    for (int32_t r = 0; r < plan_.nranks; ++r)
-      if (processes_[r] == process) out.push_back(r);
-    return out;
-  }
-
-  std::string describe_process(int32_t p) const {
-    return "process " + std::to_string(p) + " (pid " + std::to_string(world_.pids[p]) + ", ranks " +
-           rank_list(ranks_of(p)) + " of this group)";
-  }
-
-  // Per chunk of rank's input (or output): 1 where shared.
-  const std::vector<uint8_t>& chunk_flags(int32_t rank, BufferKind b) const {
-    return chunks_[size_t(rank) * 2 + (b == BufferKind::kOutput ? 1 : 0)];
-  }
-  bool shared(int32_t rank, BufferKind b) const {
-    const auto& f = chunk_flags(rank, b);
-    return std::find(f.begin(), f.end(), uint8_t{1}) != f.end();
-  }
-
-  // The layout of `process`'s ranks in a call's data segment, for blocks of `block` elements of `dtype`.
-  std::vector<RankArea> layout(int32_t process, int64_t block, DType dtype, size_t& bytes) const {
-    std::vector<RankArea> areas(plan_.nranks);
-    const size_t dsize = dtype_size(dtype), asize = accum_size(dtype);
-    const size_t in_bytes = size_t(plan_.in_blocks) * size_t(block) * dsize;
-    const size_t out_bytes = size_t(plan_.out_blocks) * size_t(block) * dsize;
-    size_t at = 0;
-    for (int32_t r = 0; r < plan_.nranks; ++r) {
-      if (processes_[r] != process) continue;
-      const RankProgram& prog = plan_.ranks[r];
-      RankArea& a = areas[r];
-      a.semaphores = at;
-      at = align_up(at + size_t(prog.semaphores) * sizeof(uint32_t), kPage);
-      const size_t scratch = size_t(prog.scratch_chunks / plan_.chunk_factor) * size_t(block) * asize;
-      if (scratch) {
-        a.scratch = at;
-        at = align_up(at + scratch, kPage);
-      }
-      if (plan_.in_place) {
-        if (shared(r, BufferKind::kInput)) {
-          a.input = a.output = at;
-          at = align_up(at + std::max(in_bytes, out_bytes), kPage);
-        }
-      } else {
-        if (shared(r, BufferKind::kInput)) {
-          a.input = at;
-          at = align_up(at + in_bytes, kPage);
-        }
-        if (shared(r, BufferKind::kOutput)) {
-          a.output = at;
-          at = align_up(at + out_bytes, kPage);
-        }
-      }
-    }
-    bytes = std::max<size_t>(at, kPage);
-    return areas;
-  }
-
-  std::string directory_name(int32_t p) const {
-    return process_prefix(world_, p) + "c" + std::to_string(callsite_) + "g" + std::to_string(group_);
-  }
-  std::string data_name(int32_t p, uint64_t id) const { return process_prefix(world_, p) + "d" + std::to_string(id); }
-
-  Directory& directory() { return *static_cast<Directory*>(directory_.data()); }
-
-  // -- failure state (a failed call site stays failed, as in one process) --
-  void fail(const std::string& message) {
-    {
-      std::lock_guard<std::mutex> lock(failure_mu_);
-      if (failure_.empty()) failure_ = message;
-    }
-    failed_.store(true, std::memory_order_release);
-  }
-  bool failed() const { return failed_.load(std::memory_order_acquire); }
-  std::string failure() const {
-    std::lock_guard<std::mutex> lock(failure_mu_);
-    return failure_;
-  }
-
-  const int64_t callsite_;
-  const int32_t group_;
-  const Plan plan_;
-  const std::vector<int32_t> processes_;
-  const uint64_t fingerprint_;
-  const World& world_;
-  const int32_t me_;
-  std::vector<int32_t> local_;        // ranks hosted here, ascending
-  std::vector<int32_t> local_index_;  // rank -> position in local_, or -1
-  std::vector<int32_t> peers_;        // other processes hosting ranks of the group, ascending
-  std::vector<bool> net_;             // per peer: reached over the network (another host), not shared memory
-  std::shared_ptr<Mailbox> mailbox_;  // what network peers said about this call site's calls
-  std::vector<std::vector<uint8_t>> chunks_;  // [rank * 2 + (input 0, output 1)]: per chunk, 1 if shared
-
-  std::mutex mu_;  // guards what follows
-  SharedSegment directory_;
-  std::vector<SharedSegment> data_;       // per slot
-  std::vector<uint64_t> data_ids_;        // per slot
-  std::vector<SharedSegment> peer_dirs_;  // per peer
-  std::vector<SharedSegment> peer_data_;  // per peer * kSlots + slot
-  std::vector<uint64_t> peer_data_ids_;
-  std::vector<std::map<int64_t, uint64_t>> iterations_;  // per local rank: run id -> calls in that launch
-  std::vector<std::shared_ptr<SpanCall>> active_;
-
-  std::atomic<bool> failed_{false};
-  mutable std::mutex failure_mu_;
-  std::string failure_;
-};
+  Mailboxes& m = mailboxes();
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.boxes.find({callsite_, group_});
+  if (it != m.boxes.end() && it->second == mailbox_) m.boxes.erase(it);
+}
 
 namespace {
 std::atomic<uint64_t> next_data_id{1};
-constexpr int32_t kNotFound = -1, kOverNetwork = -2;  // a peer's slot: not found yet, or none (network peer)
-}
-
-// The ranks of one network peer in one call: reads, writes and signals become messages naming the call.
-class NetRanks : public RemoteRanks {
- public:
-  NetRanks(int32_t process, std::string who, int64_t callsite, int32_t group, int64_t run_id, uint64_t iteration,
-           Clock::time_point deadline)
-      : process_(process), who_(std::move(who)), deadline_(deadline) {
-    base_.callsite = callsite;
-    base_.group = group;
-    base_.run_id = run_id;
-    base_.iteration = iteration;
-  }
-  std::unique_ptr<Read> begin_read(const ChunkRef& ref, void* dst, size_t bytes) override {
-    return std::make_unique<NetRanksRead>(*this, net_request(process_, addressed(NetMessage::kGet, ref, 0), dst,
-                                                             bytes));
-  }
-  Status write(const ChunkRef& ref, const void* src, size_t bytes) override {
-    if (!net_send(process_, addressed(NetMessage::kPut, ref, bytes), src)) return gone();
-    return {};
-  }
-  Status signal(int32_t rank, int32_t sem) override {
-    NetMessage m = base_;
-    m.type = NetMessage::kSignal;
-    m.rank = rank;
-    m.sem = sem;
-    if (!net_send(process_, m, nullptr)) return gone();
-    return {};
-  }
-
- private:
-  NetMessage addressed(uint32_t type, const ChunkRef& ref, size_t bytes) const {
-    NetMessage m = base_;
-    m.type = type;
-    m.rank = ref.rank;
-    m.buffer = static_cast<int32_t>(ref.buffer);
-    m.index = ref.index;
-    m.count = ref.count;
-    m.bytes = bytes;
-    return m;
-  }
-  Status gone() const {
-    return Status::Error(who_ + " has gone: its network connection broke; its ranks will never finish their steps");
-  }
-  class NetRanksRead : public Read {
-   public:
-    NetRanksRead(const NetRanks& ranks, std::shared_ptr<NetRead> read) : ranks_(ranks), read_(std::move(read)) {}
-    Status finish() override {
-      Status st = net_await(*read_, ranks_.deadline_);
-      if (!st.ok() && !net_alive(ranks_.process_)) return ranks_.gone();
-      return st;
-    }
-
-   private:
-    const NetRanks& ranks_;
-    std::shared_ptr<NetRead> read_;
-  };
-  int32_t process_;
-  std::string who_;
-  Clock::time_point deadline_;
-  NetMessage base_;
-};
-
-// One call of a spanning group in this process: what its local ranks published and what the worker needs.
-class SpanCall : public CallFailure {
- public:
-  SpanCall(SpanningCommunicator& comm, int64_t run_id, uint64_t iteration, int32_t slot, int64_t block, DType dtype,
-           const CallSite& site, Clock::time_point deadline)
-      : comm_(comm), run_id_(run_id), iteration_(iteration), slot_(slot), block_(block), dtype_(dtype), site_(site),
-        deadline_(deadline), buffers_(comm.local_.size()), copy_out_(comm.local_.size()),
-        completions_(comm.local_.size()), handoff_(std::make_unique<std::atomic<int>[]>(comm.local_.size())),
-        arrived_ranks_(comm.local_.size(), false),
-        peer_slot_(comm.peers_.size(), kNotFound), peer_generation_(comm.peers_.size(), 0),
-        net_ranks_(comm.peers_.size()) {}
-
-  // -- CallFailure --
-  void fail(const std::string& message) override {
-    comm_.fail(message);
-    SlotHeader& me = header();
-    const uint64_t st = me.state.load(std::memory_order_acquire);
-    if (phase_of(st) != kFailed) {
-      std::snprintf(me.message, sizeof(me.message), "%s", message.c_str());
-      me.state.store((generation_of(st) << 3) | kFailed, std::memory_order_release);
-    }
-    ring_peers();
-    me.bell.ring();
-    if (!told_failure_.exchange(true))
-      for (size_t i = 0; i < comm_.peers_.size(); ++i)
-        if (comm_.net_[i]) {
-          NetMessage m = net_message(NetMessage::kFailed);
-          m.bytes = message.size();
-          net_send(comm_.peers_[i], m, message.data());
-        }
-  }
-  bool failed() const override { return comm_.failed(); }
-  std::string failure() const override { return comm_.failure(); }
-  void poll() override {
-    const auto now = Clock::now();
-    if (now - last_poll_ < std::chrono::milliseconds(20)) return;
-    last_poll_ = now;
-    for (size_t i = 0; i < comm_.peers_.size(); ++i) {
-      const int32_t p = comm_.peers_[i];
-      // Whether the peer is alive is asked first, what it said of the call after: a peer says that it failed
-      // or finished the call before it can exit, so a peer seen gone here has said all it will say.
-      const bool alive = process_alive(p);
-      if (const std::string why = peer_failure(i); !why.empty()) {
-        fail(why);
-        return;
-      }
-      // A peer done with this call may exit at once (a job's last call): gone, but nothing of this call is
-      // owed by it.
-      if (!alive && !peer_done(i)) {
-        fail(site_.describe() + ": " + comm_.describe_process(p) + " has exited (noticed during launch " +
-             std::to_string(run_id_) + ", call " + std::to_string(iteration_) +
-             " of this site in it); its ranks will never arrive or finish their steps");
-        return;
-      }
-    }
-  }
-  // The error naming peer process i and why it failed this call, or "" while it has not said so (in its slot,
-  // or in a message from its connection).
-  std::string peer_failure(size_t i) {
-    std::string why;
-    if (comm_.net_[i]) {
-      std::lock_guard<std::mutex> lock(comm_.mailbox_->mu);
-      auto it = comm_.mailbox_->failed.find({comm_.peers_[i], run_id_, iteration_});
-      if (it != comm_.mailbox_->failed.end()) why = it->second;
-    } else if (peer_slot_[i] >= 0) {
-      SlotHeader& h = peer_header(i, peer_slot_[i]);
-      const uint64_t st = h.state.load(std::memory_order_acquire);
-      if (generation_of(st) == peer_generation_[i] && phase_of(st) == kFailed)
-        why.assign(h.message, strnlen(h.message, sizeof(h.message)));
-    }
-    if (why.empty()) return why;
-    return site_.describe() + ": " + comm_.describe_process(comm_.peers_[i]) + " failed this call: " + why;
-  }
-  // The first peer's failure of this call (peer_failure), or "". With `gone_only`, only of a peer that has
-  // left: a peer still here may be echoing this process's own failure.
-  std::string any_peer_failure(bool gone_only = false) {
-    for (size_t i = 0; i < comm_.peers_.size(); ++i) {
-      if (gone_only && process_alive(comm_.peers_[i])) continue;
-      if (std::string why = peer_failure(i); !why.empty()) return why;
-    }
-    return {};
-  }
-  // Every message queued to network peers so far on the wire, or `deadline`: what this process said of a call
-  // must outlive it, since it may exit as soon as the call returns.
-  bool flush_network_peers(Clock::time_point deadline) {
-    bool all = true;
-    for (size_t i = 0; i < comm_.peers_.size(); ++i) {
-      const int32_t p = comm_.peers_[i];
-      if (comm_.net_[i] && !net_flush(p, deadline) && net_alive(p)) all = false;
-    }
-    return all;
-  }
-
-  SlotHeader& header() { return comm_.directory().slots[slot_]; }
-  // A message about this call to network peers.
-  NetMessage net_message(uint32_t type) const {
-    NetMessage m;
-    m.type = type;
-    m.callsite = comm_.callsite_;
-    m.group = comm_.group_;
-    m.run_id = run_id_;
-    m.iteration = iteration_;
-    m.block = block_;
-    m.dtype = static_cast<int32_t>(dtype_);
-    m.fingerprint = comm_.fingerprint_;
-    return m;
-  }
-  void tell_network_peers(uint32_t type) {
-    for (size_t i = 0; i < comm_.peers_.size(); ++i)
-      if (comm_.net_[i]) net_send(comm_.peers_[i], net_message(type), nullptr);
-  }
-  // Whether peer process i has finished this call's steps (its ranks touch no buffer of the call any more).
-  bool peer_done(size_t i) {
-    if (comm_.net_[i]) {
-      std::lock_guard<std::mutex> lock(comm_.mailbox_->mu);
-      return comm_.mailbox_->done.count({comm_.peers_[i], run_id_, iteration_}) != 0;
-    }
-    if (peer_slot_[i] < 0) return false;
-    const uint64_t s = peer_header(i, peer_slot_[i]).state.load(std::memory_order_acquire);
-    return generation_of(s) == peer_generation_[i] && phase_of(s) == kDone;
-  }
-  SlotHeader& peer_header(size_t i, int32_t slot) {
-    return static_cast<Directory*>(comm_.peer_dirs_[i].data())->slots[slot];
-  }
-  void ring_peers() {
-    for (size_t i = 0; i < comm_.peers_.size(); ++i)
-      if (peer_slot_[i] >= 0) peer_header(i, peer_slot_[i]).bell.ring();
-  }
-
-  SpanningCommunicator& comm_;
-  const int64_t run_id_;
-  const uint64_t iteration_;
-  const int32_t slot_;
-  const int64_t block_;
-  const DType dtype_;
-  const CallSite site_;
-  const Clock::time_point deadline_;
-  std::vector<CallBuffers> buffers_;  // per local rank
-  std::vector<std::vector<CopyOut>> copy_out_;  // per local rank: what goes back to XLA's output after the call
-  std::vector<PeerView> local_views_;
-  std::vector<Completion> completions_;
-  // Per local rank: whether its thread is still waiting for the call, returned it finished (inline), or
-  // returned it pending (deferred: its completion is owed).
-  enum Handoff { kWaiting = 0, kInline = 1, kDeferred = 2 };
-  std::unique_ptr<std::atomic<int>[]> handoff_;
-  std::vector<GrowableBuffer> staging_;  // per local rank, in-place reduce_scatter without sharing
-  int32_t arrived_ = 0;                  // guarded by comm_.mu_
-  std::vector<bool> arrived_ranks_;      // per local rank, guarded by comm_.mu_
-  bool arrived(size_t i) {
-    std::lock_guard<std::mutex> lock(comm_.mu_);
-    return arrived_ranks_[i];
-  }
-  Status status_;
-  Doorbell finished_;
-  std::vector<int32_t> peer_slot_;  // per peer: the slot holding this call once found (kOverNetwork: no slot)
-  std::vector<uint64_t> peer_generation_;
-  std::vector<std::unique_ptr<NetRanks>> net_ranks_;  // per peer reached over the network
-  std::atomic<bool> told_failure_{false};
-  Clock::time_point last_poll_{};
-};
+}  // namespace
 
 namespace {
 
@@ -585,24 +103,27 @@ Status find_peer(SpanCall& call, size_t i, bool& found) {
   }
   Directory* d = static_cast<Directory*>(dir.data());
   if (d->ready.load(std::memory_order_acquire) != 1) return {};
+  if (d->magic == kDirectoryMagic)
+    if (std::string why = c.shape_differs(p, d->elements, d->dtype); !why.empty()) return Status::Error(why);
   if (d->magic != kDirectoryMagic || d->nranks != c.plan_.nranks || d->fingerprint != c.fingerprint_)
     return Status::Error(call.site_.describe() + ": " + c.describe_process(p) +
                          " runs a different plan at this call site (plan fingerprint " +
                          std::to_string(d->fingerprint) + ", this process " + std::to_string(c.fingerprint_) +
                          "); every process must run the same program with the same jaxcoll version");
-  for (int32_t s = 0; s < kSlots; ++s) {
-    SlotHeader& h = d->slots[s];
-    const uint64_t st1 = h.state.load(std::memory_order_acquire);
-    const uint64_t ph = phase_of(st1);
-    if (ph != kPublished && ph != kDone && ph != kFailed) continue;
-    const int64_t run_id = h.run_id.load(std::memory_order_relaxed);
-    const uint64_t iteration = h.iteration.load(std::memory_order_relaxed);
-    const int64_t block = h.block.load(std::memory_order_relaxed);
-    const int32_t dtype = h.dtype.load(std::memory_order_relaxed);
-    const uint64_t data_id = h.data_id.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (generation_of(h.state.load(std::memory_order_relaxed)) != generation_of(st1)) continue;  // being reused
-    if (run_id != call.run_id_ || iteration != call.iteration_) continue;
+  // A slot as read at one moment: its state word and what the owner published in it.
+  struct Seen {
+    int32_t slot = -1;
+    uint64_t state = 0;
+    int64_t run_id = 0, block = 0;
+    int32_t dtype = 0;
+    uint64_t data_id = 0;
+  };
+  auto take = [&](const Seen& seen) -> Status {
+    const int32_t s = seen.slot;
+    const uint64_t st1 = seen.state;
+    const int64_t block = seen.block;
+    const int32_t dtype = seen.dtype;
+    const uint64_t data_id = seen.data_id;
     if (block != call.block_ || dtype != static_cast<int32_t>(call.dtype_))
       return Status::Error(call.site_.describe() + ": " + c.describe_process(p) + " called with " +
                            std::to_string(block) + "-element blocks of " +
@@ -628,43 +149,39 @@ Status find_peer(SpanCall& call, size_t i, bool& found) {
                            std::to_string(bytes));
     call.peer_slot_[i] = s;
     call.peer_generation_[i] = generation_of(st1);
+    call.peer_run_id_[i] = seen.run_id;
+    if (seen.run_id != call.run_id_) {
+      c.consumed_[i].emplace_back(seen.run_id, call.iteration_);
+      if (c.consumed_[i].size() > kCrossedKept) c.consumed_[i].pop_front();
+    }
     found = true;
-    return {};
-  }
-  return {};
-}
-
-// Find network peer i's publication of the call in the mailbox; checks its plan and shapes like find_peer.
-Status find_network_peer(SpanCall& call, size_t i, bool& found) {
-  SpanningCommunicator& c = call.comm_;
-  const int32_t p = c.peers_[i];
-  NetMessage m;
-  {
-    std::lock_guard<std::mutex> lock(c.mailbox_->mu);
-    auto it = c.mailbox_->published.find({p, call.run_id_, call.iteration_});
-    found = it != c.mailbox_->published.end();
-    if (found) {
-      m = it->second;
-    } else if (auto f = c.mailbox_->fingerprints.find(p); f != c.mailbox_->fingerprints.end()) {
-      // Another plan at this call site runs in another executable, whose launches never match ours: refuse
-      // it from any publication rather than wait for this one.
-      m.fingerprint = f->second;
-    } else {
-      return {};
+    return Status{};
+  };
+  Seen other;  // the peer's one published call of another launch at this call's count, if exactly one
+  int32_t others = 0;
+  for (int32_t s = 0; s < kSlots; ++s) {
+    SlotHeader& h = d->slots[s];
+    Seen seen{s, h.state.load(std::memory_order_acquire)};
+    const uint64_t ph = phase_of(seen.state);
+    if (ph != kPublished && ph != kDone && ph != kFailed) continue;
+    seen.run_id = h.run_id.load(std::memory_order_relaxed);
+    const uint64_t iteration = h.iteration.load(std::memory_order_relaxed);
+    seen.block = h.block.load(std::memory_order_relaxed);
+    seen.dtype = h.dtype.load(std::memory_order_relaxed);
+    seen.data_id = h.data_id.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (generation_of(h.state.load(std::memory_order_relaxed)) != generation_of(seen.state)) continue;  // reused
+    if (iteration != call.iteration_) continue;
+    const std::pair<int64_t, uint64_t> key{seen.run_id, iteration};
+    if (std::find(c.consumed_[i].begin(), c.consumed_[i].end(), key) != c.consumed_[i].end()) continue;
+    if (seen.run_id == call.run_id_) return take(seen);
+    if (ph == kPublished) {
+      other = seen;
+      ++others;
     }
   }
-  if (m.fingerprint != c.fingerprint_)
-    return Status::Error(call.site_.describe() + ": " + c.describe_process(p) +
-                         " runs a different plan at this call site (plan fingerprint " + std::to_string(m.fingerprint) +
-                         ", this process " + std::to_string(c.fingerprint_) +
-                         "); every process must run the same program with the same jaxcoll version");
-  if (!found) return {};
-  if (m.block != call.block_ || m.dtype != static_cast<int32_t>(call.dtype_))
-    return Status::Error(call.site_.describe() + ": " + c.describe_process(p) + " called with " +
-                         std::to_string(m.block) + "-element blocks of " + dtype_name(static_cast<DType>(m.dtype)) +
-                         ", this process with " + std::to_string(call.block_) + " of " + dtype_name(call.dtype_) +
-                         "; every rank must pass the same shape");
-  call.peer_slot_[i] = kOverNetwork;
+  if (others == 1 && call.crossed(i, other.run_id)) return take(other);
+  if (others != 1) call.crossed(i, call.run_id_);  // nothing crossed: start over
   return {};
 }
 
@@ -693,6 +210,8 @@ Status run_call(SpanCall& call) {
     call.poll();
     if (c.failed()) return Status::Error(c.failure());
     if (Clock::now() >= call.deadline_) {
+      // A peer that failed the call is why (this process may have been the one stopped past its deadline).
+      if (std::string cause = call.any_peer_failure(); !cause.empty()) return Status::Error(cause);
       std::string missing;
       for (size_t i = 0; i < c.peers_.size(); ++i)
         if (call.peer_slot_[i] == kNotFound)
@@ -716,8 +235,8 @@ Status run_call(SpanCall& call) {
   for (size_t i = 0; i < c.peers_.size(); ++i) {
     const int32_t p = c.peers_[i];
     if (c.net_[i]) {
-      call.net_ranks_[i] = std::make_unique<NetRanks>(p, c.describe_process(p), c.callsite_, c.group_, call.run_id_,
-                                                      call.iteration_, call.deadline_);
+      call.net_ranks_[i] = net_ranks(p, c.describe_process(p), call.site_.describe() + ": " + c.describe_stalled(p),
+                                     c.callsite_, c.group_, call.peer_run_id_[i], call.iteration_, call.deadline_);
       for (int32_t r : c.ranks_of(p)) views[r].remote = call.net_ranks_[i].get();
       continue;
     }
@@ -771,8 +290,13 @@ Status run_call(SpanCall& call) {
     if (all) break;
     call.poll();
     if (c.failed()) return Status::Error(c.failure());
-    if (Clock::now() >= call.deadline_)
-      return Status::Error(call.site_.describe() + ": timed out waiting for the other processes to finish the call");
+    if (Clock::now() >= call.deadline_) {
+      std::string stalled;
+      for (size_t i = 0; i < c.peers_.size(); ++i)
+        if (!call.peer_done(i)) stalled += "; " + c.describe_stalled(c.peers_[i]);
+      return Status::Error(call.site_.describe() + ": timed out waiting for the other processes to finish the call" +
+                           stalled);
+    }
     wait_for(me.bell, [&] { return me.bell.word.load(std::memory_order_seq_cst) != seen; },
              [&] { return c.failed(); }, std::min(call.deadline_, Clock::now() + std::chrono::milliseconds(20)));
   }
@@ -804,10 +328,11 @@ void finish_call(const std::shared_ptr<SpanCall>& call, Status st) {
   {
     // What network peers said of this call is spent.
     std::lock_guard<std::mutex> lock(c.mailbox_->mu);
-    for (int32_t p : c.peers_) {
-      const CallKey key{p, call->run_id_, call->iteration_};
-      c.mailbox_->published.erase(key);
-      c.mailbox_->done.erase(key);
+    // (Its publication is under its launch id; what it said since, under this process's. Where launches crossed,
+    // its publication under this launch id is of another call, which a later call here is matched with.)
+    for (size_t i = 0; i < c.peers_.size(); ++i) {
+      c.mailbox_->published.erase({c.peers_[i], call->peer_run_id_[i], call->iteration_});
+      c.mailbox_->done.erase({c.peers_[i], call->run_id_, call->iteration_});
     }
   }
   call->status_ = st;
@@ -849,11 +374,13 @@ bool SpanningCommunicator::expire(Clock::time_point now, std::vector<Completion>
     std::string missing;
     for (size_t i = 0; i < local_.size(); ++i)
       if (!call->arrived(i)) missing += (missing.empty() ? "" : ", ") + std::to_string(local_[i]);
-    finish_call(call, Status::Error(call->site_.describe() + ": timed out waiting for this process's ranks to "
+    // On a worker: the watchdog holds its lock here, and a call may hold the last reference to its call site.
+    const Status st = Status::Error(call->site_.describe() + ": timed out waiting for this process's ranks to "
                                     "arrive (launch " + std::to_string(call->run_id_) + ", call " +
                                     std::to_string(call->iteration_) + " of this site in it); ranks that never "
                                     "arrived: [" + missing + "] (timeout set by JAXCOLL_TIMEOUT; a rank that never "
-                                    "arrives usually ran a different program or failed before this collective)"));
+                                    "arrives usually ran a different program or failed before this collective)");
+    run_on_worker([call, st] { finish_call(call, st); });
   }
   return gathering;
 }
@@ -882,111 +409,6 @@ int32_t claim_slot(SpanningCommunicator& c) {
 
 }  // namespace
 
-namespace {
-
-// Every spanning communicator of this process, by (callsite, group): the network handler finds calls here.
-struct Registry {
-  std::mutex mu;
-  std::map<std::pair<int64_t, int32_t>, std::unique_ptr<SpanningCommunicator>> comms;
-};
-
-Registry& registry() {
-  static Registry* r = new Registry();  // leaked on purpose: the watchdog and network threads outlive statics
-  return *r;
-}
-
-SpanningCommunicator* find_communicator(int64_t callsite, int32_t group) {
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  auto it = reg.comms.find({callsite, group});
-  return it == reg.comms.end() ? nullptr : it->second.get();
-}
-
-std::shared_ptr<SpanCall> find_call(SpanningCommunicator& c, int64_t run_id, uint64_t iteration) {
-  std::lock_guard<std::mutex> lock(c.mu_);
-  for (auto& a : c.active_)
-    if (a->run_id_ == run_id && a->iteration_ == iteration) return a;
-  return nullptr;
-}
-
-// The local chunk a signal, put or get from a network peer addresses, or an error naming what is wrong.
-struct Addressed {
-  SpanningCommunicator* comm = nullptr;
-  std::shared_ptr<SpanCall> call;
-  const PeerView* view = nullptr;
-  void* at = nullptr;  // put, get: the chunk's first byte
-  size_t bytes = 0;    // put, get: the chunk's bytes
-};
-
-bool address(const NetMessage& m, Addressed& a) {
-  // Signals, puts and gets come only after the sender found this process's publication of the call.
-  a.comm = find_communicator(m.callsite, m.group);
-  SpanningCommunicator* c = a.comm;
-  a.call = c ? find_call(*c, m.run_id, m.iteration) : nullptr;
-  if (!a.call || m.rank < 0 || m.rank >= c->plan_.nranks || c->local_index_[m.rank] < 0) return false;
-  a.view = &a.call->local_views_[c->local_index_[m.rank]];
-  if (m.type == NetMessage::kSignal) return true;
-  const ChunkRef ref{m.rank, static_cast<BufferKind>(m.buffer), m.index, m.count};
-  const int64_t k = c->plan_.chunk_factor;
-  const ElementRange range = chunk_range(k, a.call->block_, ref.index, ref.count);
-  const size_t esize = ref.buffer == BufferKind::kScratch ? accum_size(a.call->dtype_) : dtype_size(a.call->dtype_);
-  a.bytes = size_t(range.size()) * esize;
-  a.at = chunk_address(*a.view, ref, k, a.call->block_, dtype_size(a.call->dtype_), accum_size(a.call->dtype_));
-  return true;
-}
-
-// Where a put's payload goes: straight into its chunk when the call is here and the sizes agree (otherwise the
-// handler reports it from the payload).
-void* place(const NetMessage& m) {
-  if (m.type != NetMessage::kPut) return nullptr;
-  Addressed a;
-  return address(m, a) && a.bytes == m.bytes ? a.at : nullptr;
-}
-
-// A message from a network peer (net.hpp's receiver thread).
-void on_message(const NetMessage& m, std::vector<char>& payload, bool placed) {
-  const CallKey key{m.from, m.run_id, m.iteration};
-  if (m.type == NetMessage::kPublish || m.type == NetMessage::kDone || m.type == NetMessage::kFailed) {
-    {
-      auto box = mailbox(m.callsite, m.group);
-      std::lock_guard<std::mutex> lock(box->mu);
-      if (m.type == NetMessage::kPublish) {
-        box->published[key] = m;
-        box->fingerprints.emplace(m.from, m.fingerprint);
-      }
-      else if (m.type == NetMessage::kDone) box->done.insert(key);
-      else box->failed[key] = std::string(payload.begin(), payload.end());
-    }
-    if (SpanningCommunicator* c = find_communicator(m.callsite, m.group))
-      if (auto call = find_call(*c, m.run_id, m.iteration)) call->header().bell.ring();
-    return;
-  }
-  Addressed a;
-  if (!address(m, a)) {
-    if (a.comm) a.comm->fail("jaxcoll callsite " + std::to_string(m.callsite) + ": process " +
-                             std::to_string(m.from) + " addressed rank " + std::to_string(m.rank) +
-                             " of a call this process does not hold");
-    return;
-  }
-  if (m.type == NetMessage::kSignal) {
-    a.view->semaphores[m.sem].fetch_add(1, std::memory_order_release);
-    a.call->header().bell.ring();
-  } else if (m.type == NetMessage::kPut) {
-    if (!placed)
-      a.call->fail(a.call->site_.describe() + ": process " + std::to_string(m.from) + " wrote " +
-                   std::to_string(payload.size()) + " bytes into a chunk of " + std::to_string(a.bytes));
-  } else if (m.type == NetMessage::kGet) {
-    NetMessage answer;
-    answer.type = NetMessage::kData;
-    answer.request = m.request;
-    answer.bytes = a.bytes;
-    net_send(m.from, answer, a.at);
-  }
-}
-
-}  // namespace
-
-void serve_network() { net_set_handler(on_message, place); }
 
 uint64_t plan_fingerprint(const int32_t* words, size_t nwords, int32_t reduce_op) {
   uint64_t h = 1469598103934665603ull;
@@ -1001,9 +423,10 @@ uint64_t plan_fingerprint(const int32_t* words, size_t nwords, int32_t reduce_op
   return h;
 }
 
-SpanningCommunicator* spanning_communicator_for(int64_t callsite, int32_t group, const Plan& plan,
-                                                const std::vector<int32_t>& processes, uint64_t fingerprint,
-                                                Status& status) {
+std::shared_ptr<SpanningCommunicator> spanning_communicator_for(int64_t callsite, int32_t group, const Plan& plan,
+                                                               const std::vector<int32_t>& processes,
+                                                               uint64_t fingerprint, int64_t elements, DType dtype,
+                                                               Status& status) {
   const World* w = world();
   if (!w) {
     status = Status::Error("jaxcoll callsite " + std::to_string(callsite) +
@@ -1019,19 +442,19 @@ SpanningCommunicator* spanning_communicator_for(int64_t callsite, int32_t group,
       return nullptr;
     }
   Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  auto& c = reg.comms[{callsite, group}];
-  if (!c) {
-    auto made = std::make_unique<SpanningCommunicator>(callsite, group, plan, processes, fingerprint, *w);
-    made->iterations_.resize(made->local_.size());
-    status = made->open_directory();
-    if (!status.ok()) {
-      reg.comms.erase({callsite, group});
-      return nullptr;
-    }
-    c = std::move(made);
+  std::unique_lock<std::mutex> lock(reg.mu);
+  if (auto c = reg.comms[{callsite, group}].lock()) return c;
+  auto made = std::make_shared<SpanningCommunicator>(callsite, group, plan, processes, fingerprint, elements, dtype,
+                                                     *w);
+  made->iterations_.resize(made->local_.size());
+  status = made->open_directory();
+  if (!status.ok()) {
+    reg.comms.erase({callsite, group});
+    lock.unlock();  // its destructor takes the registry's lock
+    return nullptr;
   }
-  return c.get();
+  reg.comms[{callsite, group}] = made;
+  return made;
 }
 
 Status execute_spanning_rank(SpanningCommunicator& c, int64_t run_id, const Plan& plan, int32_t rank,
@@ -1057,6 +480,7 @@ Status execute_spanning_rank(SpanningCommunicator& c, int64_t run_id, const Plan
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(timeout_s));
   const size_t dsize = dtype_size(b.dtype);
+  if (env_settings().trace) std::fprintf(stderr, "jaxcoll trace: rank %d joins launch %lld\n", rank, (long long)run_id);
 
   // Join (or open) the call: the first local rank claims a slot and sizes its data segment.
   std::shared_ptr<SpanCall> call;

@@ -20,11 +20,13 @@
 //      and acknowledges each peer's slot; a slot is reused only when every peer has acknowledged it.
 //
 // Faults end in an error on every surviving rank, never a hang: a peer process that exits (seen through its
-// pidfd within 50 ms), one that reports a failure in its slot, one that runs another plan at this call site, or
-// one that does not arrive within the timeout. A failed call site stays failed, as in one process.
+// presence's lock within 50 ms), one that reports a failure in its slot, one that runs another plan or shape at
+// this call site, or one that does not arrive within the timeout. A failed call site stays failed, as in one
+// process.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "csrc/communicator.hpp"
@@ -38,10 +40,14 @@ class SpanningCommunicator;
 
 // The communicator of (callsite, group) for a plan whose ranks live in the processes `processes[r]` (job process
 // indices, world.hpp); created on first use. `fingerprint` identifies the plan and reduction: a peer process whose
-// directory states another is running a different program at this call site.
-SpanningCommunicator* spanning_communicator_for(int64_t callsite, int32_t group, const Plan& plan,
-                                                const std::vector<int32_t>& processes, uint64_t fingerprint,
-                                                Status& status);
+// directory states another is running a different program at this call site; `elements` (input elements a rank)
+// and `dtype` are the call site's shape, which every process must share. The compiled calls that run the
+// call site own it (and each call in flight): when the last owner drops it, its segments are unmapped and this
+// process's unlinked, so recompiling a program does not grow /dev/shm.
+std::shared_ptr<SpanningCommunicator> spanning_communicator_for(int64_t callsite, int32_t group, const Plan& plan,
+                                                               const std::vector<int32_t>& processes,
+                                                               uint64_t fingerprint, int64_t elements, DType dtype,
+                                                               Status& status);
 
 // Rank `rank`'s part of a call of a spanning group (rank must be hosted here). Like execute_rank: returns OK with
 // `pending` set when `completion` will be called later with the call's status.

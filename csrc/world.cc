@@ -5,9 +5,6 @@
 #include <memory>
 #include <mutex>
 
-#include <poll.h>
-#include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "csrc/net.hpp"
@@ -19,22 +16,22 @@ namespace {
 
 std::mutex mu;
 std::atomic<const World*> current{nullptr};
-// A pidfd per process on this host (-1 for others or where pidfd_open is unavailable): it polls readable once
-// the process has exited, zombie or not, where kill(pid, 0) would still succeed until the parent reaps it.
-std::vector<int> pidfds;
-
-int open_pidfd(int64_t pid) {
-#ifdef SYS_pidfd_open
-  return static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
-#else
-  (void)pid;
-  return -1;
-#endif
-}
+// The presence of each process on this host (-1 for others): its lock goes when the process exits, zombie or
+// not, and means the same in every pid namespace (a pidfd or kill(pid, 0) would ask about another process there).
+std::vector<int> presences;
 
 }  // namespace
 
-Status configure_world(int32_t process, std::vector<int64_t> pids, std::vector<int32_t> hosts, std::string token) {
+std::string World::segment_prefix(int32_t p) const { return jaxcoll::segment_prefix(token, p); }
+
+std::string World::describe_host(int32_t p) const {
+  std::string s = "host " + std::to_string(hosts[p]);
+  if (size_t(p) < host_names.size() && !host_names[p].empty()) s += " ('" + host_names[p] + "')";
+  return s;
+}
+
+Status configure_world(int32_t process, std::vector<int64_t> pids, std::vector<int32_t> hosts, std::string token,
+                       std::vector<std::string> host_names) {
   std::lock_guard<std::mutex> lock(mu);
   if (pids.size() != hosts.size() || process < 0 || process >= static_cast<int32_t>(pids.size()))
     return Status::Error("jaxcoll: configure_world(process=" + std::to_string(process) + ") with " +
@@ -52,9 +49,10 @@ Status configure_world(int32_t process, std::vector<int64_t> pids, std::vector<i
   w->pids = std::move(pids);
   w->hosts = std::move(hosts);
   w->token = std::move(token);
-  pidfds.assign(w->pids.size(), -1);
+  w->host_names = std::move(host_names);
+  presences.assign(w->pids.size(), -1);
   for (int32_t p = 0; p < w->nprocesses(); ++p)
-    if (p != process && w->same_host(p, process)) pidfds[p] = open_pidfd(w->pids[p]);
+    if (p != process && w->same_host(p, process)) presences[p] = open_presence_fd(w->token, p);
   clean_stale_segments();
   current.store(w.release());  // lives as long as the process
   return {};
@@ -66,11 +64,8 @@ bool process_alive(int32_t p) {
   const World* w = world();
   if (!w || p < 0 || p >= w->nprocesses() || p == w->process) return true;
   if (!w->same_host(p, w->process)) return net_alive(p);
-  if (pidfds[p] >= 0) {
-    pollfd fd{pidfds[p], POLLIN, 0};
-    return poll(&fd, 1, 0) == 0;
-  }
-  return !(kill(static_cast<pid_t>(w->pids[p]), 0) != 0 && errno == ESRCH);
+  // A peer of this host whose presence is gone (unlinked by a cleaner, which it never is while it lives) has gone.
+  return presences[p] >= 0 && presence_alive(presences[p]);
 }
 
 }  // namespace jaxcoll

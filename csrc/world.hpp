@@ -17,17 +17,24 @@ struct World {
   std::vector<int64_t> pids;       // per process
   std::vector<int32_t> hosts;      // per process: equal values share a host (and /dev/shm)
   std::string token;               // the job's random token, hex
+  std::vector<std::string> host_names;  // per process: its host's name for messages (may be empty)
   int32_t nprocesses() const { return static_cast<int32_t>(pids.size()); }
   bool same_host(int32_t a, int32_t b) const { return hosts[a] == hosts[b]; }
+  // The prefix of process p's shared-memory segments (shared_memory.hpp).
+  std::string segment_prefix(int32_t p) const;
+  // "host 1 ('name')": process p's host, for messages.
+  std::string describe_host(int32_t p) const;
 };
 
 // Set the job once; a second call must describe the same job.
-Status configure_world(int32_t process, std::vector<int64_t> pids, std::vector<int32_t> hosts, std::string token);
+Status configure_world(int32_t process, std::vector<int64_t> pids, std::vector<int32_t> hosts, std::string token,
+                       std::vector<std::string> host_names = {});
 // The job, or null before configure_world.
 const World* world();
 
 // Whether process `p` of the job still runs: on this host, false once it has exited (or been killed), even
-// before its parent reaps it; on another host, false once its connection broke (net.hpp).
+// before its parent reaps it, in any pid namespace (its presence's lock, shared_memory.hpp); on another host,
+// false once its connection broke (net.hpp).
 bool process_alive(int32_t p);
 
 }  // namespace jaxcoll

@@ -115,7 +115,9 @@ def connect() -> World | None:
         if me == 0:
             client.key_value_set(_PREFIX + "token", secrets.token_hex(16))
         token = _get(client, _PREFIX + "token", timeout, "process 0", "the job's token")
-        mine = {"pid": os.getpid(), "host": _host_identity(), "version": jaxcoll.__version__}
+        from jaxcoll import runtime
+        mine = {"pid": os.getpid(), "host": _host_identity(), "version": jaxcoll.__version__,
+                "presence": runtime.open_presence(token, me)}
         client.key_value_set(_PREFIX + f"process/{me}", json.dumps(mine))
         peers = [mine if q == me else json.loads(_get(client, _PREFIX + f"process/{q}", timeout, f"process {q}",
                                                       "its pid and host"))
@@ -124,12 +126,9 @@ def connect() -> World | None:
             if peer["version"] != mine["version"]:
                 raise RuntimeError(f"jaxcoll: process {q} runs jaxcoll {peer['version']}, process {me} runs "
                                    f"{mine['version']}; every process of a job must run the same version")
-        host_ids: dict[str, int] = {}
-        hosts = tuple(q if forced_network else host_ids.setdefault(peer["host"], len(host_ids))
-                      for q, peer in enumerate(peers))
+        hosts = tuple(range(n)) if forced_network else _shared_memory_hosts(client, me, peers, token, timeout)
         pids = tuple(int(peer["pid"]) for peer in peers)
-        from jaxcoll import runtime
-        runtime.configure_world(me, pids, hosts, token)
+        runtime.configure_world(me, pids, hosts, token, [peer["host"].split("/")[0] for peer in peers])
         remote = [q for q in range(n) if hosts[q] != hosts[me]]
         if remote:
             _connect_network(client, me, n, remote, token, timeout)
@@ -157,17 +156,43 @@ def agree(key: str, decide) -> str:
     return _get(client, full, _timeout_ms(), "process 0", f"its choice for {key!r}")
 
 
+def _shared_memory_hosts(client, me: int, peers: list[dict], token: str, timeout_ms: int) -> tuple[int, ...]:
+    """The host of each process: processes share one when they share /dev/shm, which each tests by reading the
+    nonce in the other's presence segment (a hostname and boot id alike are not enough: containers on one kernel
+    may have /dev/shm of their own). Every process publishes which peers it could read and reads everyone's, so
+    all compute the same hosts: a process joins the first host whose every process it shares with both ways."""
+    from jaxcoll import runtime
+    n = len(peers)
+    seen = [q for q in range(n) if q != me and peers[q]["host"] == peers[me]["host"] and
+            runtime.read_presence(token, q) == peers[q]["presence"]]
+    client.key_value_set(_PREFIX + f"shm/{me}", json.dumps(seen))
+    sees = [set(seen) if q == me else set(json.loads(_get(client, _PREFIX + f"shm/{q}", timeout_ms, f"process {q}",
+                                                           "which processes share its /dev/shm")))
+            for q in range(n)]
+    members: list[list[int]] = []
+    hosts = []
+    for q in range(n):
+        host = next((h for h, ps in enumerate(members) if all(q in sees[p] and p in sees[q] for p in ps)), None)
+        if host is None:
+            host = len(members)
+            members.append([])
+        members[host].append(q)
+        hosts.append(host)
+    return tuple(hosts)
+
+
 def _connect_network(client, me: int, n: int, remote: list[int], token: str, timeout_ms: int) -> None:
     """Open the network transport to the processes on other hosts: listen (JAXCOLL_NET_PORT, default a free
-    port), publish the address and port, read theirs and connect (csrc/net.hpp)."""
+    port) at the address published (JAXCOLL_NET_BIND: another, such as 0.0.0.0), publish the address and port,
+    read theirs and connect (csrc/net.hpp)."""
     from jaxcoll import runtime
+    address = os.environ.get("JAXCOLL_NET_ADDRESS") or _address_towards(_jax.coordinator_address())
     try:
-        bound = runtime.net_listen(me, _net_port(), token)
+        bound = runtime.net_listen(me, os.environ.get("JAXCOLL_NET_BIND") or address, _net_port(), token)
     except (RuntimeError, ValueError) as e:
         # Tell the peers now, or they would wait out the timeout for an address that never comes.
         client.key_value_set(_PREFIX + f"net/{me}", json.dumps({"error": str(e).removeprefix("jaxcoll: ")}))
         raise
-    address = os.environ.get("JAXCOLL_NET_ADDRESS") or _address_towards(_jax.coordinator_address())
     client.key_value_set(_PREFIX + f"net/{me}", json.dumps({"address": address, "port": bound}))
     addresses, ports = [""] * n, [0] * n
     for q in remote:

@@ -86,14 +86,30 @@ def default_timeout_s() -> float:
     return float(_jaxcoll.default_timeout_s())
 
 
-def configure_world(process: int, pids: Sequence[int], hosts: Sequence[int], token: str) -> None:
-    """Tell the native runtime which job this process is part of (jaxcoll.distributed.connect does it)."""
-    _jaxcoll.configure_world(int(process), [int(p) for p in pids], [int(h) for h in hosts], str(token))
+def configure_world(process: int, pids: Sequence[int], hosts: Sequence[int], token: str,
+                    host_names: Sequence[str] = ()) -> None:
+    """Tell the native runtime which job this process is part of (jaxcoll.distributed.connect does it);
+    `host_names[p]` names process p's host in messages."""
+    _jaxcoll.configure_world(int(process), [int(p) for p in pids], [int(h) for h in hosts], str(token),
+                             [str(h) for h in host_names])
 
 
-def net_listen(process: int, port: int, token: str) -> int:
-    """Listen for the job's network peers on `port` (0: a free one); returns the port taken."""
-    return int(_jaxcoll.net_listen(int(process), int(port), str(token)))
+def open_presence(token: str, process: int) -> str:
+    """Create this process's presence segment (a nonce, locked while the process lives: csrc/shared_memory.hpp);
+    returns the nonce."""
+    return str(_jaxcoll.open_presence(str(token), int(process)))
+
+
+def read_presence(token: str, process: int) -> str:
+    """The nonce in process `process`'s presence as this process sees it; "" when it sees none (another
+    /dev/shm)."""
+    return str(_jaxcoll.read_presence(str(token), int(process)))
+
+
+def net_listen(process: int, address: str, port: int, token: str) -> int:
+    """Listen for the job's network peers at `address` ("" or "0.0.0.0": every interface) on `port` (0: a free
+    one); returns the port taken."""
+    return int(_jaxcoll.net_listen(int(process), str(address), int(port), str(token)))
 
 
 def net_connect(peers: Sequence[int], addresses: Sequence[str], ports: Sequence[int], timeout_s: float) -> None:

@@ -13,8 +13,15 @@ import os
 import sys
 import time
 
-import jaxcoll.distributed
-import jaxcoll.launch
+# CASE_UNSHARE=pid or mount: this process runs in a pid namespace of its own (its pid is 1 there), or in a mount
+# namespace with a /dev/shm of its own (as containers on one kernel may be); the tests run it as root.
+_UNSHARE = {"pid": ["unshare", "--pid", "--fork", "--kill-child"],
+            "mount": ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@"']}
+if os.environ.get("CASE_UNSHARE") in _UNSHARE:
+    os.execvp("unshare", [*_UNSHARE[os.environ.pop("CASE_UNSHARE")], sys.executable, *sys.argv])
+
+import jaxcoll.distributed  # noqa: E402
+import jaxcoll.launch  # noqa: E402
 
 PROCESS, NPROCESSES = jaxcoll.launch.initialize()
 
@@ -323,7 +330,14 @@ def case_large() -> str:
         x = (np.arange(n * rows, dtype=np.float32) % 7).reshape(n * rows, 1)
         check(f"all_reduce of {rows} rows", mesh, "i", lambda v: jaxcoll.all_reduce(v, "i"),
               lambda v: lax.psum(v, "i"), x, "sum")
-    return "segments grow"
+    return f"segments grow, segments named {_segment_prefix()}"
+
+
+def _segment_prefix(process: int = PROCESS) -> str:
+    """How the segments process `process` of this job creates are named in /dev/shm (csrc/shared_memory.hpp)."""
+    from jaxcoll import _jax
+    token = _jax.distributed_client().blocking_key_value_get("jaxcoll/v1/token", 10_000)
+    return f"jaxcoll-{token}-p{process}-"
 
 
 def case_compressed() -> str:
@@ -367,8 +381,9 @@ def case_segments_private() -> str:
     """Every shared-memory segment jaxcoll made in this process is owner-only (0600)."""
     mesh = mesh_1d()
     x = put(np.ones((mesh.devices.size * 2,), np.float32), mesh)
-    run(lambda v: jaxcoll.all_reduce(v, "i"), mesh, x).block_until_ready()
-    mine = [f for f in os.listdir("/dev/shm") if f.startswith("jaxcoll-") and f"-{os.getpid()}-" in f]
+    f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    f(x).block_until_ready()  # f alive: a dropped executable's call sites free their segments
+    mine = [f for f in os.listdir("/dev/shm") if f.startswith(_segment_prefix())]
     assert mine, "no jaxcoll segment found in /dev/shm"
     modes = {f: oct(os.stat(os.path.join("/dev/shm", f)).st_mode & 0o777) for f in mine}
     assert all(m == "0o600" for m in modes.values()), modes

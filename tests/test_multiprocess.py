@@ -1,15 +1,19 @@
 """jaxcoll across the processes of a jax.distributed job on this machine: each test launches a job
-(jaxcoll.launch) whose processes run a case of multiprocess_cases.py; every collective there is compared with
-XLA's gloo collectives in the same processes and with numpy. The fault tests check that each surviving process
-gets an error naming the process at fault, well within the job's time, never a hang."""
+(jaxcoll.launch) whose processes run a case of multiprocess_cases.py (or multiprocess_reliability_cases.py);
+every collective there is compared with XLA's gloo collectives in the same processes and with numpy. The fault
+tests check that each surviving process gets an error naming the process at fault, well within the job's time,
+never a hang."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -18,13 +22,14 @@ import jaxcoll
 from jaxcoll.launch import launch
 
 CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_cases.py")
+RELIABILITY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_reliability_cases.py")
 
 
 def job(case: str, nprocesses: int = 2, local_devices: int = 4, timeout_s: float = 240.0, process_env=None,
-        **env):
+        cases: str = CASES, **env):
     # A call that fails must say so well before the job is killed, so the test shows its message.
     env.setdefault("JAXCOLL_TIMEOUT", 100)
-    return launch(nprocesses, [CASES, case], local_devices=local_devices, timeout_s=timeout_s,
+    return launch(nprocesses, [cases, case], local_devices=local_devices, timeout_s=timeout_s,
                   env={k: str(v) for k, v in env.items()}, process_env=process_env)
 
 
@@ -78,6 +83,15 @@ def test_calls_shared_with_helper_threads_give_the_same_results():
 @pytest.mark.parametrize("case", ["algorithms", "dtypes", "synthesized", "large", "replace", "compressed"])
 def test_across_two_processes(case, transport):
     assert_all_ok(job(case, **TRANSPORTS[transport]), case)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_two_threads_dispatching_one_function_finish_every_call(transport):
+    # jax takes a launch id per dispatch and XLA runs a process's launches one at a time: two threads racing
+    # between the two run launches 7 and 8 in opposite orders in the two processes, and each waited for the
+    # other's (every run hung on shared memory). Such crossed launches are matched in execution order.
+    results = job("threads", JAXCOLL_TIMEOUT=20, cases=RELIABILITY, timeout_s=150, **TRANSPORTS[transport])
+    assert_all_ok(results, "threads")
 
 
 def test_shared_memory_segments_are_owner_only():
@@ -136,6 +150,17 @@ def test_a_process_that_never_arrives_is_named_after_the_timeout(transport):
     assert 4 < seconds < 30, seconds
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_process_stalled_mid_call_is_named_alive_but_stalled(transport):
+    # Process 1 is stopped (SIGSTOP) inside a call: alive (its pid runs, its connection holds) but making no
+    # progress. Process 0's call fails after the timeout naming it, its host, and that it is stalled.
+    results = job("stalled_mid_call", JAXCOLL_TIMEOUT=4, cases=RELIABILITY, **TRANSPORTS[transport])
+    seconds, message = error_of(results[0])
+    assert re.search(r"process 1 \(pid \d+, ranks \[4, 5, 6, 7\] of this group\) on host \d+ \('[^']+'\) is alive "
+                     r"but stalled", message), message
+    assert 3 < seconds < 30, seconds
+
+
 def test_a_process_that_never_starts_jaxcoll_is_named_after_the_timeout():
     seconds, message = error_of(job("never_starts_jaxcoll", JAXCOLL_TIMEOUT=5)[0])
     assert "process 1 did not publish" in message and "within 5 s" in message, message
@@ -151,6 +176,26 @@ def test_a_process_running_another_plan_is_refused_by_fingerprint(transport):
         assert seconds < 10, seconds
 
 
+# (case, what process 0 passes a rank, what process 1 passes): one call site, compiled for other arguments.
+DIFFERS = {"dtype_differs": ("1024 elements of float32", "1024 elements of int32"),
+           "bfloat16_differs": ("1024 elements of float32", "1024 elements of bfloat16"),
+           "size_differs": ("1024 elements of float32", "512 elements of float32")}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("case", DIFFERS)
+def test_a_process_passing_another_dtype_or_shape_is_named_at_once(case, transport):
+    # Processes that compiled another dtype or shape run other executables, whose launches never meet: the call
+    # site's dtype and size travel with its plan fingerprint, so the difference is named, not waited out.
+    for r in job(case, JAXCOLL_TIMEOUT=60, cases=RELIABILITY, **TRANSPORTS[transport]):
+        seconds, message = error_of(r)
+        other = 1 - r.process
+        theirs, ours = DIFFERS[case][other], DIFFERS[case][r.process]
+        assert re.search(rf"process {other} \(pid \d+, ranks \[[\d, ]+\] of this group\) passes {theirs} a rank "
+                         rf"at this call site, this process {ours.replace(' elements', '')}", message), message
+        assert seconds < 10, f"the error took {seconds} s (timeout 60 s): it should be named at once"
+
+
 def test_a_process_running_another_jaxcoll_version_is_refused_at_setup():
     for r in job("different_version", JAXCOLL_TIMEOUT=60):
         _, message = error_of(r)
@@ -158,25 +203,72 @@ def test_a_process_running_another_jaxcoll_version_is_refused_at_setup():
         assert "every process of a job must run the same version" in message, message
 
 
-def test_segments_left_by_a_crashed_run_are_removed():
-    # A segment named as jaxcoll names them, for a process that no longer exists.
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    stale = f"/dev/shm/jaxcoll-{'ab' * 16}-{dead.pid}-c1g0"
-    with open(stale, "wb") as f:
-        f.write(b"\0" * 4096)
-    os.chmod(stale, 0o600)
-    assert_all_ok(job("segments_private"), "segments_private")
-    assert not os.path.exists(stale), "the stale segment is still in /dev/shm"
+def _segments_of(prefix: str) -> list[str]:
+    """A process's segments as jaxcoll names them, made here, a minute old: its presence (`prefix`alive, first) and
+    a directory. The presence is unlocked, as a crashed process leaves it; a caller that locks it stands for a live
+    process."""
+    paths = [f"/dev/shm/{prefix}alive", f"/dev/shm/{prefix}c1g0"]
+    for path in paths:
+        with open(path, "wb") as f:
+            f.write(b"\0" * 64)
+        os.chmod(path, 0o600)
+        os.utime(path, (time.time() - 60, time.time() - 60))  # older than the cleaner's 10 s of grace
+    return paths
+
+
+def test_segments_left_by_a_crashed_run_are_removed_and_a_live_runs_are_not():
+    # One process that crashed (its presence unlocked) and one that lives (its presence locked by this test, as a
+    # process of another job, in another pid namespace perhaps, holds its own): no pid is asked.
+    dead = _segments_of(f"jaxcoll-{'ab' * 16}-p0-")
+    live = _segments_of(f"jaxcoll-{'cd' * 16}-p0-")
+    with open(live[0], "rb") as presence:
+        fcntl.flock(presence, fcntl.LOCK_EX)
+        assert_all_ok(job("segments_private"), "segments_private")
+        left = [p for p in dead + live if os.path.exists(p)]
+    for path in live:
+        os.unlink(path)
+    assert left == live, f"left in /dev/shm: {left}, expected only the live process's {live}"
 
 
 def test_a_finished_job_leaves_no_segment():
     results = job("large")
     assert_all_ok(results, "large")
-    # Segments carry their creator's pid (other jobs may be running on this machine: only this job's count).
-    pids = {str(r.pid) for r in results}
-    left = [f for f in os.listdir("/dev/shm") if f.startswith("jaxcoll-") and f.split("-")[2] in pids]
-    assert not left, f"segments left behind: {sorted(left)}"
+    # Only this job's segments count: other jobs may be running on this machine.
+    prefixes = {re.search(r"segments named (\S+)", r.stdout).group(1) for r in results}
+    left = [f for f in os.listdir("/dev/shm") if any(f.startswith(p) for p in prefixes)]
+    assert len(prefixes) == 2 and not left, f"segments left behind: {sorted(left)}"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_recompiling_leaves_no_segment_or_mapping_behind(transport):
+    # 33 compilations of one all_reduce and 8 replacing_collectives steps: a dropped executable's call sites free
+    # their shared memory and mappings (each compilation kept 2 segments a process, 4 mappings, before).
+    assert_all_ok(job("recompiles", timeout_s=180, cases=RELIABILITY, **TRANSPORTS[transport]), "recompiles")
+
+
+def _unshare_works(how: str) -> bool:
+    args = {"pid": ["--pid", "--fork", "true"], "mount": ["--mount", "sh", "-c", "mount -t tmpfs tmpfs /dev/shm"]}
+    return shutil.which("unshare") is not None and subprocess.run(["unshare", *args[how]], capture_output=True,
+                                                                   timeout=30).returncode == 0
+
+
+# (namespace of process 1, the hosts every process must see): a pid namespace shares /dev/shm (one host, shared
+# memory); a private /dev/shm is another host (the network transport), hostname and boot id alike.
+NAMESPACES = {"pid": (0, 0), "mount": (0, 1)}
+
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
+def test_a_process_in_another_namespace_is_told_apart_by_what_it_shares(namespace):
+    # pid namespace: its peers' pids mean nothing there (a peer was taken for exited, another job's live segments
+    # removed); mount namespace: its /dev/shm is its own (every call waited out the timeout).
+    if not _unshare_works(namespace):
+        pytest.skip(f"unshare cannot make a {namespace} namespace here (needs root)")
+    results = job("namespaces", JAXCOLL_TIMEOUT=20, cases=RELIABILITY, timeout_s=120,
+                  process_env={1: {"CASE_UNSHARE": namespace}})
+    assert_all_ok(results, "namespaces")
+    assert all(f"hosts {NAMESPACES[namespace]}" in r.stdout for r in results), [r.stdout[-300:] for r in results]
+    if namespace == "pid":
+        assert "pid 1," in results[1].stdout, results[1].stdout
 
 
 def test_a_network_port_that_is_taken_is_named():
@@ -191,6 +283,17 @@ def test_a_network_port_that_is_taken_is_named():
     seconds, message = error_of(results[0])
     assert "process 1 could not open the network transport" in message and f"port {port}" in message, message
     assert seconds < 5, f"the peer learnt of the taken port after {seconds} s (timeout 10 s): it should be at once"
+
+
+def test_silent_connections_during_setup_do_not_stop_the_job():
+    # Five strangers connect to process 1's port before process 0 does and never send a byte; with hellos awaited
+    # one at a time (10 s each) process 1 gave up on process 0 after the setup timeout. The listener binds the
+    # address it publishes, not every interface.
+    results = job("strangers", JAXCOLL_TIMEOUT=20, cases=RELIABILITY, JAXCOLL_TRANSPORT="tcp", timeout_s=120)
+    assert_all_ok(results, "strangers")
+    assert "refused 5" in results[1].stdout, results[1].stdout
+    logged = [line for line in results[1].stderr.splitlines() if "closed a connection from 127.0.0.1:" in line]
+    assert len(logged) == 5 and all("presented no hello within 2 s" in line for line in logged), logged
 
 
 def test_a_connection_without_the_jobs_token_is_refused():

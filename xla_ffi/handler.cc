@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <thread>
 #include <atomic>
 #include <memory>
@@ -35,6 +37,10 @@ struct PlanState {
   std::vector<int32_t> processes;
   uint64_t fingerprint = 0;
   std::array<std::atomic<SpanningCommunicator*>, 64> spanning_by_group{};
+  // The spanning communicators this compiled call uses, owned here: XLA destroys the state with the executable,
+  // and the call site's shared memory goes with it (spanning.hpp).
+  std::mutex spanning_mu;
+  std::map<int32_t, std::shared_ptr<SpanningCommunicator>> spanning;
 };
 ffi::TypeId PlanState::id = XLA_FFI_UNKNOWN_TYPE_ID;
 constexpr ffi::TypeInfo kPlanStateInfo = ffi::MakeTypeInfo<PlanState>();
@@ -123,10 +129,19 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
     if (std::any_of(procs, procs + plan.nranks, [&](int32_t p) { return p != procs[0]; })) {
       SpanningCommunicator* span = cached ? state->spanning_by_group[group].load(std::memory_order_acquire) : nullptr;
       if (!span) {
-        Status st;
-        span = spanning_communicator_for(state->callsite, group, plan,
-                                         std::vector<int32_t>(procs, procs + plan.nranks), state->fingerprint, st);
-        if (!span) return Failed(ffi::Error::InvalidArgument(st.message()));
+        std::lock_guard<std::mutex> lock(state->spanning_mu);
+        auto& owned = state->spanning[group];
+        if (!owned) {
+          Status st;
+          owned = spanning_communicator_for(state->callsite, group, plan,
+                                            std::vector<int32_t>(procs, procs + plan.nranks), state->fingerprint,
+                                            b.input_elements, *dtype, st);
+          if (!owned) {
+            state->spanning.erase(group);
+            return Failed(ffi::Error::InvalidArgument(st.message()));
+          }
+        }
+        span = owned.get();
         if (cached) state->spanning_by_group[group].store(span, std::memory_order_release);
       }
       const Status st = execute_spanning_rank(*span, run_id.run_id, plan, rank, b, site, default_timeout_s(),

@@ -18,6 +18,7 @@
 #include "csrc/local_group.hpp"
 #include "csrc/net.hpp"
 #include "csrc/plan.hpp"
+#include "csrc/shared_memory.hpp"
 #include "csrc/spanning.hpp"
 #include "csrc/topk.hpp"
 #include "csrc/world.hpp"
@@ -138,24 +139,42 @@ NB_MODULE(_jaxcoll, m) {
         "The timeout of a call in seconds: JAXCOLL_TIMEOUT, default 300 (read once).");
 
   m.def("configure_world",
-        [](int32_t process, std::vector<int64_t> pids, std::vector<int32_t> hosts, std::string token) {
-          jaxcoll::Status st = jaxcoll::configure_world(process, std::move(pids), std::move(hosts), std::move(token));
+        [](int32_t process, std::vector<int64_t> pids, std::vector<int32_t> hosts, std::string token,
+           std::vector<std::string> host_names) {
+          jaxcoll::Status st = jaxcoll::configure_world(process, std::move(pids), std::move(hosts), std::move(token),
+                                                        std::move(host_names));
           if (!st.ok()) throw std::runtime_error(st.message());
         },
         nb::arg("process"), nb::arg("pids"), nb::arg("hosts"), nb::arg("token"),
+        nb::arg("host_names") = std::vector<std::string>(),
         "Tell the runtime which job this process belongs to (jaxcoll.distributed.connect does it once).");
 
+  m.def("open_presence",
+        [](std::string token, int32_t process) {
+          std::string nonce;
+          jaxcoll::Status st = jaxcoll::open_presence(token, process, nonce);
+          if (!st.ok()) throw std::runtime_error(st.message());
+          return nonce;
+        },
+        nb::arg("token"), nb::arg("process"),
+        "Create this process's presence segment (locked while it lives); returns the nonce in it.");
+  m.def("read_presence", &jaxcoll::read_presence, nb::arg("token"), nb::arg("process"),
+        "The nonce in another process's presence as this process sees it (\"\": none, another /dev/shm).");
+  m.def("clean_stale_segments", &jaxcoll::clean_stale_segments,
+        "Unlink the segments of jaxcoll processes that no longer live; returns how many (tests).");
+
   m.def("net_listen",
-        [](int32_t process, int port, std::string token) {
+        [](int32_t process, std::string address, int port, std::string token) {
           // The handler before the port: a peer may connect and send as soon as the port is open.
           jaxcoll::serve_network();
           int bound = 0;
-          jaxcoll::Status st = jaxcoll::net_listen(process, port, token, bound);
+          jaxcoll::Status st = jaxcoll::net_listen(process, address, port, token, bound);
           if (!st.ok()) throw std::runtime_error(st.message());
           return bound;
         },
-        nb::arg("process"), nb::arg("port"), nb::arg("token"),
-        "Listen for the job's network peers (0: a free port); returns the port.");
+        nb::arg("process"), nb::arg("address"), nb::arg("port"), nb::arg("token"),
+        "Listen for the job's network peers at an address (\"\": every one) and port (0: a free one); returns the "
+        "port.");
 
   m.def("net_connect",
         [](std::vector<int32_t> peers, std::vector<std::string> addresses, std::vector<int> ports, double timeout_s) {

@@ -50,7 +50,7 @@ constexpr size_t kSegmentBytes = kRecordOffset + kPage;
 static_assert(sizeof(ErrorRecord) <= kPage);
 
 std::string offer_name(const World& w, int32_t process, int64_t callsite, int32_t group) {
-  return "/jaxcoll-" + w.token + "-" + std::to_string(w.pids[process]) + "-gpu-c" + std::to_string(callsite) + "g" +
+  return w.segment_prefix(process) + "gpu-c" + std::to_string(callsite) + "g" +
          std::to_string(group);
 }
 
@@ -301,7 +301,7 @@ void SlotExchange::run_watchdog() {
         else if (!x->peer_failure(p).empty()) claim(x->record_, Failure::kPeerFailed, p, r);
       }
     }
-    d.changed.wait_for(lock, std::chrono::milliseconds(50));  // the CPU path's pidfd poll interval
+    d.changed.wait_for(lock, std::chrono::milliseconds(50));  // the CPU path's liveness poll interval
   }
   d.running = false;
 }

@@ -1,0 +1,234 @@
+// The network transport's side of a spanning call (spanning_call.hpp): a network peer's ranks as messages, its
+// publication of a call found in the mailbox, and the handler of every message from network peers (net.hpp).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "csrc/spanning_call.hpp"
+
+namespace jaxcoll {
+
+namespace {
+
+// The ranks of one network peer in one call: reads, writes and signals become messages naming the call.
+class NetRanks : public RemoteRanks {
+ public:
+  NetRanks(int32_t process, std::string who, std::string stalled, int64_t callsite, int32_t group, int64_t run_id,
+           uint64_t iteration, Clock::time_point deadline)
+      : process_(process), who_(std::move(who)), stalled_(std::move(stalled)), deadline_(deadline) {
+    base_.callsite = callsite;
+    base_.group = group;
+    base_.run_id = run_id;  // the peer's launch id for the call (its own, where launches crossed)
+    base_.iteration = iteration;
+  }
+  std::unique_ptr<Read> begin_read(const ChunkRef& ref, void* dst, size_t bytes) override {
+    return std::make_unique<NetRanksRead>(*this, net_request(process_, addressed(NetMessage::kGet, ref, 0), dst,
+                                                             bytes));
+  }
+  Status write(const ChunkRef& ref, const void* src, size_t bytes) override {
+    if (!net_send(process_, addressed(NetMessage::kPut, ref, bytes), src)) return gone();
+    return {};
+  }
+  Status signal(int32_t rank, int32_t sem) override {
+    NetMessage m = base_;
+    m.type = NetMessage::kSignal;
+    m.rank = rank;
+    m.sem = sem;
+    if (!net_send(process_, m, nullptr)) return gone();
+    return {};
+  }
+
+ private:
+  NetMessage addressed(uint32_t type, const ChunkRef& ref, size_t bytes) const {
+    NetMessage m = base_;
+    m.type = type;
+    m.rank = ref.rank;
+    m.buffer = static_cast<int32_t>(ref.buffer);
+    m.index = ref.index;
+    m.count = ref.count;
+    m.bytes = bytes;
+    return m;
+  }
+  Status gone() const {
+    return Status::Error(who_ + " has gone: its network connection broke; its ranks will never finish their steps");
+  }
+  class NetRanksRead : public Read {
+   public:
+    NetRanksRead(const NetRanks& ranks, std::shared_ptr<NetRead> read) : ranks_(ranks), read_(std::move(read)) {}
+    Status finish() override {
+      Status st = net_await(*read_, ranks_.deadline_);
+      if (!st.ok() && !net_alive(ranks_.process_)) return ranks_.gone();
+      if (!st.ok() && Clock::now() >= ranks_.deadline_)
+        return Status::Error(ranks_.stalled_ + "; it did not answer a read");
+      return st;
+    }
+
+   private:
+    const NetRanks& ranks_;
+    std::shared_ptr<NetRead> read_;
+  };
+  int32_t process_;
+  std::string who_;
+  std::string stalled_;  // the error when it answers nothing until the deadline (describe_stalled)
+  Clock::time_point deadline_;
+  NetMessage base_;
+};
+
+}  // namespace
+
+std::unique_ptr<RemoteRanks> net_ranks(int32_t process, std::string who, std::string stalled, int64_t callsite,
+                                       int32_t group, int64_t run_id, uint64_t iteration,
+                                       Clock::time_point deadline) {
+  return std::make_unique<NetRanks>(process, std::move(who), std::move(stalled), callsite, group, run_id, iteration,
+                                    deadline);
+}
+
+Status find_network_peer(SpanCall& call, size_t i, bool& found) {
+  SpanningCommunicator& c = call.comm_;
+  const int32_t p = c.peers_[i];
+  NetMessage m;
+  {
+    std::lock_guard<std::mutex> lock(c.mailbox_->mu);
+    auto it = c.mailbox_->published.find({p, call.run_id_, call.iteration_});
+    found = it != c.mailbox_->published.end();
+    if (!found) {
+      // The peer's one publication of another launch at this call's count (kCrossedAfter); this process holds
+      // no call of that launch (it holds only this one).
+      auto other = c.mailbox_->published.end();
+      int32_t others = 0;
+      for (auto o = c.mailbox_->published.begin(); o != c.mailbox_->published.end(); ++o)
+        if (std::get<0>(o->first) == p && std::get<2>(o->first) == call.iteration_ &&
+            !c.mailbox_->done.count(o->first) && !c.mailbox_->failed.count(o->first)) {
+          other = o;
+          ++others;
+        }
+      if (others == 1 && call.crossed(i, std::get<1>(other->first))) {
+        it = other;
+        found = true;
+      } else if (others != 1) {
+        call.crossed(i, call.run_id_);
+      }
+    }
+    if (found) {
+      m = it->second;
+      call.peer_run_id_[i] = m.run_id;
+    } else if (auto f = c.mailbox_->sites.find(p); f != c.mailbox_->sites.end()) {
+      // Another plan or shape at this call site runs in another executable, whose launches never match ours:
+      // refuse it from any publication rather than wait for this one.
+      m = f->second;
+    } else {
+      return {};
+    }
+  }
+  if (std::string why = c.shape_differs(p, m.elements, m.dtype); !why.empty()) return Status::Error(why);
+  if (m.fingerprint != c.fingerprint_)
+    return Status::Error(call.site_.describe() + ": " + c.describe_process(p) +
+                         " runs a different plan at this call site (plan fingerprint " + std::to_string(m.fingerprint) +
+                         ", this process " + std::to_string(c.fingerprint_) +
+                         "); every process must run the same program with the same jaxcoll version");
+  if (!found) return {};
+  if (m.block != call.block_ || m.dtype != static_cast<int32_t>(call.dtype_))
+    return Status::Error(call.site_.describe() + ": " + c.describe_process(p) + " called with " +
+                         std::to_string(m.block) + "-element blocks of " + dtype_name(static_cast<DType>(m.dtype)) +
+                         ", this process with " + std::to_string(call.block_) + " of " + dtype_name(call.dtype_) +
+                         "; every rank must pass the same shape");
+  call.peer_slot_[i] = kOverNetwork;
+  return {};
+}
+
+namespace {
+
+std::shared_ptr<SpanningCommunicator> find_communicator(int64_t callsite, int32_t group) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto it = reg.comms.find({callsite, group});
+  return it == reg.comms.end() ? nullptr : it->second.lock();
+}
+
+std::shared_ptr<SpanCall> find_call(SpanningCommunicator& c, int64_t run_id, uint64_t iteration) {
+  std::lock_guard<std::mutex> lock(c.mu_);
+  for (auto& a : c.active_)
+    if (a->run_id_ == run_id && a->iteration_ == iteration) return a;
+  return nullptr;
+}
+
+// The local chunk a signal, put or get from a network peer addresses, or an error naming what is wrong.
+struct Addressed {
+  std::shared_ptr<SpanningCommunicator> comm;
+  std::shared_ptr<SpanCall> call;
+  const PeerView* view = nullptr;
+  void* at = nullptr;  // put, get: the chunk's first byte
+  size_t bytes = 0;    // put, get: the chunk's bytes
+};
+
+bool address(const NetMessage& m, Addressed& a) {
+  // Signals, puts and gets come only after the sender found this process's publication of the call.
+  a.comm = find_communicator(m.callsite, m.group);
+  SpanningCommunicator* c = a.comm.get();
+  a.call = c ? find_call(*c, m.run_id, m.iteration) : nullptr;
+  if (!a.call || m.rank < 0 || m.rank >= c->plan_.nranks || c->local_index_[m.rank] < 0) return false;
+  a.view = &a.call->local_views_[c->local_index_[m.rank]];
+  if (m.type == NetMessage::kSignal) return true;
+  const ChunkRef ref{m.rank, static_cast<BufferKind>(m.buffer), m.index, m.count};
+  const int64_t k = c->plan_.chunk_factor;
+  const ElementRange range = chunk_range(k, a.call->block_, ref.index, ref.count);
+  const size_t esize = ref.buffer == BufferKind::kScratch ? accum_size(a.call->dtype_) : dtype_size(a.call->dtype_);
+  a.bytes = size_t(range.size()) * esize;
+  a.at = chunk_address(*a.view, ref, k, a.call->block_, dtype_size(a.call->dtype_), accum_size(a.call->dtype_));
+  return true;
+}
+
+// Where a put's payload goes: straight into its chunk when the call is here and the sizes agree (otherwise the
+// handler reports it from the payload).
+void* place(const NetMessage& m) {
+  if (m.type != NetMessage::kPut) return nullptr;
+  Addressed a;
+  return address(m, a) && a.bytes == m.bytes ? a.at : nullptr;
+}
+
+// A message from a network peer (net.hpp's receiver thread).
+void on_message(const NetMessage& m, std::vector<char>& payload, bool placed) {
+  const CallKey key{m.from, m.run_id, m.iteration};
+  if (m.type == NetMessage::kPublish || m.type == NetMessage::kDone || m.type == NetMessage::kFailed) {
+    {
+      auto box = mailbox(m.callsite, m.group);
+      std::lock_guard<std::mutex> lock(box->mu);
+      if (m.type == NetMessage::kPublish) {
+        box->published[key] = m;
+        box->sites.emplace(m.from, m);
+      }
+      else if (m.type == NetMessage::kDone) box->done.insert(key);
+      else box->failed[key] = std::string(payload.begin(), payload.end());
+    }
+    if (auto c = find_communicator(m.callsite, m.group))
+      if (auto call = find_call(*c, m.run_id, m.iteration)) call->header().bell.ring();
+    return;
+  }
+  Addressed a;
+  if (!address(m, a)) {
+    if (a.comm) a.comm->fail("jaxcoll callsite " + std::to_string(m.callsite) + ": process " +
+                             std::to_string(m.from) + " addressed rank " + std::to_string(m.rank) +
+                             " of a call this process does not hold");
+    return;
+  }
+  if (m.type == NetMessage::kSignal) {
+    a.view->semaphores[m.sem].fetch_add(1, std::memory_order_release);
+    a.call->header().bell.ring();
+  } else if (m.type == NetMessage::kPut) {
+    if (!placed)
+      a.call->fail(a.call->site_.describe() + ": process " + std::to_string(m.from) + " wrote " +
+                   std::to_string(payload.size()) + " bytes into a chunk of " + std::to_string(a.bytes));
+  } else if (m.type == NetMessage::kGet) {
+    NetMessage answer;
+    answer.type = NetMessage::kData;
+    answer.request = m.request;
+    answer.bytes = a.bytes;
+    net_send(m.from, answer, a.at);
+  }
+}
+
+}  // namespace
+
+void serve_network() { net_set_handler(on_message, place); }
+
+}  // namespace jaxcoll
