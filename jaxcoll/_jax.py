@@ -100,8 +100,54 @@ def result_like(like, shape: tuple, dtype):
 
 
 # -- Primitives and their rules ---------------------------------------------------------------------------------
-# jaxcoll's primitives are built from jax.extend.core.Primitive and registered through the public modules
-# jax.interpreters.{ad, batching, mlir}; these are the pieces of the rules that JAX does not export.
+# jaxcoll's primitives are built from jax.extend.core.Primitive, and their lowering rules emit IR through
+# jax.extend.mlir (ir, dialects.stablehlo). What else they need is here: JAX's API compatibility policy counts
+# jax.interpreters (ad, batching, mlir) and jax.core as legacy modules of private APIs, scheduled for deprecation,
+# like jax._src; jax.extend has no registration of rules nor these IR helpers. Each function names what it stands
+# in for. In use from jax.interpreters on jax 0.10.2, 0.11.2 and 0.12.0.1 before they moved here.
+
+def register_lowering(primitive, rule, *, platform: str | None = None, cacheable: bool = True) -> None:
+    """Register `rule` as `primitive`'s lowering (for `platform` only, if given). Public: none (jax.extend.mlir
+    has no registration); stands in for jax.interpreters.mlir.register_lowering."""
+    from jax.interpreters import mlir
+    mlir.register_lowering(primitive, rule, platform=platform, cacheable=cacheable)
+
+
+def register_jvp(primitive, rule) -> None:
+    """Register `primitive`'s JVP rule. Public: none (jax.custom_jvp is for functions, not primitives); stands in
+    for jax.interpreters.ad.primitive_jvps."""
+    from jax.interpreters import ad
+    ad.primitive_jvps[primitive] = rule
+
+
+def register_transpose(primitive, rule) -> None:
+    """Register `primitive`'s transpose rule (ad.primitive_transposes' form). Public: none (jax.custom_vjp is for
+    functions); stands in for jax.interpreters.ad.primitive_transposes."""
+    from jax.interpreters import ad
+    ad.primitive_transposes[primitive] = rule
+
+
+def register_linear(primitive, transpose_rule) -> None:
+    """Register `primitive` as linear: its JVP applies it to the tangents, and `transpose_rule(cotangent, *primals,
+    **params)` transposes it. Public: none; stands in for jax.interpreters.ad.deflinear2."""
+    from jax.interpreters import ad
+    ad.deflinear2(primitive, transpose_rule)
+
+
+def register_batching(primitive, rule, *, axis_data: bool = True) -> None:
+    """Register `primitive`'s batching (vmap) rule: `rule(axis_data, vals_in, dims_in, **params)`, which is told
+    the vmapped axis (its name and size), or with axis_data=False `rule(vals_in, dims_in, **params)`. Public: none
+    (jax.custom_batching is for functions); stands in for jax.interpreters.batching.fancy_primitive_batchers and
+    batching.primitive_batchers."""
+    from jax.interpreters import batching
+    (batching.fancy_primitive_batchers if axis_data else batching.primitive_batchers)[primitive] = rule
+
+
+def batching_rule(primitive):
+    """The batching rule registered for `primitive` (of the form register_batching takes with axis_data=True): a
+    jax.lax primitive's, to batch as it does. Public: none; reads jax.interpreters.batching.fancy_primitive_batchers."""
+    from jax.interpreters import batching
+    return batching.fancy_primitive_batchers[primitive]
 
 def axis_env():
     """The named axes bound by enclosing shard_map/vmap at trace time (`axis_exists`, `axis_size`). No public API
@@ -140,6 +186,35 @@ def pbroadcast_p():
 
 
 # -- Lowering ---------------------------------------------------------------------------------------------------
+
+def ir_constant(value):
+    """A constant of the lowered program holding the numpy value `value`. Public: none (jax.extend.mlir.ir builds
+    attributes, not JAX's dense constants); stands in for jax.interpreters.mlir.ir_constant."""
+    from jax.interpreters import mlir
+    return mlir.ir_constant(value)
+
+
+def ir_attribute(value):
+    """An MLIR attribute holding a Python or numpy value (a custom call's backend_config entry). Public: none for
+    numpy arrays and scalars; stands in for jax.interpreters.mlir.ir_attribute."""
+    from jax.interpreters import mlir
+    return mlir.ir_attribute(value)
+
+
+def aval_to_ir_type(module_context, aval):
+    """The MLIR type of abstract value `aval` in the module being lowered. Public: none; stands in for
+    jax.interpreters.mlir.aval_to_ir_type."""
+    from jax.interpreters import mlir
+    return mlir.aval_to_ir_type(module_context, aval)
+
+
+def lower_fun(fun, multiple_results: bool):
+    """A lowering rule that traces `fun` (a function of JAX values) and inlines its lowering. Public: none (the
+    documented way to lower a primitive in terms of others, from JAX's custom-primitive tutorial); stands in for
+    jax.interpreters.mlir.lower_fun."""
+    from jax.interpreters import mlir
+    return mlir.lower_fun(fun, multiple_results=multiple_results)
+
 
 def axis_index_hlo(ctx, axis_name):
     """This device's index along mesh axis `axis_name`, as an s32 value of the lowered program. What
@@ -214,8 +289,8 @@ def lax_collective_primitives() -> dict:
 
 class LoweringRules:
     """What jax holds for one primitive's lowering: its default rule, its platform-specific rules and whether it
-    is lowered uncached, as `saved` found them. Public: jax.interpreters.mlir.register_lowering adds or replaces a
-    rule, but nothing reads a registered rule back or removes one; a block that replaces rules for a while must
+    is lowered uncached, as `saved` found them. Public: none; register_lowering (above) adds or replaces a rule,
+    but nothing reads a registered rule back or removes one; a block that replaces rules for a while must
     do both to leave jax as it was. Checked on jax 0.10.2 and 0.12.0.1 (mlir._lowerings,
     _platform_specific_lowerings, _uncacheable_primitives)."""
 

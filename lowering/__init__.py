@@ -1,7 +1,8 @@
 """JAX primitives of jaxcoll's collectives and their rules (abstract eval, lowering to the jaxcoll custom call,
-jvp/transpose, batching), one module per collective. The public functions in `jaxcoll.collectives` validate
-their arguments (`jaxcoll.collectives.arguments`) and bind these; the rules here take the parameters as checked
-(the transposes and batching rules bind only shapes and parameters that follow from checked ones)."""
+jvp/transpose, batching), one module per collective. The exact collectives (`jaxcoll.exact`, under the public
+ones and the compressed ones) validate their arguments (`jaxcoll.exact.arguments`) and bind these; the rules here
+take the parameters as checked (the transposes and batching rules bind only shapes and parameters that follow from
+checked ones)."""
 
 from jaxcoll.lowering.all_gather import all_gather_p
 from jaxcoll.lowering.all_reduce import all_reduce_p

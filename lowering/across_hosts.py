@@ -16,7 +16,6 @@ import math
 import numpy as np
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
-from jax.interpreters import mlir
 
 from jaxcoll import _jax
 from jaxcoll.algorithms import across_hosts
@@ -76,9 +75,9 @@ def emit(ctx, value, aval, out_aval, collective: Collective, *, axes: tuple, op:
     per_host = len(plan_of[0].hosts[0])
     if collective is Collective.ALL_REDUCE and total % per_host:
         padded = -(-total // per_host) * per_host  # the host-local reduce_scatter splits it in per_host blocks
-        zero = mlir.ir_constant(np.zeros((), dtype))
-        flat = hlo.pad(flat, zero, mlir.dense_int_array([0]), mlir.dense_int_array([padded - total]),
-                       mlir.dense_int_array([0]))
+        zero = _jax.ir_constant(np.zeros((), dtype))
+        flat = hlo.pad(flat, zero, ir.DenseI64ArrayAttr.get([0]), ir.DenseI64ArrayAttr.get([padded - total]),
+                       ir.DenseI64ArrayAttr.get([0]))
     else:
         padded = total
     size = padded
@@ -107,7 +106,8 @@ def emit(ctx, value, aval, out_aval, collective: Collective, *, axes: tuple, op:
     if plan_of[0].output_blocks is not None:
         flat = _permute_blocks(flat, size, [s.output_blocks for s in plan_of])
     if padded != total:
-        flat = hlo.slice(flat, mlir.dense_int_array([0]), mlir.dense_int_array([total]), mlir.dense_int_array([1]))
+        flat = hlo.slice(flat, ir.DenseI64ArrayAttr.get([0]), ir.DenseI64ArrayAttr.get([total]),
+                         ir.DenseI64ArrayAttr.get([1]))
     return _jax.reshape_hlo(ctx, flat, out_aval)
 
 
@@ -144,9 +144,9 @@ def network_attributes(phase: across_hosts.Phase, op: str, ids: np.ndarray) -> d
 def _network_call(ctx, value, aval, out_aval, phase: across_hosts.Phase, op: str, ids: np.ndarray):
     return _jax.custom_call(
         NETWORK_TARGET,
-        result_types=[mlir.aval_to_ir_type(ctx.module_context, out_aval)],
+        result_types=[_jax.aval_to_ir_type(ctx.module_context, out_aval)],
         operands=[value],
-        backend_config={name: mlir.ir_attribute(v) for name, v in network_attributes(phase, op, ids).items()},
+        backend_config={name: _jax.ir_attribute(v) for name, v in network_attributes(phase, op, ids).items()},
         api_version=4,
         operand_layouts=[(0,)],
         result_layouts=[(0,)],
@@ -164,6 +164,6 @@ def _permute_blocks(flat, size: int, orders):
         return flat
     nblocks = len(order)
     block = size // nblocks
-    pieces = [hlo.slice(flat, mlir.dense_int_array([b * block]), mlir.dense_int_array([(b + 1) * block]),
-                        mlir.dense_int_array([1])) for b in order]
+    pieces = [hlo.slice(flat, ir.DenseI64ArrayAttr.get([b * block]), ir.DenseI64ArrayAttr.get([(b + 1) * block]),
+                        ir.DenseI64ArrayAttr.get([1])) for b in order]
     return hlo.concatenate(pieces, ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0))

@@ -14,7 +14,6 @@ from functools import partial
 
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
 
 from jaxcoll import _jax
 from jaxcoll.lowering import groups, plans
@@ -120,11 +119,11 @@ def _batcher(prim, axis_data, vals_in, dims_in, *, axes, all_gather_dimension, t
 
 
 all_gather_p.def_effectful_abstract_eval(_abstract_eval)
-mlir.register_lowering(all_gather_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
-ad.deflinear2(all_gather_p, _transpose)
-batching.fancy_primitive_batchers[all_gather_p] = partial(_batcher, all_gather_p)
+_jax.register_lowering(all_gather_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
+_jax.register_linear(all_gather_p, _transpose)
+_jax.register_batching(all_gather_p, partial(_batcher, all_gather_p))
 
 all_gather_invariant_p.def_effectful_abstract_eval(_invariant_abstract_eval)
-mlir.register_lowering(all_gather_invariant_p, _lowering, cacheable=False)
-ad.deflinear2(all_gather_invariant_p, _invariant_transpose)
-batching.fancy_primitive_batchers[all_gather_invariant_p] = partial(_batcher, all_gather_invariant_p)
+_jax.register_lowering(all_gather_invariant_p, _lowering, cacheable=False)
+_jax.register_linear(all_gather_invariant_p, _invariant_transpose)
+_jax.register_batching(all_gather_invariant_p, partial(_batcher, all_gather_invariant_p))

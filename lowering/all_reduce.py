@@ -13,7 +13,6 @@ from functools import partial
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
 
 from jaxcoll import _jax
 from jaxcoll.lowering import groups
@@ -74,7 +73,7 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, op, algorithm):
 
 
 all_reduce_p.def_effectful_abstract_eval(_abstract_eval)
-mlir.register_lowering(all_reduce_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
-ad.primitive_jvps[all_reduce_p] = _jvp
-ad.primitive_transposes[all_reduce_p] = partial(_jax.linear_transpose2, _transpose)
-batching.fancy_primitive_batchers[all_reduce_p] = _batcher
+_jax.register_lowering(all_reduce_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
+_jax.register_jvp(all_reduce_p, _jvp)
+_jax.register_transpose(all_reduce_p, partial(_jax.linear_transpose2, _transpose))
+_jax.register_batching(all_reduce_p, _batcher)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from jax.extend.core import Primitive
 from jax.extend.core.primitives import all_to_all_p as lax_all_to_all_p
-from jax.interpreters import ad, batching, mlir
 
+from jaxcoll import _jax
 from jaxcoll.lowering import groups
 from jaxcoll.lowering.blocks import Blocks
 from jaxcoll.lowering.custom_call import emit
@@ -61,12 +61,12 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, split_axis, concat_axis, algo
     if axes != (axis_data.name,):
         raise NotImplementedError(f"{API} over axes={axes} that mix a vmap axis with other axes")
     # Over the vmapped axis alone nothing is communicated; jax.lax's batching rule computes it locally.
-    return batching.fancy_primitive_batchers[lax_all_to_all_p](
+    return _jax.batching_rule(lax_all_to_all_p)(
         axis_data, vals_in, dims_in, axis_name=axes, split_axis=split_axis, concat_axis=concat_axis,
         axis_index_groups=None, tiled=True)
 
 
 all_to_all_p.def_effectful_abstract_eval(_abstract_eval)
-mlir.register_lowering(all_to_all_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
-ad.deflinear2(all_to_all_p, _transpose)
-batching.fancy_primitive_batchers[all_to_all_p] = _batcher
+_jax.register_lowering(all_to_all_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
+_jax.register_linear(all_to_all_p, _transpose)
+_jax.register_batching(all_to_all_p, _batcher)

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from jax.core import ShapedArray
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
-from jax.interpreters import mlir
 
 from jaxcoll import _jax
 
 
 @dataclasses.dataclass(frozen=True)
 class Blocks:
-    ctx: mlir.LoweringRuleContext
+    ctx: object  # the lowering rule's context (jax.interpreters.mlir.LoweringRuleContext: private, see _jax.py)
     value: ir.Value
-    aval: ShapedArray
+    aval: object  # value's abstract value (a ShapedArray, as jax.typeof gives)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -42,7 +40,7 @@ class Blocks:
         perm = [i for i in range(len(self.shape)) if i != src]
         perm.insert(dst, src)
         aval = self.aval.update(shape=tuple(self.shape[i] for i in perm))
-        value = hlo.transpose(self.value, mlir.dense_int_array(perm))
+        value = hlo.transpose(self.value, ir.DenseI64ArrayAttr.get(perm))
         return Blocks(self.ctx, value, aval)
 
     def split(self, axis: int, parts: int) -> "Blocks":

@@ -7,7 +7,6 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
 
 from jaxcoll import _jax
 from jaxcoll.lowering import groups
@@ -55,11 +54,11 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, root, algorithm):
     if axes != (axis_data.name,):
         raise NotImplementedError(f"{API} over axes={axes} that mix a vmap axis with other axes")
     # Over the vmapped axis alone nothing is communicated; jax.lax's batching rule computes it locally.
-    return batching.fancy_primitive_batchers[_jax.pbroadcast_p()](
+    return _jax.batching_rule(_jax.pbroadcast_p())(
         axis_data, vals_in, dims_in, axis_name=axes, source=root)
 
 
 broadcast_p.def_effectful_abstract_eval(_abstract_eval)
-mlir.register_lowering(broadcast_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
-ad.deflinear2(broadcast_p, _transpose)
-batching.fancy_primitive_batchers[broadcast_p] = _batcher
+_jax.register_lowering(broadcast_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
+_jax.register_linear(broadcast_p, _transpose)
+_jax.register_batching(broadcast_p, _batcher)

@@ -15,7 +15,6 @@ import itertools
 import math
 
 import numpy as np
-from jax.interpreters import mlir
 from jax.extend.mlir import ir
 
 from jaxcoll import _jax
@@ -105,13 +104,13 @@ def call(ctx, value, aval, out_aval, plan, rank, group, processes: np.ndarray | 
 def _custom_call(ctx, value, aval, out_aval, plan, rank, group, processes, op):
     return _jax.custom_call(
         target_name(plan.collective),
-        result_types=[mlir.aval_to_ir_type(ctx.module_context, out_aval)],
+        result_types=[_jax.aval_to_ir_type(ctx.module_context, out_aval)],
         operands=[value, rank, group],
         backend_config={
-            "plan": mlir.ir_attribute(encode(plan)),
-            "reduce_op": mlir.ir_attribute(np.int32(REDUCE_OP_CODES[op])),
-            "callsite": mlir.ir_attribute(np.int64(next_callsite())),
-            "processes": mlir.ir_attribute(np.zeros(0, np.int32) if processes is None else processes),
+            "plan": _jax.ir_attribute(encode(plan)),
+            "reduce_op": _jax.ir_attribute(np.int32(REDUCE_OP_CODES[op])),
+            "callsite": _jax.ir_attribute(np.int64(next_callsite())),
+            "processes": _jax.ir_attribute(np.zeros(0, np.int32) if processes is None else processes),
         },
         api_version=4,
         operand_layouts=[_row_major(len(aval.shape)), (), ()],

@@ -14,7 +14,6 @@ import math
 import numpy as np
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
-from jax.interpreters import mlir
 
 from jaxcoll import _jax
 
@@ -120,7 +119,7 @@ def lowered_group_size(ctx, axes: tuple) -> int:
 
 
 def _s32(value: int) -> ir.Value:
-    return mlir.ir_constant(np.asarray(value, dtype=np.int32))
+    return _jax.ir_constant(np.asarray(value, dtype=np.int32))
 
 
 def _linear_index(ctx, names: tuple, sizes: tuple) -> ir.Value:
@@ -186,8 +185,8 @@ def lookup(ctx, table: np.ndarray, rank: ir.Value, group: ir.Value, nranks: int)
     """table[group * nranks + rank] as an s32 scalar of the lowered program (a per-device value from a constant
     table indexed by the device's rank and group)."""
     index = hlo.add(hlo.multiply(group, _s32(nranks)), rank)
-    constant = mlir.ir_constant(np.asarray(table, np.int32))
-    picked = hlo.dynamic_slice(constant, [index], mlir.dense_int_array([1]))
+    constant = _jax.ir_constant(np.asarray(table, np.int32))
+    picked = hlo.dynamic_slice(constant, [index], ir.DenseI64ArrayAttr.get([1]))
     return hlo.reshape(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)), picked)
 
 

@@ -23,9 +23,9 @@ def choose(api_name: str, collective: Collective, nranks: int, nbytes: int, dtyp
 
     try:  # select rejects anything but a known name or a Plan, listing the known names
         if isinstance(algorithm, str) and algorithm == "auto" and nranks > 1 and nbytes > 0 and platform == "cpu":
-            from jaxcoll import tune
-            if collective in tune.TUNED:
-                return tune.choose(collective, nranks, nbytes, np.dtype(dtype), params.get("processes"), hosts)[1]
+            from jaxcoll.tune import choice, registry  # not jaxcoll.tune, whose measurements run collectives
+            if collective in registry.TUNED:
+                return choice.choose(collective, nranks, nbytes, np.dtype(dtype), params.get("processes"), hosts)[1]
         return algorithms.select(collective, nranks, nbytes, np.dtype(dtype), algorithm, **params)
     except ValueError as e:
         raise ValueError(f"{api_name}: {e}") from e

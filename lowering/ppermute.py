@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from jax.extend.core import Primitive
 from jax.extend.core.primitives import ppermute_p as lax_ppermute_p
-from jax.interpreters import ad, batching, mlir
 
+from jaxcoll import _jax
 from jaxcoll.lowering import groups
 from jaxcoll.lowering.blocks import Blocks
 from jaxcoll.lowering.custom_call import emit
@@ -49,11 +49,11 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, perm, algorithm):
     if axes != (axis_data.name,):
         raise NotImplementedError(f"{API} over axes={axes} that mix a vmap axis with other axes")
     # Over the vmapped axis alone nothing is communicated; jax.lax's batching rule computes it locally.
-    return batching.fancy_primitive_batchers[lax_ppermute_p](
+    return _jax.batching_rule(lax_ppermute_p)(
         axis_data, vals_in, dims_in, axis_name=axes, perm=perm)
 
 
 ppermute_p.def_effectful_abstract_eval(_abstract_eval)
-mlir.register_lowering(ppermute_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
-ad.deflinear2(ppermute_p, _transpose)
-batching.fancy_primitive_batchers[ppermute_p] = _batcher
+_jax.register_lowering(ppermute_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
+_jax.register_linear(ppermute_p, _transpose)
+_jax.register_batching(ppermute_p, _batcher)

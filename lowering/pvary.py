@@ -10,7 +10,6 @@ psum in its backward pass. jaxcoll's collectives make their invariant inputs var
 from __future__ import annotations
 
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
 
 from jaxcoll import _jax
 from jaxcoll.lowering import groups
@@ -47,6 +46,6 @@ def _batcher(vals_in, dims_in, *, axes, algorithm):
 
 
 pvary_p.def_abstract_eval(_abstract_eval)
-mlir.register_lowering(pvary_p, lambda ctx, x, **_: [x])
-ad.deflinear2(pvary_p, _transpose)
-batching.primitive_batchers[pvary_p] = _batcher
+_jax.register_lowering(pvary_p, lambda ctx, x, **_: [x])
+_jax.register_linear(pvary_p, _transpose)
+_jax.register_batching(pvary_p, _batcher, axis_data=False)

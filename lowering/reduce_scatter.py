@@ -9,7 +9,6 @@ from functools import partial
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
 
 from jaxcoll import _jax
 from jaxcoll.lowering import groups, plans
@@ -98,7 +97,7 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, scatter_dimension, tiled, op,
 
 
 reduce_scatter_p.def_effectful_abstract_eval(_abstract_eval)
-mlir.register_lowering(reduce_scatter_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
-ad.primitive_jvps[reduce_scatter_p] = _jvp
-ad.primitive_transposes[reduce_scatter_p] = partial(_jax.linear_transpose2, _transpose)
-batching.fancy_primitive_batchers[reduce_scatter_p] = _batcher
+_jax.register_lowering(reduce_scatter_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
+_jax.register_jvp(reduce_scatter_p, _jvp)
+_jax.register_transpose(reduce_scatter_p, partial(_jax.linear_transpose2, _transpose))
+_jax.register_batching(reduce_scatter_p, _batcher)

@@ -1,6 +1,8 @@
 """Private JAX lives in one module, jaxcoll/_jax.py: no other module of the package (jaxcoll/, lowering/) or of
 the programs beside it (examples/, benchmarks/, tools/) imports `jax._src` or jaxlib's private modules, or
-reaches for JAX's private attributes. In _jax.py each use says which public API it stands in for."""
+reaches for JAX's private attributes. Nor do they use `jax.interpreters` or `jax.core`: JAX's API compatibility
+policy counts them legacy modules of private APIs, scheduled for deprecation (jax.extend has what is public of
+them). In _jax.py each use says which public API it stands in for."""
 
 import ast
 from pathlib import Path
@@ -9,7 +11,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 ALLOWED = REPO / "jaxcoll" / "_jax.py"
-PRIVATE_MODULES = ("jax._src", "jaxlib.xla_client", "jaxlib._jax", "jaxlib.xla_extension", "jaxlib.mlir._mlir_libs")
+PRIVATE_MODULES = ("jax._src", "jaxlib.xla_client", "jaxlib._jax", "jaxlib.xla_extension", "jaxlib.mlir._mlir_libs",
+                   "jax.interpreters", "jax.core")
+# The legacy modules reached as attributes of jax (jax.core.ShapedArray after an `import jax`).
+LEGACY_MODULES = {"core", "interpreters"}
 # Private names that reach JAX internals through an attribute rather than an import.
 PRIVATE_ATTRIBUTES = {"_src", "_check_vma", "_build_axis_index_lowering_hlo", "_xla", "_custom_type_id_handler",
                       "_const", "_lowerings", "_platform_specific_lowerings", "_uncacheable_primitives"}
@@ -36,6 +41,9 @@ def private_uses(path: Path) -> list[str]:
                 uses.append(f"line {node.lineno}: import {name}")
         if isinstance(node, ast.Attribute) and node.attr in PRIVATE_ATTRIBUTES:
             uses.append(f"line {node.lineno}: .{node.attr}")
+        if isinstance(node, ast.Attribute) and node.attr in LEGACY_MODULES and isinstance(node.value, ast.Name) \
+                and node.value.id == "jax":
+            uses.append(f"line {node.lineno}: jax.{node.attr}")
     return uses
 
 
@@ -43,6 +51,14 @@ def test_the_scan_sees_the_package_and_the_private_module():
     files = sources()
     assert ALLOWED in files and REPO / "lowering" / "groups.py" in files and len(files) > 50
     assert private_uses(ALLOWED), "the scan finds nothing even in jaxcoll/_jax.py: it is not looking"
+
+
+def test_the_scan_sees_the_legacy_modules_in_every_spelling(tmp_path):
+    source = tmp_path / "legacy.py"
+    source.write_text("import jax\nimport jax.core\nfrom jax import core\nfrom jax.interpreters import mlir\n"
+                      "from jax.interpreters.ad import deflinear2\nx = jax.core.ShapedArray\n"
+                      "from jax.extend.core import Primitive\nfrom jax.extend.mlir import ir\n")
+    assert sorted({int(use.split(":")[0].split()[1]) for use in private_uses(source)}) == [2, 3, 4, 5, 6]
 
 
 @pytest.mark.parametrize("path", [p for p in sources() if p != ALLOWED], ids=lambda p: str(p.relative_to(REPO)))

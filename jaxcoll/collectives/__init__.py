@@ -1,5 +1,6 @@
 """The public collectives: thin functions with the contracts of their jax.lax counterparts, used inside
-jax.shard_map. Each validates its arguments while tracing and binds its primitive from jaxcoll.lowering."""
+jax.shard_map. Each states the contract and dispatches: to jaxcoll.compress when asked for compression, else to
+the exact collectives (jaxcoll.exact, which check the arguments and bind the primitives)."""
 
 from jaxcoll.collectives.all_gather import all_gather
 from jaxcoll.collectives.all_reduce import all_reduce

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from jax import tree_util
-
-from jaxcoll.collectives.arguments import check_algorithm, dimension, leaf_array
-from jaxcoll.lowering import all_gather as prim
-from jaxcoll.lowering import groups
-from jaxcoll.plan import Collective
+from jaxcoll import exact
+from jaxcoll.compress import collectives as compressed
 
 
 def all_gather(x, axis_name, *, axis=0, tiled=False, algorithm="auto", compression=None):
@@ -27,18 +23,6 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, algorithm="auto", compressi
       `reduce_scatter` with op="sum".
     """
     if compression is not None:
-        from jaxcoll.compress import collectives as compressed  # compress/ composes the collectives: above them
         return compressed.all_gather(x, axis_name, axis=axis, tiled=tiled, algorithm=algorithm,
                                      compression=compression)
-    axes = groups.axis_names(axis_name, prim.API)
-    n = groups.group_size(axes)
-
-    def bind(leaf):
-        leaf = leaf_array(prim.API, leaf)
-        if tiled and leaf.ndim == 0:
-            raise ValueError(f"{prim.API}: tiled=True needs an operand of rank >= 1, got a scalar")
-        dim = dimension(prim.API, "axis", axis, leaf.ndim if tiled else leaf.ndim + 1)
-        check_algorithm(prim.API, Collective.ALL_GATHER, n, leaf, algorithm)
-        return prim.bind(leaf, axes=axes, all_gather_dimension=dim, tiled=bool(tiled), algorithm=algorithm)
-
-    return tree_util.tree_map(bind, x)
+    return exact.all_gather(x, axis_name, axis=axis, tiled=tiled, algorithm=algorithm)

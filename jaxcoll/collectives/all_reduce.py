@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from jax import tree_util
-
-from jaxcoll.collectives.arguments import check_algorithm, leaf_array
-from jaxcoll.lowering import all_reduce as prim
-from jaxcoll.lowering import groups
-from jaxcoll.lowering.dtypes import check_op
-from jaxcoll.plan import Collective
+from jaxcoll import exact
+from jaxcoll.compress import collectives as compressed
 
 
 def all_reduce(x, axis_name, *, op="sum", algorithm="auto", compression=None, compress_axes=None):
@@ -39,16 +34,6 @@ def all_reduce(x, axis_name, *, op="sum", algorithm="auto", compression=None, co
       psum's.
     """
     if compression is not None or op == "adasum" or compress_axes is not None:
-        from jaxcoll.compress import collectives as compressed  # compress/ composes the collectives: above them
         return compressed.all_reduce(x, axis_name, op=op, algorithm=algorithm, compression=compression,
                                      compress_axes=compress_axes)
-    axes = groups.axis_names(axis_name, prim.API)
-    op = check_op(prim.API, op)
-    n = groups.group_size(axes)
-
-    def bind(leaf):
-        leaf = leaf_array(prim.API, leaf, op)
-        check_algorithm(prim.API, Collective.ALL_REDUCE, n, leaf, algorithm)
-        return prim.bind(leaf, axes=axes, op=op, algorithm=algorithm)
-
-    return tree_util.tree_map(bind, x)
+    return exact.all_reduce(x, axis_name, op=op, algorithm=algorithm)

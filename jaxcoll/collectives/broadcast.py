@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from jax import tree_util
-
-from jaxcoll.collectives.arguments import check_algorithm, group_rank, leaf_array
-from jaxcoll.lowering import broadcast as prim
-from jaxcoll.lowering import groups
-from jaxcoll.plan import Collective
+from jaxcoll import exact
 
 
 def broadcast(x, axis_name, *, root=0, algorithm="auto"):
@@ -23,13 +18,4 @@ def broadcast(x, axis_name, *, root=0, algorithm="auto"):
       Array(s) of x's shapes and dtypes, varying over `axis_name` (as lax.pbroadcast's result is). The
       transpose sums the cotangents into the root and gives the other ranks zeros.
     """
-    axes = groups.axis_names(axis_name, prim.API)
-    n = groups.group_size(axes)
-    root = group_rank(prim.API, "root", root, n)
-
-    def bind(leaf):
-        leaf = leaf_array(prim.API, leaf)
-        check_algorithm(prim.API, Collective.BROADCAST, n, leaf, algorithm, root=root)
-        return prim.bind(leaf, axes=axes, root=root, algorithm=algorithm)
-
-    return tree_util.tree_map(bind, x)
+    return exact.broadcast(x, axis_name, root=root, algorithm=algorithm)

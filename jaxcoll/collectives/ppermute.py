@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from jax import tree_util
-
-from jaxcoll.collectives.arguments import check_algorithm, leaf_array, permutation_pairs
-from jaxcoll.lowering import groups
-from jaxcoll.lowering import ppermute as prim
-from jaxcoll.plan import Collective
+from jaxcoll import exact
 
 
 def ppermute(x, axis_name, perm, *, algorithm="auto"):
@@ -26,13 +21,4 @@ def ppermute(x, axis_name, perm, *, algorithm="auto"):
     Returns:
       Array(s) of x's shapes and dtypes, varying over `axis_name`. The transpose is the inverse permutation.
     """
-    axes = groups.ppermute_axes(groups.axis_names(axis_name, prim.API))
-    n = groups.group_size(axes)
-    pairs = permutation_pairs(prim.API, perm, n)
-
-    def bind(leaf):
-        leaf = leaf_array(prim.API, leaf)
-        check_algorithm(prim.API, Collective.PPERMUTE, n, leaf, algorithm, perm=pairs)
-        return prim.bind(leaf, axes=axes, perm=pairs, algorithm=algorithm)
-
-    return tree_util.tree_map(bind, x)
+    return exact.ppermute(x, axis_name, perm, algorithm=algorithm)

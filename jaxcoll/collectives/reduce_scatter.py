@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from jax import tree_util
-
-from jaxcoll.collectives.arguments import check_algorithm, leaf_array, split_dimension
-from jaxcoll.lowering import groups
-from jaxcoll.lowering import reduce_scatter as prim
-from jaxcoll.lowering.dtypes import check_op
-from jaxcoll.plan import Collective
+from jaxcoll import exact
+from jaxcoll.compress import collectives as compressed
 
 
 def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", algorithm="auto",
@@ -34,20 +29,8 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", 
       op="sum" is `all_gather`.
     """
     if compression is not None or compress_axes is not None:
-        from jaxcoll.compress import collectives as compressed  # compress/ composes the collectives: above them
         return compressed.reduce_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled, op=op,
                                          algorithm=algorithm, compression=compression,
                                          compress_axes=compress_axes)
-    axes = groups.axis_names(axis_name, prim.API)
-    op = check_op(prim.API, op)
-    n = groups.group_size(axes)
-
-    def bind(leaf):
-        leaf = leaf_array(prim.API, leaf, op)
-        if leaf.ndim == 0:
-            raise ValueError(f"{prim.API}: x must have rank >= 1 to be scattered, got a scalar")
-        dim = split_dimension(prim.API, "scatter_dimension", scatter_dimension, leaf.shape, n, bool(tiled))
-        check_algorithm(prim.API, Collective.REDUCE_SCATTER, n, leaf, algorithm)
-        return prim.bind(leaf, axes=axes, scatter_dimension=dim, tiled=bool(tiled), op=op, algorithm=algorithm)
-
-    return tree_util.tree_map(bind, x)
+    return exact.reduce_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled, op=op,
+                                algorithm=algorithm)

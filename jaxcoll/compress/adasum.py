@@ -19,8 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxcoll.collectives.ppermute import ppermute
-from jaxcoll.lowering import all_gather as all_gather_prim
+from jaxcoll import exact
 from jaxcoll.lowering import groups
 
 API = "jaxcoll.adasum"
@@ -44,7 +43,7 @@ def _leaf(x, axes: tuple, n: int):
     v = x.astype(jnp.float32).reshape(-1)
     d = 1
     while d < n:
-        partner = ppermute(v, order, [(r, r ^ d) for r in range(n)])
+        partner = exact.ppermute(v, order, [(r, r ^ d) for r in range(n)])
         lower = (rank & d) == 0
         v = combine(jnp.where(lower, v, partner), jnp.where(lower, partner, v))
         d *= 2
@@ -53,8 +52,7 @@ def _leaf(x, axes: tuple, n: int):
     v = jnp.pad(v, (0, per * n - v.size))
     me = lax.axis_index(axes if len(axes) > 1 else axes[0])
     mine = lax.dynamic_slice_in_dim(v, me * per, per)
-    v = all_gather_prim.bind(mine, axes=axes, all_gather_dimension=0, tiled=True, algorithm="auto",
-                             invariant=True)
+    v = exact.all_gather(mine, axes, tiled=True, invariant=True)
     return v[:x.size].reshape(x.shape).astype(x.dtype)
 
 

@@ -1,16 +1,17 @@
 """The `compression=` (and op="adasum") entry of the public collectives: checks the arguments while tracing and
 hands each leaf to the scheme that runs it (quantized.py, sparse.py, adasum.py). The public collectives in
-jaxcoll/collectives/ call these and do nothing else with compression."""
+jaxcoll/collectives/ call these and do nothing else with compression; the schemes run their hops on the exact
+collectives (jaxcoll.exact), the layer below both."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 from jax import tree_util
 
-from jaxcoll.collectives.arguments import dimension, split_dimension
 from jaxcoll.compress.adasum import adasum
 from jaxcoll.compress import hierarchical, quantized, sparse
 from jaxcoll.compress.formats import Bf16, check_operand, parse
+from jaxcoll.exact.arguments import dimension, split_dimension
 from jaxcoll.lowering import groups
 
 

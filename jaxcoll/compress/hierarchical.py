@@ -30,9 +30,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from jaxcoll import exact
 from jaxcoll.compress import codec, quantized
 from jaxcoll.compress.formats import Bf16, Format
-from jaxcoll.lowering import all_gather as all_gather_prim
 from jaxcoll.lowering import groups
 
 
@@ -43,13 +43,11 @@ def split(axes: tuple, compress_axes: tuple) -> tuple:
 
 def all_reduce(x, axes: tuple, compress_axes: tuple, fmt: Format):
     """The sum over `axes` of x, compressed over `compress_axes` only (arguments checked by the caller)."""
-    from jaxcoll.collectives.all_reduce import all_reduce as exact
-
     def compressed(v):
         flat = v.astype(jnp.float32).reshape(-1)
         return sum_and_loss(flat, axes, compress_axes, fmt, dtype=v.dtype)[0].reshape(v.shape)
 
-    return quantized.exact_derivative(compressed, lambda v: exact(v, axes), x)
+    return quantized.exact_derivative(compressed, lambda v: exact.all_reduce(v, axes), x)
 
 
 def sum_and_loss(flat, axes: tuple, compress_axes: tuple, fmt: Format, *, loss: bool = False, dtype=jnp.float32):
@@ -59,7 +57,6 @@ def sum_and_loss(flat, axes: tuple, compress_axes: tuple, fmt: Format, *, loss: 
     it into the same chunk: error feedback (jaxcoll.optax.compressed_sync). No derivative rule.
     The sum is cast to `dtype` before the inner all_gather, not after: the same values (a cast commutes with a
     gather), and a float16/bfloat16 result crosses the fast axes in half the bytes."""
-    from jaxcoll.collectives.reduce_scatter import reduce_scatter as exact_rs
     inner, outer = split(axes, compress_axes)
     ell = groups.group_size(inner)
     block = 1 if isinstance(fmt, Bf16) else fmt.block_size
@@ -67,10 +64,9 @@ def sum_and_loss(flat, axes: tuple, compress_axes: tuple, fmt: Format, *, loss: 
     padded = -(-size // (ell * block)) * ell * block  # L chunks of whole blocks
     if padded != size:
         flat = jnp.pad(flat, (0, padded - size))
-    chunk = exact_rs(flat, inner, scatter_dimension=0, tiled=True)
+    chunk = exact.reduce_scatter(flat, inner, scatter_dimension=0, tiled=True)
     summed = quantized.sum_flat(fmt, outer, chunk).astype(dtype)
-    total = all_gather_prim.bind(summed, axes=inner, all_gather_dimension=0, tiled=True, algorithm="auto",
-                                 invariant=True)[:size]
+    total = exact.all_gather(summed, inner, tiled=True, invariant=True)[:size]
     if not loss:
         return total, None
     lost_chunk = chunk - codec.roundtrip(fmt, lax.stop_gradient(chunk))
@@ -81,7 +77,6 @@ def sum_and_loss(flat, axes: tuple, compress_axes: tuple, fmt: Format, *, loss: 
 
 def reduce_scatter(x, axes: tuple, compress_axes: tuple, fmt: Format, *, scatter_dimension: int, tiled: bool):
     """psum_scatter of x over `axes`, compressed over `compress_axes` only (arguments checked by the caller)."""
-    from jaxcoll.collectives.reduce_scatter import reduce_scatter as exact_rs
     inner, outer = split(axes, compress_axes)
     sizes = [groups.group_size((a,)) for a in axes]
     n = groups.group_size(axes)
@@ -96,12 +91,12 @@ def reduce_scatter(x, axes: tuple, compress_axes: tuple, fmt: Format, *, scatter
         if order != sorted(order):
             pieces = pieces.transpose(*order, len(axes))
         rows = pieces.reshape(n * per)
-        chunk = exact_rs(rows, inner, scatter_dimension=0, tiled=True)  # (O * per,)
+        chunk = exact.reduce_scatter(rows, inner, scatter_dimension=0, tiled=True)  # (O * per,)
         part = quantized.scatter_rows(fmt, outer, chunk.reshape(n // groups.group_size(inner), per))
         part = part.astype(v.dtype)
         if not tiled:
             return part.reshape(moved.shape[1:])
         return jnp.moveaxis(part.reshape((moved.shape[0] // n,) + moved.shape[1:]), 0, scatter_dimension)
 
-    exact = lambda v: exact_rs(v, axes, scatter_dimension=scatter_dimension, tiled=tiled)  # noqa: E731
-    return quantized.exact_derivative(compressed, exact, x)
+    exact_rs = lambda v: exact.reduce_scatter(v, axes, scatter_dimension=scatter_dimension, tiled=tiled)  # noqa: E731
+    return quantized.exact_derivative(compressed, exact_rs, x)

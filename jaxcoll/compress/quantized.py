@@ -30,31 +30,29 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxcoll.collectives.all_to_all import all_to_all
+from jaxcoll import exact
 from jaxcoll.compress import codec
 from jaxcoll.compress.formats import Bf16, Format
-from jaxcoll.lowering import all_gather as all_gather_prim
 from jaxcoll.lowering import groups
 
 
-def exact_derivative(compressed, exact, x):
-    """compressed(x), differentiated as exact(x) (exact is linear: a collective of the tangent)."""
+def exact_derivative(compressed, exact_collective, x):
+    """compressed(x), differentiated as exact_collective(x) (linear: a collective of the tangent)."""
     f = jax.custom_jvp(compressed)
-    f.defjvp(lambda primals, tangents: (f(*primals), exact(*tangents)))
+    f.defjvp(lambda primals, tangents: (f(*primals), exact_collective(*tangents)))
     return f(x)
 
 
 def _exchange(axes: tuple, encoded):
     """Hop 1's move: `encoded` holds N wire rows on each rank, row p for rank p; returns the N rows this rank
     received, row q from rank q."""
-    return all_to_all(encoded, axes, 0, 0, tiled=True)
+    return exact.all_to_all(encoded, axes, 0, 0, tiled=True)
 
 
 def _gather(fmt: Format, axes: tuple, wire, length: int, *, invariant: bool, kept: int | None = None):
     """Hop 2: every rank's wire row of `length` codes gathered and decoded: the N ranks' values one after
     another, the first `kept` (all N * length when not given)."""
-    rows = all_gather_prim.bind(wire[None], axes=axes, all_gather_dimension=0, tiled=True, algorithm="auto",
-                                invariant=invariant)
+    rows = exact.all_gather(wire[None], axes, tiled=True, invariant=invariant)
     return codec.decode_wire(fmt, rows, length, kept)
 
 
@@ -72,8 +70,7 @@ def sum_flat(fmt: Format, axes: tuple, flat):
     the same bytes on every rank. No derivative rule (the callers give the exact one); hierarchical.py runs it on
     the 1/L chunk of the outer axes."""
     if isinstance(fmt, Bf16):
-        from jaxcoll.collectives.all_reduce import all_reduce as exact
-        return exact(flat.astype(jnp.bfloat16), axes).astype(jnp.float32)
+        return exact.all_reduce(flat.astype(jnp.bfloat16), axes).astype(jnp.float32)
     n = groups.group_size(axes)
     if n == 2:
         return _gather_and_sum(fmt, axes, flat)
@@ -92,8 +89,7 @@ def _gather_and_sum(fmt: Format, axes: tuple, flat):
     collective, where two arrays took two. Across processes each collective is a rendezvous over the link, and
     the hierarchical path (hierarchical.py) runs this one at O = 2 hosts; at N > 2 gathering sends N/2 times
     more than the two hops, so they stay."""
-    wire = all_gather_prim.bind(codec.encode_wire(fmt, flat)[None], axes=axes, all_gather_dimension=0, tiled=True,
-                                algorithm="auto", invariant=True)
+    wire = exact.all_gather(codec.encode_wire(fmt, flat)[None], axes, tiled=True, invariant=True)
     return codec.decode_sum_wire(fmt, wire, flat.size)
 
 
@@ -101,16 +97,14 @@ def scatter_rows(fmt: Format, axes: tuple, rows):
     """float32 rows (N, per) -> row r of their sum over `axes` on rank r (per,): hop 1 of sum_flat alone, float32,
     varying over `axes`. No derivative rule."""
     if isinstance(fmt, Bf16):
-        from jaxcoll.collectives.reduce_scatter import reduce_scatter as exact_rs
-        return exact_rs(rows.astype(jnp.bfloat16), axes, scatter_dimension=0).astype(jnp.float32)
+        return exact.reduce_scatter(rows.astype(jnp.bfloat16), axes, scatter_dimension=0).astype(jnp.float32)
     # One array (the codec's wire form) crosses: one all_to_all where codes and scales apart took two.
     return codec.decode_sum_wire(fmt, _exchange(axes, codec.encode_wire(fmt, rows)), rows.shape[-1])
 
 
 def all_reduce(x, axes: tuple, fmt: Format, algorithm="auto"):
     """The sum over `axes` of x, through wire format fmt (arguments checked by the caller)."""
-    from jaxcoll.collectives.all_reduce import all_reduce as exact
-    exact_sum = lambda v: exact(v, axes, algorithm=algorithm)  # noqa: E731
+    exact_sum = lambda v: exact.all_reduce(v, axes, algorithm=algorithm)  # noqa: E731
     if isinstance(fmt, Bf16):
         return exact_derivative(lambda v: exact_sum(v.astype(jnp.bfloat16)).astype(v.dtype), exact_sum, x)
 
@@ -122,11 +116,10 @@ def all_reduce(x, axes: tuple, fmt: Format, algorithm="auto"):
 
 def reduce_scatter(x, axes: tuple, fmt: Format, *, scatter_dimension: int, tiled: bool, algorithm="auto"):
     """psum_scatter of x over `axes` through wire format fmt (arguments checked by the caller)."""
-    from jaxcoll.collectives.reduce_scatter import reduce_scatter as exact_rs
-    exact = lambda v: exact_rs(v, axes, scatter_dimension=scatter_dimension, tiled=tiled,  # noqa: E731
-                               algorithm=algorithm)
+    exact_rs = lambda v: exact.reduce_scatter(v, axes, scatter_dimension=scatter_dimension,  # noqa: E731
+                                              tiled=tiled, algorithm=algorithm)
     if isinstance(fmt, Bf16):
-        return exact_derivative(lambda v: exact(v.astype(jnp.bfloat16)).astype(v.dtype), exact, x)
+        return exact_derivative(lambda v: exact_rs(v.astype(jnp.bfloat16)).astype(v.dtype), exact_rs, x)
     n = groups.group_size(axes)
 
     def compressed(v):
@@ -136,15 +129,14 @@ def reduce_scatter(x, axes: tuple, fmt: Format, *, scatter_dimension: int, tiled
         part = scatter_rows(fmt, axes, rows).reshape(out_shape).astype(v.dtype)
         return jnp.moveaxis(part, 0, scatter_dimension) if tiled else part
 
-    return exact_derivative(compressed, exact, x)
+    return exact_derivative(compressed, exact_rs, x)
 
 
 def all_gather(x, axes: tuple, fmt: Format, *, axis: int, tiled: bool, algorithm="auto"):
     """all_gather of x over `axes` through wire format fmt (arguments checked by the caller)."""
-    from jaxcoll.collectives.all_gather import all_gather as exact_ag
-    exact = lambda v: exact_ag(v, axes, axis=axis, tiled=tiled, algorithm=algorithm)  # noqa: E731
+    exact_ag = lambda v: exact.all_gather(v, axes, axis=axis, tiled=tiled, algorithm=algorithm)  # noqa: E731
     if isinstance(fmt, Bf16):
-        return exact_derivative(lambda v: exact(v.astype(jnp.bfloat16)).astype(v.dtype), exact, x)
+        return exact_derivative(lambda v: exact_ag(v.astype(jnp.bfloat16)).astype(v.dtype), exact_ag, x)
     n = groups.group_size(axes)
 
     def compressed(v):
@@ -158,7 +150,7 @@ def all_gather(x, axes: tuple, fmt: Format, *, axis: int, tiled: bool, algorithm
         shape[axis] *= n
         return moved.reshape(shape)
 
-    return exact_derivative(compressed, exact, x)
+    return exact_derivative(compressed, exact_ag, x)
 
 
 def wire_bytes(fmt: Format, collective: str, elements: int, n: int) -> int:

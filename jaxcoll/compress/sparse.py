@@ -41,9 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxcoll import _jax
-from jaxcoll.collectives.all_to_all import all_to_all
-from jaxcoll.lowering import all_gather as all_gather_prim
+from jaxcoll import _jax, exact
 from jaxcoll.lowering import groups
 from jaxcoll.plan import abi
 
@@ -230,11 +228,10 @@ def _sparse_all_reduce(flat, axes: tuple, layout: Layout, threshold, kernels: bo
 
     sent = _stage(kernels, select, lambda v: _select_jnp(v, layout, threshold), flat)
     # Hop 1: bucket p goes to rank p; it receives the N ranks' buckets for its region, in rank order.
-    received = all_to_all(sent, axes, 0, 0, tiled=True)
+    received = exact.all_to_all(sent, axes, 0, 0, tiled=True)
     kept_bucket = _stage(kernels, reduce, lambda v: _reduce_jnp(v, layout), received)
     # Hop 2: every rank gathers every owner's kept bucket; the result is invariant, as psum's is.
-    gathered = all_gather_prim.bind(kept_bucket, axes=axes, all_gather_dimension=0, tiled=True, algorithm="auto",
-                                    invariant=True)
+    gathered = exact.all_gather(kept_bucket, axes, tiled=True, invariant=True)
     out = _stage(kernels, result, lambda g: _result_jnp(g, layout), gathered)
     # The residual varies like x, and an ffi_call's operands must vary alike: type the gathered buckets so.
     gathered = groups.pvary_missing(gathered, tuple(sorted(_jax.varying_axes(jax.typeof(flat)))))
@@ -254,7 +251,6 @@ def topk_leaf(x, axes: tuple, topk: TopK, api_name: str, kernels: bool | None = 
     """(result, residual) of one leaf, in x's dtype; differentiable as the exact sum (straight-through).
     kernels: None runs the local stages as jaxcoll's kernels on XLA:CPU and in jax.numpy elsewhere; True or
     False picks one everywhere (the tests hold both to the numpy reference on CPU)."""
-    from jaxcoll.collectives.all_reduce import all_reduce as exact
     k = check(api_name, topk, x)
     layout = Layout.of(x.size, k, groups.group_size(axes))
 
@@ -265,7 +261,8 @@ def topk_leaf(x, axes: tuple, topk: TopK, api_name: str, kernels: bool | None = 
 
     f = jax.custom_jvp(compressed)
     # Straight-through: the whole tangent is summed exactly, so none of it stays in the residual.
-    f.defjvp(lambda primals, tangents: (f(*primals), (exact(tangents[0], axes), jnp.zeros_like(tangents[0]))))
+    f.defjvp(lambda primals, tangents: (f(*primals), (exact.all_reduce(tangents[0], axes),
+                                                      jnp.zeros_like(tangents[0]))))
     return f(x)
 
 

@@ -13,28 +13,27 @@ import functools
 import jax
 from jax import lax
 
-import jaxcoll
-from jaxcoll import _jax
+from jaxcoll import _jax, collectives
 from jaxcoll.lowering import all_gather as all_gather_lowering
 from jaxcoll.lowering import groups, pvary
 
 
 def ppermute(x, axis_name, perm):
-    return jaxcoll.ppermute(x, axis_name, perm=perm)
+    return collectives.ppermute(x, axis_name, perm=perm)
 
 
 def all_gather(x, axis_name, axis):
     """Tiled all-gather along `axis` (varying -> varying, like lax.all_gather)."""
-    return jaxcoll.all_gather(x, axis_name, axis=axis, tiled=True)
+    return collectives.all_gather(x, axis_name, axis=axis, tiled=True)
 
 
 def reduce_scatter(x, axis_name, axis):
     """Tiled sum-scatter along `axis` (lax.psum_scatter's contract)."""
-    return jaxcoll.reduce_scatter(x, axis_name, scatter_dimension=axis, tiled=True)
+    return collectives.reduce_scatter(x, axis_name, scatter_dimension=axis, tiled=True)
 
 
 def all_reduce(x, axis_name, op: str = "sum"):
-    return jaxcoll.all_reduce(x, axis_name, op=op)
+    return collectives.all_reduce(x, axis_name, op=op)
 
 
 def all_gather_invariant(x, axis_name, axis):

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-import jaxcoll
-from jaxcoll.collectives.arguments import check_algorithm
-from jaxcoll.lowering import all_gather, all_to_all, groups, pvary
+from jaxcoll import exact
+from jaxcoll.exact.arguments import check_algorithm
+from jaxcoll.lowering import groups, pvary
 from jaxcoll.lowering.dtypes import check_dtype
 from jaxcoll.replace.options import COLLECTIVES, Options
 from jaxcoll.replace.report import Entry
@@ -61,42 +61,41 @@ def _names(value) -> tuple:
 
 
 def _reduction(op):
-    return lambda x, p, algorithm: jaxcoll.all_reduce(x, _names(p["axes"]), op=op, algorithm=algorithm)
+    return lambda x, p, algorithm: exact.all_reduce(x, _names(p["axes"]), op=op, algorithm=algorithm)
 
 
 def _all_gather(invariant: bool):
     def run(x, p, algorithm):
-        axes = _names(p["axis_name"])
-        if not invariant:
-            return jaxcoll.all_gather(x, axes, axis=p["all_gather_dimension"], tiled=p["tiled"],
-                                      algorithm=algorithm)
-        # lax.all_gather(..., to="invarying"): no public jaxcoll function types its result invariant.
-        return all_gather.bind(x, axes=axes, all_gather_dimension=p["all_gather_dimension"], tiled=p["tiled"],
-                               algorithm=algorithm, invariant=True)
+        # invariant: lax.all_gather(..., to="invarying"), which only the exact all_gather has (no public jaxcoll
+        # function types its result invariant).
+        return exact.all_gather(x, _names(p["axis_name"]), axis=p["all_gather_dimension"], tiled=p["tiled"],
+                                algorithm=algorithm, invariant=invariant)
     return run
 
 
 def _psum_scatter(x, p, algorithm):
-    return jaxcoll.reduce_scatter(x, _names(p["axis_name"]), scatter_dimension=p["scatter_dimension"],
-                                  tiled=p["tiled"], algorithm=algorithm)
+    return exact.reduce_scatter(x, _names(p["axis_name"]), scatter_dimension=p["scatter_dimension"],
+                                tiled=p["tiled"], algorithm=algorithm)
 
 
 def _all_to_all(x, p, algorithm):
     # The primitive always has the tiled shape contract (lax.all_to_all adds and drops the unit dimensions of
-    # its untiled form around it), so it binds jaxcoll's primitive, which has the same one.
-    return all_to_all.bind(x, axes=_names(p["axis_name"]), split_axis=p["split_axis"], concat_axis=p["concat_axis"],
-                           algorithm=algorithm)
+    # its untiled form around it): jaxcoll's tiled form has the same one.
+    return exact.all_to_all(x, _names(p["axis_name"]), p["split_axis"], p["concat_axis"], tiled=True,
+                            algorithm=algorithm)
 
 
 def _ppermute(x, p, algorithm):
-    return jaxcoll.ppermute(x, _names(p["axis_name"]), p["perm"], algorithm=algorithm)
+    return exact.ppermute(x, _names(p["axis_name"]), p["perm"], algorithm=algorithm)
 
 
 def _pbroadcast(x, p, algorithm):
-    return jaxcoll.broadcast(x, _names(p["axis_name"]), root=p["source"], algorithm=algorithm)
+    return exact.broadcast(x, _names(p["axis_name"]), root=p["source"], algorithm=algorithm)
 
 
 def _pvary(x, p, algorithm):
+    # A type cast with no arguments to check beyond its axes (no collective runs; its transpose is an all_reduce):
+    # jaxcoll's primitive, as lowering/all_reduce.py's transpose binds it.
     return pvary.bind(x, axes=_names(p["axes"]), algorithm=algorithm)
 
 

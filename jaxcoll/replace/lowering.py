@@ -2,9 +2,9 @@
 that JAX lowers runs on jaxcoll, in any program, transformed or not.
 
 Where the transform (interpreter.py) rewrites one function's traced program, the block swaps the lowering
-rules of jax.lax's collective primitives, through the public `jax.interpreters.mlir.register_lowering`: while it
+rules of jax.lax's collective primitives, through jax's `register_lowering` (jaxcoll/_jax.py): while it
 is active, lowering a psum (psum_invariant, pmax, ..., and whatever autodiff put in a backward pass, since
-lowering sees the final program) lowers jaxcoll's counterpart instead, with `mlir.lower_fun` of the function
+lowering sees the final program) lowers jaxcoll's counterpart instead, with `lower_fun` of the function
 that `collectives.replacement` gives, the same decision the transform makes. A call it leaves to XLA lowers
 with jax's own rule, saved on entry. On exit jax's rules come back exactly as they were.
 
@@ -23,7 +23,6 @@ import threading
 import jax
 from jax import lax
 from jax.extend import source_info_util
-from jax.interpreters import mlir
 
 from jaxcoll import _jax
 from jaxcoll.replace import collectives
@@ -85,10 +84,10 @@ def _apply() -> None:
         saved = _jax_rules[primitive]
         # cacheable=False: jax would otherwise lower equal calls once and share the function between call
         # sites, which would then share jaxcoll's rendezvous key (lowering/custom_call.py).
-        mlir.register_lowering(primitive, _rule(block, name, saved.default), cacheable=False)
+        _jax.register_lowering(primitive, _rule(block, name, saved.default), cacheable=False)
         # A rule of jax's own for one platform wins over the default rule: replace those too.
         for platform, rule in saved.platforms.items():
-            mlir.register_lowering(primitive, _rule(block, name, rule), platform=platform, cacheable=False)
+            _jax.register_lowering(primitive, _rule(block, name, rule), platform=platform, cacheable=False)
 
 
 def _rule(block: Block, name: str, original):
@@ -100,7 +99,7 @@ def _rule(block: Block, name: str, original):
         run = collectives.replacement(block.options, name, params, ctx.avals_in, _where(ctx), block.report.add,
                                       platforms=platforms, api="replacing_collectives")
         if run is not None:
-            return mlir.lower_fun(run, multiple_results=True)(ctx, *args)
+            return _jax.lower_fun(run, multiple_results=True)(ctx, *args)
         if original is None:
             raise NotImplementedError(f"jax.lax has no lowering of {name} for platforms {platforms}, and "
                                       f"replacing_collectives left it to XLA")

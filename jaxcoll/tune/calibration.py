@@ -31,6 +31,7 @@ from jaxcoll import distributed
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
 from jaxcoll.sim.machine import MachineModel, chunk_bytes, terms, work
 from jaxcoll.tune import measure
+from jaxcoll.tune.choice import threads_per_process
 
 STEP_CHUNKS = 1024
 REPEATS = 8
@@ -137,7 +138,7 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LAR
     say = progress or (lambda _: None)
     n = len(devices)
     from jaxcoll.runtime import _jaxcoll
-    shape = MachineModel(threads=_threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()),
+    shape = MachineModel(threads=threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()),
                      caches=tuple((size, rate) for size, (_, rate) in zip(_cache_sizes(), _default_rates())))
     rows, times = [], []
     for collective, nbytes, plans in training(processes, probe_bytes):
@@ -231,9 +232,3 @@ def _cache_sizes() -> list[int]:
     sizes = [levels[2] * cores] if 2 in levels and len(levels) > 1 else []
     return sorted(set(sizes + [levels[max(levels)]]))
 
-
-def _threads_per_process(processes: tuple[int, ...], hosts: tuple[int, ...]) -> int:
-    """Threads a process's call uses with helpers: one per core, the cores shared by the processes of its host
-    (processes told apart as hosts by JAXCOLL_TRANSPORT=tcp still share this machine's cores)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, len(set(processes))))

@@ -10,6 +10,7 @@ run the same plan, and models calibrated or files written apart could choose apa
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 
@@ -45,8 +46,14 @@ def model(processes: Sequence[int] | None = None, hosts: Sequence[int] | None = 
             if "model" in entry and _kind(entry.get("processes", ()), entry.get("hosts")) == kind:
                 return tf.model(key)
     from jaxcoll.runtime import _jaxcoll
-    from jaxcoll.tune.calibration import _threads_per_process
-    return machine.MachineModel(threads=_threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()))
+    return machine.MachineModel(threads=threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()))
+
+
+def threads_per_process(processes: tuple[int, ...], hosts: tuple[int, ...]) -> int:
+    """Threads a process's call uses with helpers: one per core, the cores shared by the processes of its host
+    (processes told apart as hosts by JAXCOLL_TRANSPORT=tcp still share this machine's cores)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, len(set(processes))))
 
 
 def _kind(processes, hosts) -> tuple[int, int]:

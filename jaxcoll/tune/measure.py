@@ -38,31 +38,31 @@ def program(collective: str, mesh, axis: str, iters: int, algorithm, perm=()):
     from jax import lax
     from jax.sharding import PartitionSpec as P
 
-    import jaxcoll
+    from jaxcoll import collectives
 
     kw = {} if algorithm in ("auto", "xla") else {"algorithm": algorithm}
     xla = algorithm == "xla"
     if collective == "all_reduce":
         def call(x):  # the sum is invariant over the axis; the loop carry stays varying
-            y = lax.psum(x, axis) if xla else jaxcoll.all_reduce(x, axis, **kw)
+            y = lax.psum(x, axis) if xla else collectives.all_reduce(x, axis, **kw)
             return lax.pcast(y, axis, to="varying")
     elif collective == "all_gather":
         def call(x):  # keeps the rank's own block: the gathered array stays inside, as a model's use of it does
-            y = lax.all_gather(x, axis, tiled=True) if xla else jaxcoll.all_gather(x, axis, tiled=True, **kw)
+            y = lax.all_gather(x, axis, tiled=True) if xla else collectives.all_gather(x, axis, tiled=True, **kw)
             return lax.dynamic_slice_in_dim(y, lax.axis_index(axis) * x.shape[0], x.shape[0])
     elif collective == "reduce_scatter":
         def call(x):
             y = (lax.psum_scatter(x, axis, tiled=True) if xla
-                 else jaxcoll.reduce_scatter(x, axis, tiled=True, **kw))
+                 else collectives.reduce_scatter(x, axis, tiled=True, **kw))
             # one call per launch returns the result itself; a loop writes it over the carry's first block
             return y if iters == 1 else lax.dynamic_update_slice_in_dim(x, y, 0, 0)
     elif collective == "all_to_all":
         def call(x):
             return (lax.all_to_all(x, axis, 0, 0, tiled=True) if xla
-                    else jaxcoll.all_to_all(x, axis, 0, 0, tiled=True, **kw))
+                    else collectives.all_to_all(x, axis, 0, 0, tiled=True, **kw))
     elif collective == "ppermute":
         def call(x):
-            return lax.ppermute(x, axis, perm) if xla else jaxcoll.ppermute(x, axis, perm, **kw)
+            return lax.ppermute(x, axis, perm) if xla else collectives.ppermute(x, axis, perm, **kw)
     else:
         raise ValueError(f"collective={collective!r} cannot be timed; known: all_reduce, all_gather, "
                          f"reduce_scatter, all_to_all, ppermute")

@@ -1,4 +1,5 @@
-"""Argument checks shared by the public collectives: each error names the argument and the value."""
+"""Argument checks of the exact collectives (and so of the public ones): each error names the argument and the
+value."""
 
 from __future__ import annotations
 

@@ -1,0 +1,25 @@
+"""The exact all_reduce: jaxcoll.all_reduce without compression."""
+
+from __future__ import annotations
+
+from jax import tree_util
+
+from jaxcoll.exact.arguments import check_algorithm, leaf_array
+from jaxcoll.lowering import all_reduce as prim
+from jaxcoll.lowering import groups
+from jaxcoll.lowering.dtypes import check_op
+from jaxcoll.plan import Collective
+
+
+def all_reduce(x, axis_name, *, op="sum", algorithm="auto"):
+    """`jaxcoll.all_reduce(x, axis_name, op=op, algorithm=algorithm)`: the contract is stated there."""
+    axes = groups.axis_names(axis_name, prim.API)
+    op = check_op(prim.API, op)
+    n = groups.group_size(axes)
+
+    def bind(leaf):
+        leaf = leaf_array(prim.API, leaf, op)
+        check_algorithm(prim.API, Collective.ALL_REDUCE, n, leaf, algorithm)
+        return prim.bind(leaf, axes=axes, op=op, algorithm=algorithm)
+
+    return tree_util.tree_map(bind, x)

@@ -1,0 +1,29 @@
+"""The exact reduce_scatter: jaxcoll.reduce_scatter without compression."""
+
+from __future__ import annotations
+
+from jax import tree_util
+
+from jaxcoll.exact.arguments import check_algorithm, leaf_array, split_dimension
+from jaxcoll.lowering import groups
+from jaxcoll.lowering import reduce_scatter as prim
+from jaxcoll.lowering.dtypes import check_op
+from jaxcoll.plan import Collective
+
+
+def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", algorithm="auto"):
+    """`jaxcoll.reduce_scatter(x, axis_name, scatter_dimension=..., tiled=..., op=..., algorithm=...)`: the
+    contract is stated there."""
+    axes = groups.axis_names(axis_name, prim.API)
+    op = check_op(prim.API, op)
+    n = groups.group_size(axes)
+
+    def bind(leaf):
+        leaf = leaf_array(prim.API, leaf, op)
+        if leaf.ndim == 0:
+            raise ValueError(f"{prim.API}: x must have rank >= 1 to be scattered, got a scalar")
+        dim = split_dimension(prim.API, "scatter_dimension", scatter_dimension, leaf.shape, n, bool(tiled))
+        check_algorithm(prim.API, Collective.REDUCE_SCATTER, n, leaf, algorithm)
+        return prim.bind(leaf, axes=axes, scatter_dimension=dim, tiled=bool(tiled), op=op, algorithm=algorithm)
+
+    return tree_util.tree_map(bind, x)
