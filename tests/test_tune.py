@@ -290,6 +290,13 @@ def test_the_setting_off_ignores_the_file(tuning_file, monkeypatch):
     assert file.current() is None
 
 
+def test_large_groups_leave_the_tree_packings_to_the_tuning_run(no_tuning_file):
+    from jaxcoll.tune import registry
+    names = registry.candidates("all_gather", 64, tuple(r // 8 for r in range(64)))
+    assert "synth.ring" in names and "synth.hierarchical" in names
+    assert not any(name.startswith("synth.forest") for name in names)
+
+
 def test_layout_keys_say_processes_ranks_and_hosts():
     assert file.layout_key((0,) * 8, None) == "1x8"
     assert file.layout_key((0,) * 4 + (1,) * 4, None) == "2x4"

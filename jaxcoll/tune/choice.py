@@ -137,7 +137,7 @@ def _resolve(collective, nranks, nbytes, dtype, processes, hosts, name: str) -> 
         cell = tf.cell(file.layout_key(processes or (0,) * nranks, hosts), collective.value, nranks, nbytes, dtype)
         if cell is not None and cell["choice"] == name and cell.get("plan") is not None:
             return cell["plan"]
-    large = name.removeprefix("synth.") in registry.LARGE
+    large = name.startswith("synth.forest")  # what auto leaves out unless it was chosen (registry.LARGE)
     found = registry.candidates(collective, nranks, processes, hosts, large=large)
     if name not in found:
         raise RuntimeError(f"jaxcoll: auto's choice {name!r} for {collective.value} over {nranks} ranks (made by "

@@ -58,7 +58,7 @@ def _plan(collective: Collective, nranks: int, nbytes: int, dtype, processes, ho
             return algorithms.builtin(collective, algorithm, nranks, processes=processes or ())
         if collective in registry.TUNED:
             found = registry.candidates(collective, nranks, processes, hosts,
-                                          large=algorithm.removeprefix("synth.") in registry.LARGE)
+                                          large=algorithm.startswith("synth.forest"))
             if algorithm in found:
                 return found[algorithm]
             known = ", ".join(map(repr, ["auto", *found]))

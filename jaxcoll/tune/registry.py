@@ -22,6 +22,9 @@ TUNED = (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
 # a step per chunk, which on the CPU runtime costs more than it saves at every size measured (docs/tuning.md).
 # `jaxcoll tune` still measures them.
 LARGE = ("forest", "forest-shared")
+# Beyond this many ranks the tree packing behind every forest plan takes seconds to tens of seconds (64 ranks: 22 s),
+# too long to pay at trace time: auto prices the packed plans only up to it; `jaxcoll tune` measures them at any size.
+PACKED_RANKS = 32
 
 _lock = threading.Lock()
 _registered: dict[tuple[Collective, int], dict[str, Plan]] = {}
@@ -109,7 +112,7 @@ def candidates(collective, nranks: int, processes: Sequence[int] | None = None,
 
         topo = topology(processes, hosts)
         for name in synth.candidates(topo, collective):
-            if name in LARGE and not large:
+            if not large and (name in LARGE or name.startswith("forest") and nranks > PACKED_RANKS):
                 continue
             try:
                 out[f"synth.{name}"] = plan_named(topo, collective, name)[0]
