@@ -7,7 +7,7 @@ memory traffic of its steps, and where that traffic is served from:
 
     t_call                                       entry rendezvous, completion (per layout: across processes
                                                  it includes the call's publication and its end)
-  + t_helpers, when the call is shared             waking the helper threads and joining them
+  + t_helpers, when the call is shared           waking the helper threads and joining them
   + steps x t_step / threads                     decoding and dispatching each step
   + sum over touches of bytes / rate(level) / threads
                                                  every chunk read or written by a step, at the rate of the
@@ -30,8 +30,10 @@ ring's reduce-then-forward, a tree's small pipelined chunks) pays the cache's ra
 rereads the whole input on every rank (the direct all_reduce) pays DRAM's once the inputs outgrow the cache.
 
 The constants are `MachineModel`'s, measured by `jaxcoll.tune.calibration` on the running job; `MachineModel()`
-holds this project's VM's. This is NCCL's tuning.cc in spirit (named latencies and rates, one formula), read off each plan's
-steps, so built-in, synthesized, imported and registered plans are priced alike.
+holds this project's VM's. This is NCCL's tuning.cc in spirit (named latencies and rates, one formula), read off
+each plan's steps, so built-in, synthesized, imported and registered plans are priced alike. The GPU round fits
+the same formula to the CUDA executor's emulated ranks (benchmarks/cuda.py, part "tune"), every rank on blocks of
+its own (threads = ranks) and no helper threads.
 """
 
 from __future__ import annotations
