@@ -25,7 +25,8 @@ def choose(api_name: str, collective: Collective, nranks: int, nbytes: int, dtyp
         if isinstance(algorithm, str) and algorithm == "auto" and nranks > 1 and nbytes > 0 and platform == "cpu":
             from jaxcoll.tune import choice, registry  # not jaxcoll.tune, whose measurements run collectives
             if collective in registry.TUNED:
-                return choice.choose(collective, nranks, nbytes, np.dtype(dtype), params.get("processes"), hosts)[1]
+                return choice.choose(collective, nranks, nbytes, np.dtype(dtype), params.get("processes"), hosts,
+                                     agree=True)[1]
         return algorithms.select(collective, nranks, nbytes, np.dtype(dtype), algorithm, **params)
     except ValueError as e:
         raise ValueError(f"{api_name}: {e}") from e

@@ -35,7 +35,7 @@ def case_same_choice() -> str:
     hosts = jaxcoll.distributed.world().hosts
     from jaxcoll.lowering import groups
     layout = groups.host_layout(np.asarray(processes), hosts, n)
-    name, _ = tune.choose("all_reduce", n, count * 4, "float32", processes, layout)
+    name, _ = tune.choose("all_reduce", n, count * 4, "float32", processes, layout, agree=True)  # the lowering's
     return f"chose {name}"
 
 

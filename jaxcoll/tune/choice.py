@@ -10,6 +10,7 @@ run the same plan, and models calibrated or files written apart could choose apa
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Sequence
@@ -88,30 +89,51 @@ def work_of(plan: Plan, processes=None, hosts=None) -> machine.Work:
 
 
 def choose(collective, nranks: int, nbytes: int, dtype, processes: Sequence[int] | None = None,
-           hosts: Sequence[int] | None = None) -> tuple[str, Plan]:
+           hosts: Sequence[int] | None = None, *, agree: bool = False) -> tuple[str, Plan]:
     """(name, plan) that auto runs for `collective` over `nranks` ranks with `nbytes` per rank of `dtype`, ranks
-    laid out as `processes` (rank r's process) and `hosts` (process p's host)."""
+    laid out as `processes` (rank r's process) and `hosts` (process p's host).
+
+    `agree` (the lowering's): in a group that spans processes, take process 0's choice. The processes pair their
+    choices in the order they make them (the n-th new cell of one with the n-th of the other: the same program
+    lowers the same cells in the same order), and a process whose n-th cell is not process 0's (a program
+    compiled for another dtype or shape, which the runtime then names) keeps its own choice rather than wait for
+    one that never comes."""
     collective = Collective(collective)
     processes = tuple(int(p) for p in processes) if processes else None
     spans = processes is not None and len(set(processes)) > 1
     hosts = tuple(int(h) for h in hosts) if (spans and hosts is not None) else None
     key = (collective, nranks, int(nbytes), np.dtype(dtype).name, processes, hosts)
-    with _lock:
-        if key in _chosen:
-            return _chosen[key]
+    agreeing = spans and agree
+    with _lock:  # kept apart: a process's own look at a cell must not take a turn of the pairing
+        if (key, agreeing) in _chosen:
+            return _chosen[key, agreeing]
 
     def decide() -> str:
         return _decide(collective, nranks, int(nbytes), np.dtype(dtype).name, processes, hosts)
 
-    if spans:
+    if agreeing:
         from jaxcoll import distributed
-        name = distributed.agree("tune/" + _key_text(key), decide)
+        mine = _key_text(key)
+        record = json.loads(distributed.agree(f"tune/auto/{_next_turn()}",
+                                              lambda: json.dumps({"cell": mine, "choice": decide()})))
+        name = record["choice"] if record["cell"] == mine else decide()
     else:
         name = decide()
     plan = _resolve(collective, nranks, int(nbytes), np.dtype(dtype).name, processes, hosts, name)
     with _lock:
-        _chosen[key] = (name, plan)
+        _chosen[key, agreeing] = (name, plan)
     return name, plan
+
+
+_turns = 0
+
+
+def _next_turn() -> int:
+    """The number of this process's next agreed choice (each process counts its own, in the order it lowers)."""
+    global _turns
+    with _lock:
+        _turns += 1
+        return _turns
 
 
 def _key_text(key) -> str:
