@@ -3,7 +3,7 @@
 Each measurement is one jitted shard_map program that runs the collective `iters` times back to back inside a
 fori_loop (the carry feeds each call, so XLA can neither hoist nor merge them), timed per program call and
 divided by `iters`, as nccl-tests times back-to-back iterations; from 1 MiB up `iters` is 1, one collective per
-launch (see `_iterations`). jaxcoll and XLA programs alternate call by call
+launch (see `jaxcoll.tune.measure.iterations`). jaxcoll and XLA programs alternate call by call
 in one run, so both see the same machine state, after `--warmup` untimed calls of each (nccl-tests' -w); the
 tables quote medians with the least and the most of the `--reps` calls ("min-max"), the ratio of the medians
 ("speedup") and the range of the ratios of each pair of alternating calls ("per pair"). A spread as wide as the
@@ -118,58 +118,6 @@ def bus_factor(collective: str, n: int) -> float:
     return 2 * (n - 1) / n if collective == "all_reduce" else (n - 1) / n
 
 
-def _iterations(nbytes: int) -> int:
-    """Collective calls per timed launch: back to back below 1 MiB, where a launch of an 8-device program
-    (about 0.1 ms here) would hide the collective; one per launch from 1 MiB up. A loop's carry costs a copy of
-    the result per iteration on both sides (XLA cannot write a custom call's or an all-reduce's result into the
-    carry's buffer), which at large sizes is as much traffic as the collective itself. all_gather's program
-    returns the rank's own block of the gathered array (1/N of what the collective wrote), which leaves the
-    gathered array inside the program, as a model's use of it does. reduce_scatter's carry is the input with the
-    result written over its first block; a one-call program returns the result itself, since the carry would
-    copy the whole input into a fresh output on both sides, twice the collective's traffic."""
-    return 1 if nbytes >= 1 << 20 else int(min(20, (1 << 20) // nbytes))
-
-
-def _programs(collective, mesh, n, iters, algorithm):
-    """(jaxcoll program, XLA program) running `collective` `iters` times on a carried per-rank buffer."""
-    import jax
-    from jax import lax
-    from jax.sharding import PartitionSpec as P
-
-    import jaxcoll
-
-    def body(impl):
-        if collective == "all_reduce":  # the sum is invariant over "i"; the loop carry stays varying
-            return lambda x: lax.pcast(impl["ar"](x), "i", to="varying")
-        if collective == "all_to_all":
-            return lambda x: impl["a2a"](x)
-        if iters == 1 and collective == "reduce_scatter":  # no carry to keep in shape
-            return impl["rs"]
-        if collective == "all_gather":
-            def ag(x):
-                i = lax.axis_index("i")
-                return lax.dynamic_slice_in_dim(impl["ag"](x), i * x.shape[0], x.shape[0])
-            return ag
-        return lambda x: lax.dynamic_update_slice_in_dim(x, impl["rs"](x), 0, 0)
-
-    kw = {} if algorithm == "auto" else {"algorithm": algorithm}
-    ours = {"ar": lambda x: jaxcoll.all_reduce(x, "i", **kw),
-            "ag": lambda x: jaxcoll.all_gather(x, "i", tiled=True, **kw),
-            "rs": lambda x: jaxcoll.reduce_scatter(x, "i", tiled=True, **kw),
-            "a2a": lambda x: jaxcoll.all_to_all(x, "i", 0, 0, tiled=True, **kw)}
-    xla = {"ar": lambda x: lax.psum(x, "i"),
-           "ag": lambda x: lax.all_gather(x, "i", tiled=True),
-           "rs": lambda x: lax.psum_scatter(x, "i", tiled=True),
-           "a2a": lambda x: lax.all_to_all(x, "i", 0, 0, tiled=True)}
-
-    def program(impl):
-        step = body(impl)
-        loop = step if iters == 1 else lambda x: lax.fori_loop(0, iters, lambda _, y: step(y), x)
-        return jax.jit(jax.shard_map(loop, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
-
-    return program(ours), program(xla)
-
-
 def _launch_job(args) -> int:
     """Run this benchmark as a job of `args.processes` processes and print process 0's tables. The copy
     bandwidth is measured here first, on every core, while no process of the job runs."""
@@ -217,6 +165,7 @@ def copy_bandwidth_setting() -> float:
 
 def run(args) -> int:
     from jaxcoll import launch
+    from jaxcoll.tune import measure
 
     if args.processes > 1 and not launch.in_job():
         return _launch_job(args)
@@ -295,7 +244,7 @@ def run(args) -> int:
                     row = [f"{t_ours * 1e6:.1f}", _spread(times["ours"]), f"{bus[0]:.2f}", f"{traffic:.2f}",
                            f"{t_xla * 1e6:.1f}", _spread(times["xla"]), f"{bus[1]:.2f}", f"{t_xla / t_ours:.2f}x",
                            f"{min(pairs):.2f}-{max(pairs):.2f}x"]
-                    table.add_row(format_size(nbytes), str(_iterations(nbytes)), *row)
+                    table.add_row(format_size(nbytes), str(measure.iterations(nbytes)), *row)
                     md.append(f"| {format_size(nbytes)} | " + " | ".join(row) + " |")
                     plot.setdefault((collective, algorithm), []).append((nbytes, bus[0], bus[1]))
                 console.print(table)
@@ -320,8 +269,10 @@ def _time(collective, mesh, n, count, dtype, algorithm, args, timing) -> dict[st
     import jax
     import numpy as np
 
-    iters = _iterations(count * dtype.itemsize)
-    ours, xla = _programs(collective, mesh, n, iters, algorithm)
+    from jaxcoll.tune import measure
+
+    iters = measure.iterations(count * dtype.itemsize)
+    ours, xla = (measure.program(collective, mesh, "i", iters, a) for a in (algorithm, "xla"))
     x = jax.make_array_from_callback((n * count,), jax.NamedSharding(mesh, jax.P("i")),
                                      lambda index: np.full(n * count, 1e-3, dtype)[index])
     # Compile both before timing either, then warm up: a new program's first calls fault in fresh pages

@@ -19,14 +19,19 @@ from collections.abc import Mapping
 
 import numpy as np
 
-# Calls per timed launch: back to back below 1 MiB, where a launch of an 8-device program (about 0.1 ms here)
-# would hide the collective; one per launch from 1 MiB up.
 LOOP_BYTES = 1 << 20
 MAX_ITERS = 20
 
 
 def iterations(nbytes: int) -> int:
-    """Collective calls per timed program launch for `nbytes` per rank."""
+    """Collective calls per timed program launch for `nbytes` per rank: back to back below 1 MiB, where a launch of
+    an 8-device program (about 0.1 ms here) would hide the collective; one per launch from 1 MiB up. A loop's carry
+    costs a copy of the result per iteration on both sides (XLA cannot write a custom call's or an all-reduce's
+    result into the carry's buffer), which at large sizes is as much traffic as the collective itself. all_gather's
+    program returns the rank's own block of the gathered array (1/N of what the collective wrote), which leaves the
+    gathered array inside the program, as a model's use of it does. reduce_scatter's carry is the input with the
+    result written over its first block; a one-call program returns the result itself, since the carry would copy
+    the whole input into a fresh output on both sides, twice the collective's traffic."""
     return 1 if nbytes >= LOOP_BYTES else int(min(MAX_ITERS, LOOP_BYTES // max(nbytes, 1)))
 
 
