@@ -32,16 +32,20 @@ def _segments_and_mappings() -> tuple[int, int]:
     return len(mine), len(mapped)
 
 
+def _summed(rows_per_rank: int):
+    """(mesh, numpy's all_reduce of the global input, the input put on the mesh) for an all_reduce over "i" of
+    `rows_per_rank` small integers a rank."""
+    mesh = mesh_1d()
+    x_np = (np.arange(mesh.devices.size * rows_per_rank) % 7).astype(np.float32)
+    return mesh, reference("sum", mesh, ("i",), x_np), put(x_np, mesh)
+
+
 def case_recompiles() -> str:
     """An all_reduce compiled 32 times (jax.clear_caches() after each) and 8 steps of a replacing_collectives block
     (which clears the caches on entry and exit) leave no more segments and mappings than one compilation did: a
     dropped executable frees what its call sites held."""
     import gc
-    mesh = mesh_1d()
-    n = mesh.devices.size
-    x_np = (np.arange(n * (1 << 18)) % 7).astype(np.float32)  # 1 MiB a rank
-    x = put(x_np, mesh)
-    want = reference("sum", mesh, ("i",), x_np)
+    mesh, want, x = _summed(1 << 18)  # 1 MiB a rank
 
     spec = P("i")
 
@@ -80,11 +84,7 @@ def case_namespaces() -> str:
     """An all_reduce across the processes, process 1 in a pid or mount namespace of its own (CASE_UNSHARE, at the
     top): values as numpy's in every call, and process 1's cleaner of stale segments leaves process 0's alone."""
     from jaxcoll import runtime
-    mesh = mesh_1d()
-    n = mesh.devices.size
-    x_np = (np.arange(n * 256) % 7).astype(np.float32)
-    x = put(x_np, mesh)
-    want = reference("sum", mesh, ("i",), x_np)
+    mesh, want, x = _summed(256)
     f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
 
     def call_and_check():
@@ -106,11 +106,7 @@ def case_threads() -> str:
     """Two threads of each process dispatch one jaxcoll function 20 times each, at once: every call completes,
     equal to numpy (the launches of the two threads interleave differently in each process)."""
     import threading
-    mesh = mesh_1d()
-    n = mesh.devices.size
-    x_np = (np.arange(n * 1024) % 7).astype(np.float32)
-    x = put(x_np, mesh)
-    want = reference("sum", mesh, ("i",), x_np)
+    mesh, want, x = _summed(1024)
     f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
     f(x).block_until_ready()
     errors = []
