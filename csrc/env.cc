@@ -3,7 +3,9 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
+#include <string>
 
 namespace jaxcoll {
 namespace {
@@ -49,6 +51,16 @@ class Reader {
     return false;
   }
 
+  // One of `choices` (a " or "-separated list, as the message names them).
+  std::optional<std::string> choice(const char* name, std::initializer_list<const char*> choices, const char* what) {
+    const char* v = value(name);
+    if (!v) return std::nullopt;
+    for (const char* c : choices)
+      if (std::string(v) == c) return std::string(v);
+    malformed(name, v, what);
+    return std::nullopt;
+  }
+
   std::string error;
 
  private:
@@ -84,6 +96,8 @@ EnvSettings read_env() {
   s.cuda_ll_bytes = r.integer<int64_t>("JAXCOLL_CUDA_LL_BYTES", 0, kMaxInt64, bytes);
   // At most 32: a semaphore of the CUDA executor is one counter per block of a lane (kMaxBlocksPerLane).
   s.cuda_blocks = r.integer<int>("JAXCOLL_CUDA_BLOCKS", 1, 32, "a whole number 1..32");
+  s.cuda_poll = r.choice("JAXCOLL_CUDA_POLL", {"in_flight", "in_order"}, "in_flight or in_order");
+  s.cuda_scope = r.choice("JAXCOLL_CUDA_SCOPE", {"narrowest", "system"}, "narrowest or system");
   if (!r.error.empty())
     s.error = "malformed jaxcoll setting in the environment: " + r.error +
               " (unset a variable for its default; docs/runtime.md, \"Settings\", lists them)";

@@ -42,6 +42,7 @@ class FakeTimer:
     def __init__(self, packet_s=8e-6):
         self.packet_s = packet_s
         self.calls = []
+        self.variants = []
 
     def name(self):
         return "Fake GPU"
@@ -50,12 +51,14 @@ class FakeTimer:
         self.calls.append(("copy", nbytes, iters))
         return 1000 * GB
 
-    def plan(self, plan, input_elements, output_elements, *, iters, graph, protocol):
+    def plan(self, plan, input_elements, output_elements, *, iters, graph, protocol, blocks=0, poll="", scope=""):
         self.calls.append((plan.collective.value, input_elements, output_elements, iters, graph, protocol))
         if protocol == "ll":
+            self.variants.append((plan.collective.value, plan.nranks, blocks, poll, scope))
             if graph:
                 raise RuntimeError("cudaStreamEndCapture | not permitted\nhere")
-            return {"seconds_per_call": self.packet_s, "protocol": "ll", "blocks_per_lane": 1, "traffic_bytes": 1}
+            return {"seconds_per_call": self.packet_s, "protocol": "ll", "blocks_per_lane": blocks or 4,
+                    "traffic_bytes": 1}
         nth = sum(1 for c in self.calls if c[0] == plan.collective.value) - 1  # the first or second algorithm
         traffic = 3 * input_elements * 4
         return {"seconds_per_call": traffic / (self.BULK_SHARE[plan.collective.value, nth] * 2000 * GB),
@@ -105,16 +108,29 @@ def test_bulk_rows_report_the_share_of_the_copy_and_the_85_percent_goal(capsys):
     assert all(c[3] == 3 and c[5] == "bulk" for c in timer.calls if c[0] in ("all_reduce", "all_gather"))
 
 
-def test_packet_rows_time_8_kib_per_rank_and_report_a_failed_graph(capsys):
-    timer = FakeTimer(packet_s=12e-6)
+def test_packet_rows_time_the_issues_sizes_and_report_a_failed_graph(capsys):
+    timer = FakeTimer(packet_s=6e-6)
     out = run_main(capsys, ["--parts", "packet", "--ranks", "8"], timer)
     rows = tables(out)["packet"]
-    assert rows[0][3] == "8 KiB" and rows[0][4] == "back to back"
-    assert rows[0][5] == "12.0 us" and rows[0][6] == "**missed**"
-    assert rows[1][4] == "CUDA graph replay" and rows[1][5].startswith("failed: cudaStreamEndCapture")
-    assert len(rows[1]) == 7  # the error's | and newline do not break the table
+    goals = rows[:6]
+    assert [(r[0], r[1], r[2], r[3]) for r in goals] == [
+        ("all_reduce", "direct", "8", "8 KiB"), ("all_reduce", "direct", "2", "8 KiB"),
+        ("all_reduce", "direct", "8", "64 KiB"), ("all_gather", "direct", "8", "1 KiB in, 8 KiB out"),
+        ("reduce_scatter", "direct", "8", "8 KiB in, 1 KiB out"), ("all_reduce", "ring", "8", "8 KiB")]
+    # 6 us back to back: within the 8-rank all_reduce's 7 us; the graph capture failed, and says so.
+    assert goals[0][4] == "4" and goals[0][5] == "6.0 us" and goals[0][6] == "<= 7 us: met"
+    assert goals[0][7].startswith("failed: cudaStreamEndCapture") and goals[0][8] == "-"
+    assert all(len(r) == 9 for r in goals)  # the error's | and newline do not break the table
+    assert goals[5][6] == goals[5][8] == "-"  # the ring has no goal
     calls = [c for c in timer.calls if c[-1] == "ll"]
-    assert {c[1] for c in calls} == {2048} and all(c[3] >= 200 for c in calls)  # 8 KiB of float32, many calls
+    assert (2048, 2048) in {(c[1], c[2]) for c in calls} and all(c[3] >= 200 for c in calls)  # many calls
+    # Then the variants, each of blocks, scope and polls, on the 8-rank 8 KiB all_reduce.
+    assert rows[6][0] == "blocks per lane"  # the second table's header
+    variants = rows[8:]
+    assert len(variants) == 16
+    assert {(c[2], c[3], c[4]) for c in timer.variants if c[2]} == {
+        (b, poll, scope) for b in (1, 2, 4, 8) for poll in ("in_order", "in_flight") for scope in ("system", "narrowest")}
+    assert all(c[0] == "all_reduce" and c[1] == 8 for c in timer.variants if c[2])
 
 
 def test_fused_rows_compare_each_op_with_one_plain_dot(capsys, single_rank_restored):
@@ -180,7 +196,7 @@ def test_without_a_jax_cuda_device_the_fused_part_says_so_and_the_others_run(cap
 
     out = run_main(capsys, ["--quick"], NoJaxDevice())
     parts = tables(out)
-    assert len(parts["bulk"]) == 4 and len(parts["packet"]) == 2
+    assert len(parts["bulk"]) == 4 and len(parts["packet"]) == 6 + 2 + 16
     assert "| jax has no CUDA device here: Unknown backend: 'cuda' requested, but no platforms are" in out
 
 

@@ -69,6 +69,23 @@ def test_steps_on_overlapping_chunk_ranges_make_a_lane_meet():
     assert runtime._jaxcoll.cuda_plan_info(encode(plan))["lane_meetings"] == 1
 
 
+@needs_cuda_build
+@pytest.mark.parametrize("collective, algorithm, nranks, nbytes", [
+    (C.ALL_REDUCE, "direct", 8, 8 << 10), (C.ALL_REDUCE, "direct", 2, 8 << 10), (C.ALL_REDUCE, "direct", 8, 64 << 10),
+    (C.ALL_REDUCE, "direct", 8, 4), (C.ALL_GATHER, "direct", 8, 8 << 10), (C.REDUCE_SCATTER, "direct", 8, 8 << 10),
+    (C.ALL_REDUCE, "ring", 8, 8 << 10), (C.ALL_REDUCE, "two_shot", 4, 256 << 20)])
+def test_blocks_per_lane_follow_the_larger_buffer_on_packets_and_the_input_on_bulk(collective, algorithm, nranks,
+                                                                                  nbytes):
+    plan = algorithms.builtin(collective, algorithm, nranks)
+    ins, outs = plan.elements_for_bytes(nbytes, 4)
+    info = runtime._jaxcoll.cuda_plan_info(encode(plan), ins, outs, "float32")
+    lanes = info["max_lanes"]
+    # Packets: one 512-thread block per 512 elements of a lane's larger buffer, 1..16; bulk: one per MiB of a
+    # lane's input, 1..32.
+    assert info["blocks_per_lane"]["ll"] == min(16, max(1, -(-max(ins, outs) // lanes // 512)))
+    assert info["blocks_per_lane"]["bulk"] == min(32, max(1, -(-(ins * 4 // lanes) // (1 << 20))))
+
+
 def test_cuda_status_gives_a_reason_when_unusable():
     usable, why = runtime.cuda_status()
     assert usable or why

@@ -68,7 +68,8 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("name, value", [("JAXCOLL_SPIN", "abc"), ("JAXCOLL_NT_BYTES", "4M"),
                                          ("JAXCOLL_TIMEOUT", "0"), ("JAXCOLL_SOLO_BYTES", "-1"),
                                          ("JAXCOLL_TRACE", "yes"), ("JAXCOLL_CUDA_BLOCKS", "0"),
-                                         ("JAXCOLL_CUDA_BLOCKS", "33")])
+                                         ("JAXCOLL_CUDA_BLOCKS", "33"), ("JAXCOLL_CUDA_POLL", "fast"),
+                                         ("JAXCOLL_CUDA_SCOPE", "device")])
 def test_a_malformed_runtime_setting_fails_the_load_naming_variable_and_value(name, value):
     out = run_python("import jaxcoll.runtime", **{name: value})
     assert out.returncode != 0

@@ -33,12 +33,28 @@ cuda::Protocol protocol_from(const std::string& name) {
   throw nb::value_error(("protocol must be 'auto', 'll' or 'bulk', got '" + name + "'").c_str());
 }
 
+// The kernel's variants by name, for benchmarks that compare them in one process ("" is the default).
+cuda::PacketPolls polls_from(const std::string& name) {
+  if (name.empty()) return cuda::PacketPolls::kDefault;
+  if (name == "in_flight") return cuda::PacketPolls::kInFlight;
+  if (name == "in_order") return cuda::PacketPolls::kInOrder;
+  throw nb::value_error(("poll must be '', 'in_flight' or 'in_order', got '" + name + "'").c_str());
+}
+
+cuda::CounterScope scope_from(const std::string& name) {
+  if (name.empty()) return cuda::CounterScope::kDefault;
+  if (name == "narrowest") return cuda::CounterScope::kNarrowest;
+  if (name == "system") return cuda::CounterScope::kSystem;
+  throw nb::value_error(("scope must be '', 'narrowest' or 'system', got '" + name + "'").c_str());
+}
+
 // A group on one GPU for `words`, sized for these calls; raises on any error.
 std::unique_ptr<cuda::EmulatedGroup> emulated_group(const Words& words, const std::string& dtype_name,
                                                     int64_t input_elements, int64_t output_elements, int reduce_op,
                                                     double timeout_s, const std::string& protocol, int blocks,
                                                     int device, std::vector<int64_t> input_offsets = {},
-                                                    std::vector<int64_t> output_offsets = {}, bool staged = false) {
+                                                    std::vector<int64_t> output_offsets = {}, bool staged = false,
+                                                    const std::string& poll = "", const std::string& scope = "") {
   Plan plan;
   if (Status st = decode_plan(std::span<const int32_t>(words.data(), words.shape(0)), plan); !st.ok())
     throw nb::value_error(("malformed jaxcoll plan: " + st.message()).c_str());
@@ -61,6 +77,8 @@ std::unique_ptr<cuda::EmulatedGroup> emulated_group(const Words& words, const st
   o.input_offsets = std::move(input_offsets);
   o.output_offsets = std::move(output_offsets);
   o.staged = staged;
+  o.polls = polls_from(poll);
+  o.scope = scope_from(scope);
   std::unique_ptr<cuda::EmulatedGroup> g;
   if (Status st = cuda::EmulatedGroup::create(plan, shape, o, g); !st.ok()) throw std::runtime_error(st.message());
   return g;
@@ -131,7 +149,7 @@ void add_bindings(nb::module_& m) {
     return std::make_tuple(n, why);
   }, "(visible CUDA devices, why none) without raising: (0, reason) where there is no driver or no GPU.");
 
-  m.def("cuda_plan_info", [](Words words) {
+  m.def("cuda_plan_info", [](Words words, int64_t input_elements, int64_t output_elements, const std::string& dtype) {
     Plan plan;
     if (Status st = decode_plan(std::span<const int32_t>(words.data(), words.shape(0)), plan); !st.ok())
       throw nb::value_error(("malformed jaxcoll plan: " + st.message()).c_str());
@@ -144,9 +162,23 @@ void add_bindings(nb::module_& m) {
     int meetings = 0;
     for (const cuda::DeviceLane& l : im.lanes) meetings += l.nsyncs;
     d["lane_meetings"] = meetings;
+    if (input_elements > 0) {
+      const auto dt = dtype_from_name(dtype);
+      if (!dt) throw nb::value_error(("unsupported dtype " + dtype).c_str());
+      cuda::CallShape shape;
+      shape.dtype = *dt;
+      shape.input_elements = input_elements;
+      shape.output_elements = output_elements;
+      nb::dict blocks;
+      blocks["ll"] = cuda::wanted_blocks_per_lane(im, shape, cuda::Protocol::kLL);
+      blocks["bulk"] = cuda::wanted_blocks_per_lane(im, shape, cuda::Protocol::kBulk);
+      d["blocks_per_lane"] = blocks;
+    }
     return d;
-  }, nb::arg("words"), "How the CUDA executor lays out a plan (no GPU needed): packet-protocol eligibility and "
-                       "why not, lanes, meetings between a lane's blocks.");
+  }, nb::arg("words"), nb::arg("input_elements") = 0, nb::arg("output_elements") = 0, nb::arg("dtype") = "float32",
+     "How the CUDA executor lays out a plan (no GPU needed): packet-protocol eligibility and why not, lanes, "
+     "meetings between a lane's blocks; given a call's elements, the blocks per lane each protocol would take "
+     "before the device's residency caps them.");
 
   m.def("cuda_emulate",
         [](Words words, std::vector<Bytes> inputs, std::vector<Bytes> outputs, const std::string& dtype,
@@ -182,9 +214,10 @@ void add_bindings(nb::module_& m) {
 
   m.def("cuda_time",
         [](Words words, const std::string& dtype, int64_t input_elements, int64_t output_elements, int reduce_op,
-           int iters, bool graph, const std::string& protocol, int blocks_per_lane, int device, double timeout_s) {
+           int iters, bool graph, const std::string& protocol, int blocks_per_lane, int device, double timeout_s,
+           const std::string& poll, const std::string& scope) {
           auto g = emulated_group(words, dtype, input_elements, output_elements, reduce_op, timeout_s, protocol,
-                                  blocks_per_lane, device);
+                                  blocks_per_lane, device, {}, {}, false, poll, scope);
           double seconds = 0;
           {
             nb::gil_scoped_release release;
@@ -199,9 +232,11 @@ void add_bindings(nb::module_& m) {
         },
         nb::arg("words"), nb::arg("dtype"), nb::arg("input_elements"), nb::arg("output_elements"),
         nb::arg("reduce_op") = 0, nb::arg("iters") = 20, nb::arg("graph") = false, nb::arg("protocol") = "auto",
-        nb::arg("blocks_per_lane") = 0, nb::arg("device") = 0, nb::arg("timeout_s") = 60.0,
+        nb::arg("blocks_per_lane") = 0, nb::arg("device") = 0, nb::arg("timeout_s") = 60.0, nb::arg("poll") = "",
+        nb::arg("scope") = "",
         "Time emulated calls of a plan on one GPU (device buffers): seconds per call, protocol, blocks per lane "
-        "and the bytes each call reads and writes.");
+        "and the bytes each call reads and writes. `poll` ('in_flight', 'in_order') and `scope` ('narrowest', "
+        "'system') pick the kernel's variants; '' takes the default (JAXCOLL_CUDA_POLL, JAXCOLL_CUDA_SCOPE).");
 
   m.def("cuda_memcpy_bandwidth",
         [](size_t bytes, int iters, int device) {

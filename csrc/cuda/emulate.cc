@@ -75,6 +75,9 @@ Status EmulatedGroup::create(const Plan& plan, CallShape shape, const Options& o
   lo.blocks_per_lane = blocks;
   lo.timeout_s = o.timeout_s;
   lo.staged = o.staged;
+  lo.one_device = true;
+  lo.polls = o.polls;
+  lo.scope = o.scope;
   int resident = 0;
   if (Status st = resident_blocks(o.device, shape, resident); !st.ok()) return st;
   if (plan.nranks * g->image_.max_lanes * blocks > resident)

@@ -26,6 +26,8 @@ class EmulatedGroup {
     // Stage every rank's buffers in its slot, as a group spanning processes does on the bulk protocol
     // (docs/cuda.md, "Groups across processes"): peers then reach them by slot offsets, never by pointers.
     bool staged = false;
+    PacketPolls polls = PacketPolls::kDefault;  // the kernel's variants (Launcher::Options)
+    CounterScope scope = CounterScope::kDefault;
   };
 
   static Status create(const Plan& plan, CallShape shape, const Options& options, std::unique_ptr<EmulatedGroup>& out);

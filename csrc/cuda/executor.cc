@@ -167,24 +167,31 @@ Status resident_blocks(int device, const CallShape& shape, int& blocks) {
   return {};
 }
 
+int wanted_blocks_per_lane(const PlanImage& im, const CallShape& shape, Protocol protocol) {
+  // Bulk: about 1 MiB of input per block and lane keeps each block busy long enough to amortise its steps.
+  // Packets: a block per kThreads elements of the larger of a lane's input and output share, up to
+  // kMaxPacketBlocks, so an 8 KiB float32 all_reduce polls with one thread per element on 4 blocks
+  // (tools/gpu_floor.cu: 11.8 us on one block, 6.0 on four, at 8 ranks).
+  const int lanes_of_rank = std::max(im.max_lanes, 1);
+  const int64_t per_lane = shape.input_elements * int64_t(dtype_size(shape.dtype)) / lanes_of_rank;
+  const int64_t packet_elements = std::max(shape.input_elements, shape.output_elements) / lanes_of_rank;
+  const int want = protocol == Protocol::kLL
+                       ? int(std::clamp<int64_t>((packet_elements + kThreads - 1) / kThreads, 1, kMaxPacketBlocks))
+                       : int(std::clamp<int64_t>((per_lane + (1 << 20) - 1) >> 20, 1, kMaxBlocksPerLane));
+  return std::min(env_settings().cuda_blocks.value_or(want), kMaxBlocksPerLane);
+}
+
 Status choose_blocks_per_lane(const PlanImage& im, const CallShape& shape, int device, int launch_ranks,
                               Protocol protocol, int& blocks) {
   int resident = 0;
   if (Status st = resident_blocks(device, shape, resident); !st.ok()) return st;
-  const int64_t input_bytes = shape.input_elements * int64_t(dtype_size(shape.dtype));
   const int lanes = launch_ranks * im.max_lanes;
   const int most = resident / std::max(lanes, 1);
   if (most < 1)
     return Status::Error("the plan needs " + std::to_string(lanes) + " thread blocks resident at once (" +
                          std::to_string(launch_ranks) + " rank(s) x " + std::to_string(im.max_lanes) +
                          " lanes) but device " + std::to_string(device) + " holds " + std::to_string(resident));
-  // About 1 MiB of input per block and lane keeps each block busy long enough to amortise its steps.
-  const int64_t per_lane = input_bytes / std::max(im.max_lanes, 1);
-  int want = protocol == Protocol::kLL
-                 ? 1
-                 : int(std::clamp<int64_t>((per_lane + (1 << 20) - 1) >> 20, 1, kMaxBlocksPerLane));
-  want = std::min(env_settings().cuda_blocks.value_or(want), kMaxBlocksPerLane);
-  blocks = std::min(want, most);
+  blocks = std::min(wanted_blocks_per_lane(im, shape, protocol), most);
   return {};
 }
 
@@ -256,6 +263,17 @@ Status Launcher::create(const Plan& plan, const PlanImage& im, const CallShape& 
   p.blocks_per_lane = o.blocks_per_lane;
   p.protocol = static_cast<int32_t>(o.protocol);
   p.staged = o.staged && o.protocol == Protocol::kBulk;
+  for (int i = 0; i < o.launch_ranks; ++i) p.first_lane[i] = im.ranks[size_t(o.first_rank + i)].first_lane;
+  const EnvSettings& env = env_settings();
+  CounterScope scope = o.scope;
+  if (scope == CounterScope::kDefault)
+    scope = env.cuda_scope.value_or("narrowest") == "system" ? CounterScope::kSystem : CounterScope::kNarrowest;
+  p.own_scope = scope == CounterScope::kNarrowest;
+  p.peer_scope = p.own_scope && o.one_device;
+  PacketPolls polls = o.polls;
+  if (polls == PacketPolls::kDefault)
+    polls = env.cuda_poll.value_or("in_flight") == "in_order" ? PacketPolls::kInOrder : PacketPolls::kInFlight;
+  p.polls_in_flight = polls == PacketPolls::kInFlight;
   if (p.staged && (layout.io_input == 0 || layout.io_output == 0))
     return Status::Error("a staged launcher needs a slot layout with staging areas (slot_layout(..., staged=true))");
   for (int i = 0; i < o.launch_ranks; ++i) l->own_slots_.push_back(slots[o.first_rank + i]);

@@ -77,11 +77,15 @@ Status check_shape(const Plan& plan, CallShape& shape);
 // protocol each rank's input and output are staged in its slot (peers map the slot, not XLA's buffers).
 SlotLayout slot_layout(const PlanImage& image, const CallShape& shape, Protocol protocol, bool staged = false);
 
-// Thread blocks per lane: enough to move large messages at full bandwidth, few enough that every block of the
+// Thread blocks per lane: enough to move large messages at full bandwidth (bulk) or to give every thread about
+// one element of a lane's share (packets, where a call is a few polls long), few enough that every block of the
 // launch is resident at once (waits spin; a block that is not resident would never be signalled). The same for
 // every rank of a group, since waits count signals of all of a lane's blocks. JAXCOLL_CUDA_BLOCKS overrides.
 Status choose_blocks_per_lane(const PlanImage& image, const CallShape& shape, int device, int launch_ranks,
                               Protocol protocol, int& blocks);
+
+// The blocks per lane a call of `shape` would take before the device's residency caps them (no GPU needed).
+int wanted_blocks_per_lane(const PlanImage& image, const CallShape& shape, Protocol protocol);
 
 // The most lane thread blocks of this kernel one device can hold resident at once.
 Status resident_blocks(int device, const CallShape& shape, int& blocks);
@@ -99,6 +103,10 @@ class Launcher {
     int blocks_per_lane = 1;
     double timeout_s = 300;
     bool staged = false;  // bulk protocol across processes: stage XLA's buffers in the slot (slot_layout)
+    // Every rank's slot is on `device` (the emulated-rank harness), so no word needs more than device scope.
+    bool one_device = false;
+    PacketPolls polls = PacketPolls::kDefault;    // kDefault: JAXCOLL_CUDA_POLL, else in flight
+    CounterScope scope = CounterScope::kDefault;  // kDefault: JAXCOLL_CUDA_SCOPE, else the narrowest
   };
   static Status create(const Plan& plan, const PlanImage& image, const CallShape& shape, const SlotLayout& layout,
                        const std::vector<char*>& slots, ErrorRecord* error, const Options& options,

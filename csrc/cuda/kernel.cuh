@@ -68,20 +68,30 @@ struct Min {
 };
 
 // ---- memory ordering ----------------------------------------------------------------------------------------
-// System scope: peers may be other GPUs (NVLink/PCIe peer memory) and the error record is host memory.
-using Counter = ::cuda::atomic_ref<unsigned long long, ::cuda::thread_scope_system>;
+// A word's scope is the narrowest that holds every thread touching it (KernelParams::peer_scope, own_scope):
+// system where peers may be other GPUs (NVLink/PCIe peer memory), device where only this GPU's blocks touch it,
+// which costs about half as much per access (tools/gpu_floor.cu measures both). The error record, host memory,
+// is always system scope.
+template <::cuda::thread_scope S>
+using Word = ::cuda::atomic_ref<unsigned long long, S>;
 
-__device__ __forceinline__ uint64_t load_acquire(uint64_t* p) {
-  return Counter(*reinterpret_cast<unsigned long long*>(p)).load(::cuda::memory_order_acquire);
+__device__ __forceinline__ unsigned long long& word(uint64_t* p) { return *reinterpret_cast<unsigned long long*>(p); }
+
+__device__ __forceinline__ uint64_t load_acquire(uint64_t* p, int32_t device) {
+  return device ? Word<::cuda::thread_scope_device>(word(p)).load(::cuda::memory_order_acquire)
+                : Word<::cuda::thread_scope_system>(word(p)).load(::cuda::memory_order_acquire);
 }
-__device__ __forceinline__ void store_release(uint64_t* p, uint64_t v) {
-  Counter(*reinterpret_cast<unsigned long long*>(p)).store(v, ::cuda::memory_order_release);
+__device__ __forceinline__ void store_release(uint64_t* p, uint64_t v, int32_t device) {
+  if (device) Word<::cuda::thread_scope_device>(word(p)).store(v, ::cuda::memory_order_release);
+  else Word<::cuda::thread_scope_system>(word(p)).store(v, ::cuda::memory_order_release);
 }
-__device__ __forceinline__ uint64_t add_release(uint64_t* p, uint64_t v) {
-  return Counter(*reinterpret_cast<unsigned long long*>(p)).fetch_add(v, ::cuda::memory_order_release);
+__device__ __forceinline__ uint64_t add_release(uint64_t* p, uint64_t v, int32_t device) {
+  return device ? Word<::cuda::thread_scope_device>(word(p)).fetch_add(v, ::cuda::memory_order_release)
+                : Word<::cuda::thread_scope_system>(word(p)).fetch_add(v, ::cuda::memory_order_release);
 }
-__device__ __forceinline__ uint64_t add_acq_rel(uint64_t* p, uint64_t v) {
-  return Counter(*reinterpret_cast<unsigned long long*>(p)).fetch_add(v, ::cuda::memory_order_acq_rel);
+__device__ __forceinline__ uint64_t add_acq_rel(uint64_t* p, uint64_t v, int32_t device) {
+  return device ? Word<::cuda::thread_scope_device>(word(p)).fetch_add(v, ::cuda::memory_order_acq_rel)
+                : Word<::cuda::thread_scope_system>(word(p)).fetch_add(v, ::cuda::memory_order_acq_rel);
 }
 
 __device__ __forceinline__ uint64_t global_ns() {
@@ -127,7 +137,7 @@ __device__ __forceinline__ bool follows_another_wait(Failure why) {
 
 template <class Done>
 __device__ bool spin(const KernelParams& p, Done done, Failure why, const Where& w, uint64_t need, uint64_t epoch,
-                     uint64_t* counter) {
+                     uint64_t* counter, int32_t scope = 0) {
   const uint64_t timeout_ns = follows_another_wait(why) ? 2 * p.timeout_ns : p.timeout_ns;
   uint64_t start = 0;
   for (uint32_t round = 0;; ++round) {
@@ -137,7 +147,7 @@ __device__ bool spin(const KernelParams& p, Done done, Failure why, const Where&
       const uint64_t now = global_ns();
       if (start == 0) start = now;
       else if (now - start > timeout_ns) {
-        fail(p.error, why, w, counter ? load_acquire(counter) : 0, need, epoch);
+        fail(p.error, why, w, counter ? load_acquire(counter, scope) : 0, need, epoch);
         return false;
       }
       __nanosleep(64);
@@ -146,8 +156,8 @@ __device__ bool spin(const KernelParams& p, Done done, Failure why, const Where&
 }
 
 __device__ __forceinline__ bool wait_at_least(const KernelParams& p, uint64_t* counter, uint64_t need, Failure why,
-                                              const Where& w, uint64_t epoch) {
-  return spin(p, [&] { return load_acquire(counter) >= need; }, why, w, need, epoch, counter);
+                                              const Where& w, uint64_t epoch, int32_t scope) {
+  return spin(p, [&] { return load_acquire(counter, scope) >= need; }, why, w, need, epoch, counter, scope);
 }
 
 // ---- the packet protocol ------------------------------------------------------------------------------------
@@ -191,6 +201,37 @@ __device__ __forceinline__ bool try_packet(const char* base, int64_t i, uint32_t
 
 template <class V>
 __device__ __forceinline__ constexpr int64_t packet_size() { return sizeof(V) <= 4 ? 8 : 16; }
+
+// A packet as loaded, before its flag is checked: {bits, flag} in x, y, or {lo, flag, hi, flag}.
+template <int64_t P>
+__device__ __forceinline__ uint4 load_packet(const char* at) {
+  uint4 r = make_uint4(0, 0, 0, 0);
+  if constexpr (P == 8)
+    asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(at) : "memory");
+  else
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(at)
+                 : "memory");
+  return r;
+}
+
+template <int64_t P>
+__device__ __forceinline__ bool packet_current(const uint4& r, uint32_t flag) {
+  return P == 8 ? r.y == flag : (r.y == flag && r.w == flag);
+}
+
+template <class V>
+__device__ __forceinline__ V packet_value(const uint4& r) {
+  V v;
+  if constexpr (sizeof(V) <= 4) {
+    memcpy(&v, &r.x, sizeof(V));
+  } else {
+    const uint64_t bits = (uint64_t{r.z} << 32) | r.x;
+    memcpy(&v, &bits, 8);
+  }
+  return v;
+}
 
 // ---- operands of a data step --------------------------------------------------------------------------------
 enum OperandKind : int32_t { kData = 0, kAccum = 1, kDataPackets = 2, kAccumPackets = 3 };
@@ -296,11 +337,21 @@ __device__ __forceinline__ int64_t operand_esize(int32_t kind, int64_t dsize, in
 }
 
 // ---- the block's shared state -------------------------------------------------------------------------------
+// A lane's steps and chunk references held in shared memory (Shared::steps, refs): 6 KiB, enough for the built-in
+// and synthesized plans' lanes at small sizes, where the per-step decoding is most of a call's time.
+inline constexpr int32_t kCachedSteps = 64;
+inline constexpr int32_t kCachedRefs = 256;
+
 struct Shared {
   char* slots[kMaxRanks];
   const void* inputs[kMaxRanks];   // bulk: every rank's published buffers for this call
   void* outputs[kMaxRanks];
   Operand ops[kMaxStepRefs];
+  // The block's lane, copied from the plan image at entry when it fits (cached): the steps are then read from
+  // shared memory, not through a chain of dependent loads from global memory at every step.
+  DeviceStep steps[kCachedSteps];
+  ChunkRef refs[kCachedRefs];
+  int32_t cached;
   uint64_t epoch;
   int32_t stop;                    // a thread of this block failed or saw the group fail
   int32_t last;                    // this block is its rank's last to finish the call
@@ -320,15 +371,66 @@ __device__ __forceinline__ void share(int64_t n, int32_t part, int32_t parts, in
   hi = min(n, lo + per);
 }
 
+// Sources a packet step polls at once: each poll round issues the loads of every packet of the batch still
+// missing before it checks any flag, so an element waits about one load latency rather than one per source
+// (tools/gpu_floor.cu: 6.0 -> 4.5 us for the 8-rank 8 KiB all_reduce). 8 covers a direct plan's sources at 8
+// ranks in one batch and keeps the loads in registers.
+inline constexpr int kPollBatch = 8;
+
+// Element i of a step's reduction over its sources, some of them packets, with the polls of each batch in
+// flight together; reduced in source order, as the ordered path does. False once a spin gave up.
+template <class T, class R>
+__device__ __forceinline__ bool reduce_in_flight(const KernelParams& p, const Call& c, const Operand* ops,
+                                                 int32_t nsrc, int64_t i, typename T::A& acc, const Where& w) {
+  using D = typename T::D;
+  using A = typename T::A;
+  constexpr int64_t P = packet_size<D>();
+  static_assert(packet_size<D>() == packet_size<A>(), "a step's data and accumulation packets share one size");
+  for (int32_t j0 = 0; j0 < nsrc; j0 += kPollBatch) {
+    const int32_t m = min(kPollBatch, nsrc - j0);
+    A v[kPollBatch];
+    uint32_t missing = 0;
+#pragma unroll
+    for (int u = 0; u < kPollBatch; ++u) {
+      if (u >= m) continue;
+      const Operand& o = ops[j0 + u];
+      if (o.kind == kData) v[u] = T::load(reinterpret_cast<const D*>(o.ptr)[i]);
+      else if (o.kind == kAccum) v[u] = reinterpret_cast<const A*>(o.ptr)[i];
+      else missing |= 1u << u;
+    }
+    if (missing) {
+      const bool arrived = spin(p, [&] {
+        const uint32_t want = missing;  // this round's loads must not wait for its own flags
+        uint4 raw[kPollBatch];
+#pragma unroll
+        for (int u = 0; u < kPollBatch; ++u)
+          raw[u] = (want >> u & 1u) ? load_packet<P>(ops[j0 + u].ptr + i * P) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < kPollBatch; ++u) {
+          if (!(want >> u & 1u) || !packet_current<P>(raw[u], c.flag)) continue;
+          v[u] = ops[j0 + u].kind == kDataPackets ? T::load(packet_value<D>(raw[u])) : packet_value<A>(raw[u]);
+          missing &= ~(1u << u);
+        }
+        return missing == 0;
+      }, Failure::kPacket, w, c.flag, c.epoch, nullptr);
+      if (!arrived) return false;
+    }
+#pragma unroll
+    for (int u = 0; u < kPollBatch; ++u)
+      if (u < m) acc = j0 + u == 0 ? v[u] : R::apply(acc, v[u]);
+  }
+  return true;
+}
+
 // One data step, this block's share: reduce the sources in order in the accumulation type, write every
 // destination. Vectorised (16-byte accesses) where every operand is plain memory and can be aligned together.
 template <class T, class R>
-__device__ void data_step(const KernelParams& p, const Call& c, Shared& sh, const DeviceStep& s, Where w) {
+__device__ void data_step(const KernelParams& p, const Call& c, Shared& sh, const DeviceStep& s,
+                          const ChunkRef* refs, Where w) {
   using D = typename T::D;
   using A = typename T::A;
   constexpr int V = Vec<T>::V;
   const int32_t nref = s.nsrc + s.ndst;
-  const ChunkRef* refs = p.refs + s.first_ref;
   for (int32_t j = threadIdx.x; j < nref; j += blockDim.x) {
     const ChunkRef r = refs[j];
     const bool accum = r.buffer == BufferKind::kScratch;
@@ -376,9 +478,14 @@ __device__ void data_step(const KernelParams& p, const Call& c, Shared& sh, cons
   const int64_t vstart = lo + head, vstop = vstart + nvec * V;
 
   bool ok = true;
+  bool in_flight = false;  // packet sources, polled together
+  if (c.packets && p.polls_in_flight)
+    for (int32_t j = 0; j < s.nsrc && !in_flight; ++j) in_flight = ops[j].kind >= kDataPackets;
   auto scalar = [&](int64_t i) {
     A acc = A(0);
-    if (s.nsrc) {
+    if (in_flight) {
+      ok = reduce_in_flight<T, R>(p, c, ops, s.nsrc, i, acc, w);
+    } else if (s.nsrc) {
       acc = load_elem<T>(p, c, ops[0], i, ok, w);
       for (int32_t j = 1; j < s.nsrc; ++j) acc = R::apply(acc, load_elem<T>(p, c, ops[j], i, ok, w));
     }
@@ -469,12 +576,20 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const KernelParams p) {
   if (c.lane >= dr.nlanes) return;  // ranks with fewer lanes than the widest leave these blocks idle
   const int32_t rank_block = c.lane * B + c.part, rank_blocks = dr.nlanes * B;
   c.packets = p.protocol == static_cast<int32_t>(Protocol::kLL);
+  const int32_t peer = p.peer_scope, own = p.own_scope;
 
+  // Entry loads, all in flight together: the slot table, this rank's epoch, and the lane's steps and refs.
+  const DeviceLane ln = p.lanes[p.first_lane[c.local] + c.lane];
+  const bool cached = ln.nsteps <= kCachedSteps && ln.nrefs <= kCachedRefs;
   for (int32_t t = threadIdx.x; t < p.nranks; t += blockDim.x) sh.slots[t] = p.slots[t];
+  if (cached) {
+    for (int32_t t = threadIdx.x; t < ln.nsteps; t += blockDim.x) sh.steps[t] = p.steps[ln.first_step + t];
+    for (int32_t t = threadIdx.x; t < ln.nrefs; t += blockDim.x) sh.refs[t] = p.refs[ln.first_ref + t];
+  }
   if (threadIdx.x == 0) {
     sh.stop = 0;
     sh.last = 0;
-    sh.epoch = load_acquire(&header(p.slots[c.rank]).epoch);
+    sh.epoch = load_acquire(&header(p.slots[c.rank]).epoch, peer);
   }
   __syncthreads();
   char* const me = sh.slots[c.rank];
@@ -495,27 +610,27 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const KernelParams p) {
       char* out = static_cast<char*>(p.calls[c.local].output);
       hdr.input = p.staged ? reinterpret_cast<const void*>(static_cast<uintptr_t>(in - me)) : in;
       hdr.output = p.staged ? reinterpret_cast<void*>(static_cast<uintptr_t>(out - me)) : out;
-      store_release(&hdr.arrived, e + 1);
+      store_release(&hdr.arrived, e + 1, peer);
     }
     for (int32_t t = threadIdx.x; t < p.nranks; t += blockDim.x) {
-      SlotHeader& peer = header(sh.slots[t]);
+      SlotHeader& other = header(sh.slots[t]);
       const Where w{c.rank, c.lane, -1, -1, t, -1};
-      if (!wait_at_least(p, &peer.arrived, e + 1, Failure::kEntry, w, e)) sh.stop = 1;
+      if (!wait_at_least(p, &other.arrived, e + 1, Failure::kEntry, w, e, peer)) sh.stop = 1;
       if (p.staged) {  // offsets into the peer's slot, which this process reaches through its own mapping
-        sh.inputs[t] = sh.slots[t] + reinterpret_cast<uintptr_t>(peer.input);
-        sh.outputs[t] = sh.slots[t] + reinterpret_cast<uintptr_t>(peer.output);
+        sh.inputs[t] = sh.slots[t] + reinterpret_cast<uintptr_t>(other.input);
+        sh.outputs[t] = sh.slots[t] + reinterpret_cast<uintptr_t>(other.output);
       } else {
-        sh.inputs[t] = peer.input;
-        sh.outputs[t] = peer.output;
+        sh.inputs[t] = other.input;
+        sh.outputs[t] = other.output;
       }
     }
   } else {
-    if (rank_block == 0 && threadIdx.x == 0) store_release(&hdr.arrived, e + 1);
     for (int32_t t = threadIdx.x; t < p.nranks; t += blockDim.x) {
       sh.inputs[t] = t == c.rank ? p.calls[c.local].input : nullptr;  // peers' buffers are never touched
       sh.outputs[t] = t == c.rank ? p.calls[c.local].output : nullptr;
       const Where w{c.rank, c.lane, -1, -1, t, -1};
-      if (e >= 2 && t != c.rank && !wait_at_least(p, &header(sh.slots[t]).epoch, e - 1, Failure::kPrevious, w, e))
+      if (e >= 2 && t != c.rank &&
+          !wait_at_least(p, &header(sh.slots[t]).epoch, e - 1, Failure::kPrevious, w, e, peer))
         sh.stop = 1;
     }
     if (dr.shared & kSharedInput)
@@ -524,17 +639,16 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const KernelParams p) {
   __syncthreads();
 
   // The lane's steps.
-  const DeviceLane ln = p.lanes[dr.first_lane + c.lane];
   int32_t barriers = 0;
   for (int32_t i = 0; i < ln.nsteps && !sh.stop; ++i) {
-    const DeviceStep s = p.steps[ln.first_step + i];
+    const DeviceStep s = cached ? sh.steps[i] : p.steps[ln.first_step + i];
     const Where w{c.rank, c.lane, i, s.sem, s.peer, -1};
     if (s.sync_before && B > 1) {  // this step depends on elements another block of the lane wrote
       __syncthreads();
       if (threadIdx.x == 0) {
         uint64_t* m = &hdr.lane_meetings[c.lane];
-        add_release(m, 1);
-        if (!wait_at_least(p, m, uint64_t(B) * (e * ln.nsyncs + s.sync_before), Failure::kMeeting, w, e))
+        add_release(m, 1, own);
+        if (!wait_at_least(p, m, uint64_t(B) * (e * ln.nsyncs + s.sync_before), Failure::kMeeting, w, e, own))
           sh.stop = 1;
       }
       __syncthreads();
@@ -548,37 +662,37 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const KernelParams p) {
           Where wt = w;
           wt.buffer = threadIdx.x;
           uint64_t* counter = &semaphores(p, me)[s.sem * kMaxBlocksPerLane + threadIdx.x];
-          if (!wait_at_least(p, counter, need, Failure::kWait, wt, e)) sh.stop = 1;
+          if (!wait_at_least(p, counter, need, Failure::kWait, wt, e, peer)) sh.stop = 1;
         }
         __syncthreads();
         break;
       case Op::kSignal:
         __syncthreads();  // the block's writes before the signal ...
         if (threadIdx.x == 0)  // ... released with it, on this block's counter
-          add_release(&semaphores(p, sh.slots[s.peer])[s.sem * kMaxBlocksPerLane + c.part], 1);
+          add_release(&semaphores(p, sh.slots[s.peer])[s.sem * kMaxBlocksPerLane + c.part], 1, peer);
         break;
       case Op::kBarrier:
         __syncthreads();
         ++barriers;
         if (threadIdx.x == 0) {
-          add_release(&hdr.lane_arrivals[c.lane], 1);
+          add_release(&hdr.lane_arrivals[c.lane], 1, own);
           for (int32_t o = 0; o < dr.nlanes && !sh.stop; ++o) {
             const int32_t nb = p.lanes[dr.first_lane + o].nbarriers + 1;  // + 1: the lane's end
             const uint64_t need = uint64_t(B) * (e * nb + min(barriers, nb));
             const Where wo{c.rank, o, i, -1, -1, -1};
-            if (!wait_at_least(p, &hdr.lane_arrivals[o], need, Failure::kBarrier, wo, e)) sh.stop = 1;
+            if (!wait_at_least(p, &hdr.lane_arrivals[o], need, Failure::kBarrier, wo, e, own)) sh.stop = 1;
           }
         }
         __syncthreads();
         break;
       default:
-        data_step<T, R>(p, c, sh, s, w);
+        data_step<T, R>(p, c, sh, s, cached ? sh.refs + (s.first_ref - ln.first_ref) : p.refs + s.first_ref, w);
         __syncthreads();
         break;
     }
   }
   if (dr.has_barriers && threadIdx.x == 0)  // a finished lane counts as arrived at every later barrier
-    add_release(&hdr.lane_arrivals[c.lane], uint64_t(ln.nbarriers + 1 - barriers));
+    add_release(&hdr.lane_arrivals[c.lane], uint64_t(ln.nbarriers + 1 - barriers), own);
 
   if (c.packets && (dr.shared & kSharedOutput) && !sh.stop) unpack_output<T>(p, c, sh, dr, rank_block, rank_blocks);
   __syncthreads();
@@ -586,21 +700,22 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const KernelParams p) {
   // Exit: the rank's last block to finish waits until every peer has finished this call's steps (bulk: peers
   // read and write this rank's buffers), then opens the next call by advancing the epoch.
   if (threadIdx.x == 0 && !sh.stop) {
-    const uint64_t before = add_acq_rel(&hdr.blocks_done, 1);
+    const uint64_t before = add_acq_rel(&hdr.blocks_done, 1, own);
     sh.last = before == (e + 1) * uint64_t(rank_blocks) - 1;
   }
   __syncthreads();
   if (!sh.last) return;
   if (!c.packets) {
     for (int32_t t = threadIdx.x; t < p.nranks; t += blockDim.x)
-      if (t != c.rank) store_release(&header(sh.slots[t]).exit_from[c.rank], e + 1);
+      if (t != c.rank) store_release(&header(sh.slots[t]).exit_from[c.rank], e + 1, peer);
     for (int32_t t = threadIdx.x; t < p.nranks; t += blockDim.x) {
       const Where w{c.rank, -1, -1, -1, t, -1};
-      if (t != c.rank && !wait_at_least(p, &hdr.exit_from[t], e + 1, Failure::kExit, w, e)) sh.stop = 1;
+      if (t != c.rank && !wait_at_least(p, &hdr.exit_from[t], e + 1, Failure::kExit, w, e, peer)) sh.stop = 1;
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0 && !sh.stop) store_release(&hdr.epoch, e + 1);
+  // Peers read the epoch (the packet protocol's check of the call before last), hence its scope.
+  if (threadIdx.x == 0 && !sh.stop) store_release(&hdr.epoch, e + 1, peer);
 }
 
 // The kernel of element type T for a reduction, as an untyped pointer for cudaLaunchKernelExC.

@@ -18,6 +18,10 @@ inline constexpr int32_t kMaxLaunchRanks = 16;
 // Thread blocks per lane at most. Every semaphore is this many counters, one per block of the signalling lane.
 inline constexpr int32_t kMaxBlocksPerLane = 32;
 
+// Thread blocks per lane the packet protocol takes by default at most: past a few thousand elements a lane,
+// packets cost more than the bulk protocol's rendezvous (JAXCOLL_CUDA_LL_BYTES), so more blocks buy little.
+inline constexpr int32_t kMaxPacketBlocks = 16;
+
 // The head of a rank's slot: the synchronisation words of one call site's group on this rank. Every counter is
 // monotonic over the life of the slot, so nothing is ever reset between calls (a reset would need the host, or
 // a second launch, and could race with a fast peer's next call); call e compares against e-based thresholds.
@@ -88,7 +92,21 @@ struct KernelParams {
   int32_t blocks_per_lane;
   int32_t protocol;            // Protocol::kLL or kBulk
   int32_t staged;              // bulk: ranks' buffers are staged in their slots; headers carry slot offsets
+  // Scope of the synchronisation words (1 device, 0 system). `peer_scope`: the words another rank writes or reads
+  // (semaphores, the epoch, arrival and exit); device scope only where every rank of the group runs on this GPU.
+  // `own_scope`: the words only this rank's own blocks touch (finished blocks, lane barriers and meetings).
+  int32_t peer_scope, own_scope;
+  int32_t polls_in_flight;     // packets: a data step issues all of an element's source polls before checking any
   RankCall calls[kMaxLaunchRanks];  // [launch_ranks], buffers as staged for the plan
+  // [launch_ranks]: where each launched rank's lanes start in `lanes`, so a block finds its lane in one load
+  // rather than through its rank's record first.
+  int32_t first_lane[kMaxLaunchRanks];
 };
+
+// How the kernel runs a group's calls where several ways are correct: picked at the launcher's creation, from
+// the environment (JAXCOLL_CUDA_POLL, JAXCOLL_CUDA_SCOPE) unless the caller names one, so a benchmark compares
+// the variants in one process.
+enum class PacketPolls : int32_t { kDefault = 0, kInFlight = 1, kInOrder = 2 };
+enum class CounterScope : int32_t { kDefault = 0, kNarrowest = 1, kSystem = 2 };
 
 }  // namespace jaxcoll::cuda

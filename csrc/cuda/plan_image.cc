@@ -77,7 +77,7 @@ Status build_plan_image(const Plan& plan, PlanImage& im) {
                            " lanes; the CUDA executor runs at most " + std::to_string(kMaxLanes) + " per rank");
     std::vector<int32_t> waiter(p.semaphores, -1);  // the one lane that waits on each semaphore
     for (int32_t l = 0; l < dr.nlanes; ++l) {
-      DeviceLane dl{static_cast<int32_t>(im.steps.size()), 0, 0, 0};
+      DeviceLane dl{static_cast<int32_t>(im.steps.size()), 0, 0, 0, static_cast<int32_t>(im.refs.size()), 0};
       if (l < p.nlanes) {
         const Lane& lane = plan.lanes[p.first_lane + l];
         dl.nsteps = lane.nsteps;
@@ -127,6 +127,7 @@ Status build_plan_image(const Plan& plan, PlanImage& im) {
           im.steps.push_back(ds);
         }
       }
+      dl.nrefs = static_cast<int32_t>(im.refs.size()) - dl.first_ref;
       im.lanes.push_back(dl);
     }
     im.max_lanes = std::max(im.max_lanes, dr.nlanes);

@@ -43,6 +43,8 @@ struct DeviceLane {
   int32_t nsteps;
   int32_t nbarriers;  // barrier steps in the lane
   int32_t nsyncs;     // lane meetings (sync_before) in the lane
+  int32_t first_ref;  // the refs of the lane's steps, contiguous: a block copies them to shared memory at once
+  int32_t nrefs;
 };
 
 struct DeviceRank {
