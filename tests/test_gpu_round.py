@@ -27,7 +27,7 @@ CHECKS = ROOT / "tools" / "gpu_round_checks.py"
 
 # The round as issue 14 lists it, in its order (an independent statement of what the script must run).
 STEPS = ["env", "prereqs", "build", "import", "harness", "harness_large", "memcheck", "racecheck", "synccheck",
-         "jax", "network", "never_arrives", "bench", "tune", "profile"]
+         "jax", "network", "never_arrives", "bench", "tune", "profile", "ncu"]
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
                                 reason="the round script needs bash and coreutils' timeout")

@@ -2,10 +2,16 @@
 
     PYTHONPATH=. python tools/gpu_profile.py packet   # per-call time of the packet protocol by ranks and plan
     PYTHONPATH=. python tools/gpu_profile.py fused    # the fused ops' parts on the one-GPU mesh
+    PYTHONPATH=. python tools/gpu_profile.py launches # a few calls of the packet rows, for ncu to catch
 
 packet: the emulated packet-protocol all_reduce of 8 KiB per rank, by rank count (2, 4, 8) and algorithm, back to
 back and as a CUDA graph; a one-rank copy of 8 KiB is the floor of one launch of the executor (a step, no peer).
 Run under `ncu --metrics gpu__time_duration.sum -k regex:plan_kernel` to split launch gaps from kernel time.
+
+launches: 6 back-to-back calls each of the 8-rank direct all_reduce on packets (8 KiB per rank), the 2-rank one
+and a one-rank all_gather, in that order (after one warm-up call each): the GPU round's ncu step profiles the
+third launch in detail and times every launch's kernel alone, which splits a call's time between the kernel and
+what surrounds it.
 
 fused: benchmarks/cuda.py's fused rows (8192^3 bf16 on a one-device mesh) with the one-rank group's collective
 lowered as production lowers it (no custom call: the identity) and forced through the executor, next to the
@@ -92,5 +98,50 @@ def fused() -> None:
     print(f"\n(jnp.dot {2 * m * k * n / dot / 1e12:.0f} TFLOP/s)")
 
 
+def launches() -> None:
+    rows = [(Collective.ALL_REDUCE, "direct", 8), (Collective.ALL_REDUCE, "direct", 2), (Collective.ALL_GATHER, "direct", 1)]
+    for collective, name, n in rows:
+        plan = algorithms.builtin(collective, name, n)
+        print(f"{collective.value} {name} at {n} ranks, 8 KiB, packets: "
+              f"{per_call_us(plan, 8 * KiB, 'll', False, iters=6):.1f} us a call")
+
+
+def hot_sass(ncu: str, report: str, top: int = 40) -> None:
+    """The SASS instructions of an ncu report's kernel with the most warp-stall samples, hottest first, with the
+    stall reasons ncu attributes to each (its source page, as CSV)."""
+    import csv
+    import io
+    import subprocess
+    out = subprocess.run([ncu, "-i", report, "--page", "source", "--csv", "--print-source", "sass"],
+                         capture_output=True, text=True, timeout=120)
+    rows = list(csv.reader(io.StringIO(out.stdout)))
+    header = next((i for i, r in enumerate(rows) if any("Source" in c for c in r)), None)
+    samples = None if header is None else next(
+        (j for j, c in enumerate(rows[header]) if "Sampling" in c and "All" in c), None)
+    if samples is None:
+        print(f"(no stall samples in ncu's source page; its first lines follow)\n{out.stdout[:4000]}{out.stderr[-2000:]}")
+        return
+    names, body = rows[header], rows[header + 1:]
+
+    def count(r):
+        try:
+            return float(r[samples].replace(",", ""))
+        except (ValueError, IndexError):
+            return 0.0
+
+    total = sum(count(r) for r in body) or 1.0
+    source = next(j for j, c in enumerate(names) if "Source" in c)
+    stalls = [j for j, c in enumerate(names) if c.startswith("stall_") or "Stall" in c and j != samples][:12]
+    print(f"\n{len(body)} SASS instructions, {total:.0f} warp-stall samples; the {top} hottest:\n")
+    print("| samples | share | instruction | " + " | ".join(names[j] for j in stalls) + " |")
+    print("|---|---|---|" + "---|" * len(stalls))
+    for r in sorted(body, key=count, reverse=True)[:top]:
+        cells = " | ".join(r[j] if j < len(r) else "" for j in stalls)
+        print(f"| {count(r):.0f} | {count(r) / total:.1%} | `{r[source].strip()}` | {cells} |")
+
+
 if __name__ == "__main__":
-    {"packet": packet, "fused": fused}[sys.argv[1]]()
+    if sys.argv[1] == "hot-sass":
+        hot_sass(sys.argv[2], sys.argv[3])
+    else:
+        {"packet": packet, "fused": fused, "launches": launches}[sys.argv[1]]()

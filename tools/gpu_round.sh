@@ -20,7 +20,7 @@ ME="tools/gpu_round.sh"
 # bench <= 3 min); `stop` steps end the round when they fail.
 # ---------------------------------------------------------------------------------------------------------------
 STEPS=(env prereqs build import harness harness_large memcheck racecheck synccheck jax network never_arrives bench
-       tune profile)
+       tune profile ncu)
 # harness and harness_large: pytest's own time plus ~12 s of interpreter start and CUDA teardown (the round of
 # 2026-11-26 on an H100: 84 s and 52 s in pytest, over 95 s and 55 s in all); jax took 23 and 33 s.
 # profile: gpu_profile.py, then gpu_floor.cu's build and run (seconds), plus about 1 s for each of its 36 packet
@@ -28,11 +28,11 @@ STEPS=(env prereqs build import harness harness_large memcheck racecheck syncche
 declare -A LIMIT=([env]=30 [prereqs]=60 [build]=240 [import]=60
                   [harness]=110 [harness_large]=65 [jax]=45 [network]=30 [never_arrives]=20
                   [memcheck]=50 [racecheck]=40 [synccheck]=30
-                  [bench]=180 [tune]=60 [profile]=90)
+                  [bench]=180 [tune]=60 [profile]=90 [ncu]=120)
 declare -A ON_FAIL=([env]=continue [prereqs]=stop [build]=stop [import]=stop [harness]=continue
                     [harness_large]=continue [memcheck]=continue [racecheck]=continue [synccheck]=continue
                     [jax]=continue [network]=continue [never_arrives]=continue [bench]=continue
-                    [tune]=continue [profile]=continue)
+                    [tune]=continue [profile]=continue [ncu]=continue)
 declare -A ABOUT=(
   [env]="GPU, driver, Python, jax/jaxlib, nvcc, cmake, sanitizer (env.txt)"
   [prereqs]="Python packages the build and tests need; carried wheels installed where missing or too old"
@@ -48,7 +48,8 @@ declare -A ABOUT=(
   [never_arrives]="a wait whose signal is withheld ends in an error naming rank, lane, step and semaphore"
   [bench]="benchmarks/cuda.py: bulk vs copy bandwidth, packet latency, fused ops vs GEMM (bench.md)"
   [tune]="the cost model fitted on the emulated ranks per protocol, predicted vs measured for every plan (tune.md)"
-  [profile]="where the packet latency goes, and its floor: tools/gpu_profile.py packet, tools/gpu_floor.cu (profile.md)")
+  [profile]="where the packet latency goes, and its floor: tools/gpu_profile.py packet, tools/gpu_floor.cu (profile.md)"
+  [ncu]="ncu on the packet kernel: each launch's kernel time alone, then one launch's stall reasons and hottest SASS (ncu.md)")
 MIN_START_S=10   # a step is not started with less than this left of the round (unless its own limit is smaller)
 KILL_AFTER_S=5   # after the limit, TERM; this much later, KILL
 
@@ -271,6 +272,16 @@ step_command() {  # step_command STEP -> the shell command, run from the checkou
       local floor="${TMPDIR:-/tmp}/gpu_floor"
       echo "set -o pipefail; { $py tools/gpu_profile.py packet; p=\$?; nvcc -O3 -std=c++17 -arch=sm_${ARCH%%-*}" \
            "-o $(q "$floor") tools/gpu_floor.cu && $(q "$floor") && exit \$p; } | tee $(q "$DIR/profile.md")" ;;
+    # The clocks stay as the card has them (--clock-control none). First every launch's kernel time alone (a
+    # call's time less this is what surrounds the kernel), then the 8-rank all_reduce's third launch in detail.
+    ncu)
+      local ncu report="${TMPDIR:-/tmp}/gpu-round-ncu"
+      ncu="$(q "$NCU") --clock-control none -k regex:plan_kernel"
+      echo "set -o pipefail; { $ncu --metrics gpu__time_duration.sum $py tools/gpu_profile.py launches &&" \
+           "$ncu --launch-skip 2 --launch-count 1 --set full -f -o $(q "$report") $py tools/gpu_profile.py launches &&" \
+           "$(q "$NCU") -i $(q "$report.ncu-rep") --print-details all --section SpeedOfLight --section LaunchStats" \
+           "--section Occupancy --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis &&" \
+           "$py tools/gpu_profile.py hot-sass $(q "$NCU") $(q "$report.ncu-rep"); } 2>&1 | tee $(q "$DIR/ncu.md")" ;;
   esac
 }
 
@@ -387,13 +398,14 @@ positive_int GPU_ROUND_TOTAL_S "$TOTAL"
 command -v "$PY" >/dev/null || die_usage "--python: '$PY' is not an executable on PATH"
 
 # The machine's CUDA tools may sit outside PATH (the toolkit's bin/, the sanitizer's own folder).
-for tool in nvcc compute-sanitizer; do
+for tool in nvcc compute-sanitizer ncu; do
   command -v "$tool" >/dev/null && continue
   for d in /usr/local/cuda/bin /usr/local/cuda-*/bin /usr/local/cuda/compute-sanitizer /usr/local/cuda-*/compute-sanitizer; do
     if [[ -x $d/$tool ]]; then PATH="$PATH:$d"; break; fi
   done
 done
 SANITIZER="$(command -v compute-sanitizer || echo compute-sanitizer)"
+NCU="$(command -v ncu || echo ncu)"
 
 if [[ -n $CAPS ]]; then
   ARCH="$(cuda_architectures "$CAPS")" ||
@@ -431,7 +443,7 @@ fi
 # The round
 # ---------------------------------------------------------------------------------------------------------------
 mkdir -p "$DIR" || exit 2
-rm -f "$DIR/round.log" "$DIR/results.tsv" "$DIR/summary.md" "$DIR/bench.md" "$DIR/profile.md"
+rm -f "$DIR/round.log" "$DIR/results.tsv" "$DIR/summary.md" "$DIR/bench.md" "$DIR/profile.md" "$DIR/ncu.md"
 cd "$ROOT" || exit 2
 export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1 \
        PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
