@@ -10,6 +10,7 @@
 #include "csrc/cuda/cuda_status.hpp"
 #include "csrc/cuda/kernels.hpp"
 #include "csrc/env.hpp"
+#include "csrc/layout.hpp"
 
 namespace jaxcoll::cuda {
 
@@ -214,6 +215,33 @@ Status Launcher::create(const Plan& plan, const PlanImage& im, const CallShape& 
   l->shape_ = shape;
   l->options_ = o;
 
+  // What the kernel would otherwise work out with 64-bit divisions at every step of every call: each chunk
+  // reference's first element, each data step's elements and each block's share of them (whole 16-byte vectors),
+  // each packed output run's and each launched rank's packed input.
+  const int64_t k = im.chunk_factor, block = shape.block, B = o.blocks_per_lane;
+  const int64_t vec = 16 / int64_t(dtype_size(shape.dtype));
+  auto split = [](int64_t start, int64_t n, int64_t parts, int64_t v) {
+    const int64_t per = ((n + parts - 1) / parts + v - 1) / v * v;
+    return Span{start, n, per};
+  };
+  std::vector<int64_t> ref_start(im.refs.size());
+  for (size_t j = 0; j < im.refs.size(); ++j) ref_start[j] = chunk_start(k, block, im.refs[j].index);
+  std::vector<Span> step_span(im.steps.size(), Span{0, 0, 0});
+  for (size_t i = 0; i < im.steps.size(); ++i) {
+    const DeviceStep& st = im.steps[i];
+    if (st.nsrc + st.ndst == 0) continue;
+    const ChunkRef& r = im.refs[size_t(st.first_ref)];
+    const ElementRange e = chunk_range(k, block, r.index, r.count);
+    step_span[i] = split(e.start, e.size(), B, vec);
+  }
+  std::vector<Span> unpack_span(im.unpack.size());
+  for (const DeviceRank& dr : im.ranks)
+    for (int32_t u = 0; u < dr.nunpack; ++u) {
+      const ChunkRun& run = im.unpack[size_t(dr.first_unpack + u)];
+      const ElementRange e = chunk_range(k, block, run.index, run.count);
+      unpack_span[size_t(dr.first_unpack + u)] = split(e.start, e.size(), dr.nlanes * B, 1);
+    }
+
   // One allocation holds every array the kernel reads.
   struct Section {
     const void* data;
@@ -228,6 +256,9 @@ Status Launcher::create(const Plan& plan, const PlanImage& im, const CallShape& 
       {im.signals_per_call.data(), im.signals_per_call.size() * sizeof(int32_t), 0},
       {im.unpack.data(), im.unpack.size() * sizeof(ChunkRun), 0},
       {slots.data(), slots.size() * sizeof(char*), 0},
+      {ref_start.data(), ref_start.size() * sizeof(int64_t), 0},
+      {step_span.data(), step_span.size() * sizeof(Span), 0},
+      {unpack_span.data(), unpack_span.size() * sizeof(Span), 0},
   };
   size_t total = 0;
   for (Section& s : sections) {
@@ -250,6 +281,9 @@ Status Launcher::create(const Plan& plan, const PlanImage& im, const CallShape& 
   p.signals_per_call = reinterpret_cast<const int32_t*>(base + sections[4].at);
   p.unpack = reinterpret_cast<const ChunkRun*>(base + sections[5].at);
   p.slots = reinterpret_cast<char* const*>(base + sections[6].at);
+  p.ref_start = reinterpret_cast<const int64_t*>(base + sections[7].at);
+  p.step_span = reinterpret_cast<const Span*>(base + sections[8].at);
+  p.unpack_span = reinterpret_cast<const Span*>(base + sections[9].at);
   p.error = error;
   p.layout = layout;
   p.block = shape.block;
@@ -263,7 +297,11 @@ Status Launcher::create(const Plan& plan, const PlanImage& im, const CallShape& 
   p.blocks_per_lane = o.blocks_per_lane;
   p.protocol = static_cast<int32_t>(o.protocol);
   p.staged = o.staged && o.protocol == Protocol::kBulk;
-  for (int i = 0; i < o.launch_ranks; ++i) p.first_lane[i] = im.ranks[size_t(o.first_rank + i)].first_lane;
+  for (int i = 0; i < o.launch_ranks; ++i) {
+    const DeviceRank& dr = im.ranks[size_t(o.first_rank + i)];
+    p.first_lane[i] = dr.first_lane;
+    p.pack[i] = split(0, int64_t(dr.input_chunks / k) * block, dr.nlanes * B, 1);
+  }
   const EnvSettings& env = env_settings();
   CounterScope scope = o.scope;
   if (scope == CounterScope::kDefault)

@@ -100,12 +100,6 @@ __device__ __forceinline__ uint64_t global_ns() {
   return t;
 }
 
-// The twin of csrc/layout.hpp's chunk_start, for the device.
-__device__ __forceinline__ int64_t chunk_start(int64_t k, int64_t block, int64_t index) {
-  const int64_t b = index / k, j = index % k;
-  return b * block + (j * block) / k;
-}
-
 // ---- failure ------------------------------------------------------------------------------------------------
 struct Where {
   int32_t rank, lane, step, sem, peer, buffer;
@@ -350,8 +344,9 @@ struct Shared {
   // The block's lane, copied from the plan image at entry when it fits (cached): the steps are then read from
   // shared memory, not through a chain of dependent loads from global memory at every step.
   DeviceStep steps[kCachedSteps];
+  Span spans[kCachedSteps];
   ChunkRef refs[kCachedRefs];
-  int32_t cached;
+  int64_t starts[kCachedRefs];
   uint64_t epoch;
   int32_t stop;                    // a thread of this block failed or saw the group fail
   int32_t last;                    // this block is its rank's last to finish the call
@@ -362,13 +357,10 @@ __device__ __forceinline__ uint64_t* semaphores(const KernelParams& p, char* slo
   return reinterpret_cast<uint64_t*>(slot + p.layout.semaphores);
 }
 
-// Elements [lo, hi) of a range of n elements that block `part` of `parts` moves: contiguous pieces, rounded to
-// whole vectors so only the last piece has a scalar tail.
-__device__ __forceinline__ void share(int64_t n, int32_t part, int32_t parts, int64_t v, int64_t& lo, int64_t& hi) {
-  int64_t per = (n + parts - 1) / parts;
-  per = (per + v - 1) / v * v;
-  lo = min(n, per * part);
-  hi = min(n, lo + per);
+// Elements [lo, hi) of a span that block `part` moves (Span: worked out by the launcher).
+__device__ __forceinline__ void share(const Span& span, int32_t part, int64_t& lo, int64_t& hi) {
+  lo = min(span.n, span.per * part);
+  hi = min(span.n, lo + span.per);
 }
 
 // Sources a packet step polls at once: each poll round issues the loads of every packet of the batch still
@@ -425,8 +417,8 @@ __device__ __forceinline__ bool reduce_in_flight(const KernelParams& p, const Ca
 // One data step, this block's share: reduce the sources in order in the accumulation type, write every
 // destination. Vectorised (16-byte accesses) where every operand is plain memory and can be aligned together.
 template <class T, class R>
-__device__ void data_step(const KernelParams& p, const Call& c, Shared& sh, const DeviceStep& s,
-                          const ChunkRef* refs, Where w) {
+__device__ void data_step(const KernelParams& p, const Call& c, Shared& sh, const DeviceStep& s, const Span& span,
+                          const ChunkRef* refs, const int64_t* starts, Where w) {
   using D = typename T::D;
   using A = typename T::A;
   constexpr int V = Vec<T>::V;
@@ -448,12 +440,11 @@ __device__ void data_step(const KernelParams& p, const Call& c, Shared& sh, cons
       else base = static_cast<char*>(sh.outputs[r.rank]);
     }
     const int64_t esize = packets ? (accum ? packet_size<A>() : packet_size<D>()) : (accum ? sizeof(A) : sizeof(D));
-    sh.ops[j] = {base + chunk_start(p.k, p.block, r.index) * esize, kind};
+    sh.ops[j] = {base + starts[j] * esize, kind};
   }
   __syncthreads();
-  const int64_t n = chunk_start(p.k, p.block, refs[0].index + refs[0].count) - chunk_start(p.k, p.block, refs[0].index);
   int64_t lo, hi;
-  share(n, c.part, p.blocks_per_lane, V, lo, hi);
+  share(span, c.part, lo, hi);
   if (lo >= hi) return;
   const Operand* ops = sh.ops;
 
@@ -528,30 +519,28 @@ __device__ void data_step(const KernelParams& p, const Call& c, Shared& sh, cons
 // The packet protocol's first and last moves of a call, spread over all of a rank's blocks: publish the input
 // as packets (when peers read it), and copy the output chunks written in packets into the output.
 template <class T>
-__device__ void pack_input(const KernelParams& p, const Call& c, Shared& sh, int64_t elements, int32_t rank_block,
-                           int32_t rank_blocks) {
+__device__ void pack_input(const KernelParams& p, const Call& c, Shared& sh, int32_t rank_block) {
   using D = typename T::D;
   char* mirror = sh.slots[c.rank] + p.layout.packets[0] + c.parity * p.layout.packet_bytes[0];
   const D* in = static_cast<const D*>(p.calls[c.local].input);
   int64_t lo, hi;
-  share(elements, rank_block, rank_blocks, 1, lo, hi);
+  share(p.pack[c.local], rank_block, lo, hi);
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) put_packet<D>(mirror, i, in[i], c.flag);
 }
 
 template <class T>
 __device__ void unpack_output(const KernelParams& p, const Call& c, Shared& sh, const DeviceRank& dr,
-                              int32_t rank_block, int32_t rank_blocks) {
+                              int32_t rank_block) {
   using D = typename T::D;
   const char* mirror = sh.slots[c.rank] + p.layout.packets[1] + c.parity * p.layout.packet_bytes[1];
   D* out = static_cast<D*>(p.calls[c.local].output);
   bool ok = true;
   const Where w{c.rank, -1, -1, -1, c.rank, static_cast<int32_t>(BufferKind::kOutput)};
   for (int32_t u = 0; u < dr.nunpack && ok; ++u) {
-    const ChunkRun run = p.unpack[dr.first_unpack + u];
-    const int64_t start = chunk_start(p.k, p.block, run.index);
-    const int64_t n = chunk_start(p.k, p.block, run.index + run.count) - start;
+    const Span run = p.unpack_span[dr.first_unpack + u];
+    const int64_t start = run.start;
     int64_t lo, hi;
-    share(n, rank_block, rank_blocks, 1, lo, hi);
+    share(run, rank_block, lo, hi);
     for (int64_t i = start + lo + threadIdx.x; i < start + hi && ok; i += blockDim.x) {
       D v{};
       ok = spin(p, [&] { return try_packet(mirror, i, c.flag, v); }, Failure::kPacket, w, c.flag, c.epoch, nullptr);
@@ -583,8 +572,14 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const KernelParams p) {
   const bool cached = ln.nsteps <= kCachedSteps && ln.nrefs <= kCachedRefs;
   for (int32_t t = threadIdx.x; t < p.nranks; t += blockDim.x) sh.slots[t] = p.slots[t];
   if (cached) {
-    for (int32_t t = threadIdx.x; t < ln.nsteps; t += blockDim.x) sh.steps[t] = p.steps[ln.first_step + t];
-    for (int32_t t = threadIdx.x; t < ln.nrefs; t += blockDim.x) sh.refs[t] = p.refs[ln.first_ref + t];
+    for (int32_t t = threadIdx.x; t < ln.nsteps; t += blockDim.x) {
+      sh.steps[t] = p.steps[ln.first_step + t];
+      sh.spans[t] = p.step_span[ln.first_step + t];
+    }
+    for (int32_t t = threadIdx.x; t < ln.nrefs; t += blockDim.x) {
+      sh.refs[t] = p.refs[ln.first_ref + t];
+      sh.starts[t] = p.ref_start[ln.first_ref + t];
+    }
   }
   if (threadIdx.x == 0) {
     sh.stop = 0;
@@ -633,8 +628,7 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const KernelParams p) {
           !wait_at_least(p, &header(sh.slots[t]).epoch, e - 1, Failure::kPrevious, w, e, peer))
         sh.stop = 1;
     }
-    if (dr.shared & kSharedInput)
-      pack_input<T>(p, c, sh, int64_t(dr.input_chunks / p.k) * p.block, rank_block, rank_blocks);
+    if (dr.shared & kSharedInput) pack_input<T>(p, c, sh, rank_block);
   }
   __syncthreads();
 
@@ -686,7 +680,13 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const KernelParams p) {
         __syncthreads();
         break;
       default:
-        data_step<T, R>(p, c, sh, s, cached ? sh.refs + (s.first_ref - ln.first_ref) : p.refs + s.first_ref, w);
+        if (cached) {
+          const int32_t r = s.first_ref - ln.first_ref;
+          data_step<T, R>(p, c, sh, s, sh.spans[i], sh.refs + r, sh.starts + r, w);
+        } else {
+          data_step<T, R>(p, c, sh, s, p.step_span[ln.first_step + i], p.refs + s.first_ref,
+                          p.ref_start + s.first_ref, w);
+        }
         __syncthreads();
         break;
     }
@@ -694,7 +694,7 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const KernelParams p) {
   if (dr.has_barriers && threadIdx.x == 0)  // a finished lane counts as arrived at every later barrier
     add_release(&hdr.lane_arrivals[c.lane], uint64_t(ln.nbarriers + 1 - barriers), own);
 
-  if (c.packets && (dr.shared & kSharedOutput) && !sh.stop) unpack_output<T>(p, c, sh, dr, rank_block, rank_blocks);
+  if (c.packets && (dr.shared & kSharedOutput) && !sh.stop) unpack_output<T>(p, c, sh, dr, rank_block);
   __syncthreads();
 
   // Exit: the rank's last block to finish waits until every peer has finished this call's steps (bulk: peers

@@ -75,6 +75,15 @@ struct RankCall {
   void* output;
 };
 
+// A run of elements split among thread blocks: block b of `parts` moves [min(n, b*per), min(n, b*per + per)).
+// The launcher works these out once from the call's shape (chunk offsets need 64-bit divisions, which cost a
+// warp about a hundred instructions each: most of a small call's time when every block did them every step).
+struct Span {
+  int64_t start;  // first element (data steps: of the step's first chunk reference)
+  int64_t n;      // elements
+  int64_t per;    // elements a block moves: ceil(n / parts), rounded up to whole 16-byte vectors for data steps
+};
+
 struct KernelParams {
   const DeviceRank* ranks;
   const DeviceLane* lanes;
@@ -82,6 +91,9 @@ struct KernelParams {
   const ChunkRef* refs;
   const int32_t* signals_per_call;
   const ChunkRun* unpack;
+  const int64_t* ref_start;    // [refs] first element of each chunk reference, in elements of its buffer
+  const Span* step_span;       // [steps] a data step's elements, split among the lane's blocks
+  const Span* unpack_span;     // [unpack] an output run's elements, split among its rank's blocks
   char* const* slots;          // [nranks] each rank's slot, as addressed from the launching device
   ErrorRecord* error;          // host-mapped, shared by every rank of the group
   SlotLayout layout;
@@ -101,6 +113,7 @@ struct KernelParams {
   // [launch_ranks]: where each launched rank's lanes start in `lanes`, so a block finds its lane in one load
   // rather than through its rank's record first.
   int32_t first_lane[kMaxLaunchRanks];
+  Span pack[kMaxLaunchRanks];  // [launch_ranks] packets: the input packed at entry, split among the rank's blocks
 };
 
 // How the kernel runs a group's calls where several ways are correct: picked at the launcher's creation, from
