@@ -366,8 +366,10 @@ __device__ __forceinline__ void share(const Span& span, int32_t part, int64_t& l
 // Sources a packet step polls at once: each poll round issues the loads of every packet of the batch still
 // missing before it checks any flag, so an element waits about one load latency rather than one per source
 // (tools/gpu_floor.cu: 6.0 -> 4.5 us for the 8-rank 8 KiB all_reduce). 8 covers a direct plan's sources at 8
-// ranks in one batch and keeps the loads in registers.
-inline constexpr int kPollBatch = 8;
+// ranks in one batch; 16-byte packets (8-byte elements) take 4, so the loads stay in the 64 registers the
+// launch bounds allow.
+template <int64_t P>
+inline constexpr int kPollBatch = P == 8 ? 8 : 4;
 
 // Element i of a step's reduction over its sources, some of them packets, with the polls of each batch in
 // flight together; reduced in source order, as the ordered path does. False once a spin gave up.
@@ -378,12 +380,13 @@ __device__ __forceinline__ bool reduce_in_flight(const KernelParams& p, const Ca
   using A = typename T::A;
   constexpr int64_t P = packet_size<D>();
   static_assert(packet_size<D>() == packet_size<A>(), "a step's data and accumulation packets share one size");
-  for (int32_t j0 = 0; j0 < nsrc; j0 += kPollBatch) {
-    const int32_t m = min(kPollBatch, nsrc - j0);
-    A v[kPollBatch];
+  constexpr int kBatch = kPollBatch<P>;
+  for (int32_t j0 = 0; j0 < nsrc; j0 += kBatch) {
+    const int32_t m = min(kBatch, nsrc - j0);
+    A v[kBatch];
     uint32_t missing = 0;
 #pragma unroll
-    for (int u = 0; u < kPollBatch; ++u) {
+    for (int u = 0; u < kBatch; ++u) {
       if (u >= m) continue;
       const Operand& o = ops[j0 + u];
       if (o.kind == kData) v[u] = T::load(reinterpret_cast<const D*>(o.ptr)[i]);
@@ -393,12 +396,12 @@ __device__ __forceinline__ bool reduce_in_flight(const KernelParams& p, const Ca
     if (missing) {
       const bool arrived = spin(p, [&] {
         const uint32_t want = missing;  // this round's loads must not wait for its own flags
-        uint4 raw[kPollBatch];
+        uint4 raw[kBatch];
 #pragma unroll
-        for (int u = 0; u < kPollBatch; ++u)
+        for (int u = 0; u < kBatch; ++u)
           raw[u] = (want >> u & 1u) ? load_packet<P>(ops[j0 + u].ptr + i * P) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int u = 0; u < kPollBatch; ++u) {
+        for (int u = 0; u < kBatch; ++u) {
           if (!(want >> u & 1u) || !packet_current<P>(raw[u], c.flag)) continue;
           v[u] = ops[j0 + u].kind == kDataPackets ? T::load(packet_value<D>(raw[u])) : packet_value<A>(raw[u]);
           missing &= ~(1u << u);
@@ -408,7 +411,7 @@ __device__ __forceinline__ bool reduce_in_flight(const KernelParams& p, const Ca
       if (!arrived) return false;
     }
 #pragma unroll
-    for (int u = 0; u < kPollBatch; ++u)
+    for (int u = 0; u < kBatch; ++u)
       if (u < m) acc = j0 + u == 0 ? v[u] : R::apply(acc, v[u]);
   }
   return true;
@@ -552,7 +555,7 @@ __device__ void unpack_output(const KernelParams& p, const Call& c, Shared& sh, 
 
 // ---- the kernel ---------------------------------------------------------------------------------------------
 template <class T, class R>
-__global__ void __launch_bounds__(kThreads) plan_kernel(const KernelParams p) {
+__global__ void __launch_bounds__(kThreads, kResidentBlocksPerSM) plan_kernel(const KernelParams p) {
   __shared__ Shared sh;
   const int32_t B = p.blocks_per_lane;
   const int32_t per_rank = p.max_lanes * B;

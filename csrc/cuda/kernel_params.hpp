@@ -12,6 +12,12 @@ namespace jaxcoll::cuda {
 // Threads of every executor block.
 inline constexpr int kThreads = 512;
 
+// Executor blocks resident on one multiprocessor at least: the kernel's launch bounds hold it to 64 registers a
+// thread so two fit, and a launch (cooperative: every block resident at once) can hold 2 x 132 blocks on an H100
+// or H200, enough for an emulated 8-rank group at 32 blocks per lane. With a free hand ptxas takes a few more
+// registers, one block fits, and the bulk protocol loses up to a tenth of its bandwidth at 16 blocks per lane.
+inline constexpr int kResidentBlocksPerSM = 2;
+
 // Ranks one launch may run (the emulated-rank harness runs a whole group in one launch; XLA runs one rank).
 inline constexpr int32_t kMaxLaunchRanks = 16;
 
