@@ -23,11 +23,12 @@ Parts:
   (no custom call); the rows with the collective forced through the executor add a copy of the block (the
   collective's cost, which one GPU cannot overlap with anything) and carry no goal.
 
-- tune: the cost model's tune step (docs/tuning.md, "GPU"): the measured machine model's formula
-  (jaxcoll.sim.machine), fitted to shifts and the simplest plans of each collective on the emulated ranks
-  (separately for packets and bulk, the protocol auto takes at each size), then the predicted and measured times
-  of every built-in and synthesized plan side by side, apart for the plans and sizes the fit saw and did not.
-  Not in the default parts (the GPU round runs it as a step of its own).
+- tune: the cost model's tune step (docs/tuning.md, "GPU"): the CUDA executor's model (jaxcoll.sim.gpu: the
+  lanes' critical path, each lane at its blocks' rate), fitted to shifts and the simplest plans of each collective
+  on the emulated ranks (separately for packets and bulk, the protocol auto takes at each size), then the
+  predicted and measured times of every built-in and synthesized plan side by side, apart for the plans and sizes
+  the fit saw and did not. Not in the default parts (the GPU round runs it as a step of its own). With
+  --measured TUNE_MD it refits and checks the model on the times an earlier run printed, without a GPU.
 
 --quick shrinks every size and count (a smoke test of the program: its numbers mean nothing). The timing source
 is an argument of main(), so tests/test_bench_cuda.py checks the argument handling and the tables without a GPU.
@@ -69,8 +70,6 @@ class Sizes:
 
 QUICK = Sizes(bulk_bytes=1 * MiB, packet_iters=4, gemm=(256, 128, 64), chunks=(1, 2), rounds=2,
               tune_bytes=(8 * KiB, 256 * KiB))
-# Last-level (L2) cache of the GPUs the round runs on, by name (NVIDIA's data sheets); others: the H100's.
-L2_BYTES = {"H100": 50 * MiB, "H200": 50 * MiB, "A100": 40 * MiB}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -284,6 +283,27 @@ def fused_table(timer, sizes: Sizes) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------------
 # The program
 # ---------------------------------------------------------------------------------------------------------------
+# The plans the GPU model is fitted to beside the shifts: jaxcoll.tune.calibration's, and the built-in ring, whose
+# chain of signals and waits prices a sync step and a signal's way (no other training plan has either).
+GPU_TRAINING = (("all_reduce", "direct"), ("all_reduce", "two_shot"), ("all_gather", "direct"),
+                ("reduce_scatter", "direct"), ("all_reduce", "ring"))
+
+
+def signal_train(n: int, signals: int = 64) -> Plan:
+    """The shift of jaxcoll.tune.calibration, then `signals` signals to the next rank and as many waits for the
+    previous rank's: the waits find their signals landed, so the train prices a sync step alone, where a ring's
+    hops price two sync steps and a signal's way each."""
+    from jaxcoll.plan import Lane, Op, RankProgram, Step
+    from jaxcoll.tune import calibration
+    base = calibration.shift_plan((0,) * n, False)
+    programs = []
+    for r, prog in enumerate(base.ranks):
+        steps = (prog.lanes[0].steps + (Step(Op.SIGNAL, peer=(r + 1) % n, sem=0),) * signals
+                 + (Step(Op.WAIT, sem=0),) * signals)
+        programs.append(RankProgram(prog.input_chunks, prog.output_chunks, semaphores=1, lanes=(Lane(steps),)))
+    return Plan(base.collective, n, tuple(programs), name=f"probe-signals-{signals}", perm=base.perm)
+
+
 def tune_cells(n: int, sizes: Sizes):
     """(plan name, plan, per-rank input bytes, fitted?) of the tune part: the training set of
     jaxcoll.tune.calibration (shifts; the direct and two-shot all_reduce, the direct all_gather and
@@ -292,8 +312,9 @@ def tune_cells(n: int, sizes: Sizes):
     ranks = (0,) * n
     shifts = {"shift": calibration.shift_plan(ranks, False),
               "shift x8": calibration.shift_plan(ranks, False, repeats=calibration.REPEATS),
-              "shift in 1024 puts": calibration.shift_plan(ranks, False, calibration.STEP_CHUNKS)}
-    fitted = {f"{c}.{name}" for c, name in calibration.PLANS}
+              "shift in 1024 puts": calibration.shift_plan(ranks, False, calibration.STEP_CHUNKS),
+              "shift, 64 signals": signal_train(n)}
+    fitted = {f"{c}.{name}" for c, name in GPU_TRAINING}
     cells = []
     for nbytes in sizes.tune_bytes:
         for name, plan in shifts.items():
@@ -305,38 +326,64 @@ def tune_cells(n: int, sizes: Sizes):
     return cells
 
 
-def tune_table(timer, n: int, sizes: Sizes, iters: int) -> list[str]:
-    from jaxcoll.sim import machine
-    from jaxcoll.tune.calibration import PLANS, fit
-
-    l2 = next((b for key, b in L2_BYTES.items() if key in timer.name()), L2_BYTES["H100"])
-    # Every emulated rank runs on blocks of its own, all at once: the work divides by the ranks; no helper
-    # threads, no fresh pages (the harness allocates its buffers once).
-    shape = machine.MachineModel(threads=n, solo_bytes=0, fresh_bytes=1 << 62, caches=((l2, 1e12),),
-                                 helpers_s=0.0)
-    measured = []
+def measure_cells(timer, n: int, sizes: Sizes, iters: int) -> list[tuple]:
+    """(name, plan, per-rank input bytes, fitted?, protocol, seconds) of every tune cell, timed as a CUDA graph
+    with the protocol auto takes (packets up to 64 KiB a rank)."""
+    out = []
     for name, plan, nbytes, fitted in tune_cells(n, sizes):
         ins = max(plan.in_blocks, nbytes // 4 // plan.in_blocks * plan.in_blocks)
         outs = ins // plan.in_blocks * plan.out_blocks
         r = timer.plan(plan, ins, outs, iters=iters, graph=True, protocol="auto")
-        w = machine.work(plan)
-        row = [1.0, *machine.terms(w, machine.chunk_bytes(plan, ins * 4), shape)[0], 0.0]
-        measured.append((name, plan, ins * 4, fitted, r["protocol"], r["seconds_per_call"], row))
+        out.append((name, plan, ins * 4, fitted, r["protocol"], r["seconds_per_call"]))
+    return out
+
+
+def recorded_cells(path: str, n: int, sizes: Sizes) -> list[tuple]:
+    """The cells of `tune_cells`, with the protocol and time an earlier run of this part printed in `path` (its
+    table of predicted and measured times): the model is refitted and checked without a GPU. Cells the recording
+    lacks (it predates them) are left out and named."""
+    times = {}
+    for line in open(path, encoding="utf-8"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[2] in ("ll", "bulk"):
+            times[cells[0], cells[1]] = (cells[2], float(cells[4]) * 1e-6)
+    out, missing = [], []
+    for name, plan, nbytes, fitted in tune_cells(n, sizes):
+        ins = max(plan.in_blocks, nbytes // 4 // plan.in_blocks * plan.in_blocks)
+        key = (name, size_label(nbytes))
+        if key in times:
+            out.append((name, plan, ins * 4, fitted, *times[key]))
+        else:
+            missing.append(f"{name} at {key[1]}")
+    if not out:
+        raise SystemExit(f"--measured {path}: no time for any cell of a tune part of {n} ranks at "
+                         f"{', '.join(size_label(b) for b in sizes.tune_bytes)} a rank")
+    if missing:
+        print(f"Not in the recording, left out: {', '.join(missing)}.\n")
+    return out
+
+
+def tune_table(timer, n: int, sizes: Sizes, iters: int, measured: list[tuple] | None = None) -> list[str]:
+    from jaxcoll.sim import gpu
+
+    measured = measured if measured is not None else measure_cells(timer, n, sizes, iters)
     models = {}
     for protocol in sorted({m[4] for m in measured}):
         train = [m for m in measured if m[4] == protocol and m[3]]
-        models[protocol] = fit(shape, [m[6] for m in train], [m[5] for m in train]) if train else shape
-    lines = [f"Fitted per protocol on the shifts and {', '.join(c + ' ' + a for c, a in PLANS)}; "
-             f"L2 {l2 // MiB} MiB.", "",
-             "| protocol | call us | step ns | L2 GB/s per rank | HBM GB/s per rank |", "|---|---:|---:|---:|---:|"]
+        models[protocol] = gpu.fit(gpu.GpuModel(), [(m[1], m[2], protocol) for m in train],
+                                   [m[5] for m in train]) if train else gpu.GpuModel()
+    lines = [f"The CUDA executor's model (jaxcoll.sim.gpu: the lanes' critical path) fitted per protocol on the "
+             f"shifts and {', '.join(c + ' ' + a for c, a in GPU_TRAINING)}.", "",
+             "| protocol | call us | data step us | sync step us | GB/s a block | GB/s the device | signal us |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for protocol, m in models.items():
-        lines.append(f"| {protocol} | {m.call_s * 1e6:.2f} | {m.step_s * 1e9:.1f} | {m.caches[0][1] / 1e9:.1f} | "
-                     f"{m.memory_rate / 1e9:.1f} |")
+        lines.append(f"| {protocol} | {m.call_s * 1e6:.2f} | {m.step_s * 1e6:.3f} | {m.sync_s * 1e6:.3f} | "
+                     f"{m.block_rate / 1e9:.1f} | {m.device_rate / 1e9:.0f} | {m.signal_s * 1e6:.3f} |")
     lines += ["", "| plan | per rank | protocol | predicted us | measured us | error | in the fit |",
               "|---|---|---|---:|---:|---:|---|"]
     errors = {True: [], False: []}
-    for name, plan, nbytes, fitted, protocol, seconds, _ in measured:
-        predicted = machine.seconds(plan, nbytes, models[protocol])
+    for name, plan, nbytes, fitted, protocol, seconds in measured:
+        predicted = gpu.seconds(plan, nbytes, models[protocol], protocol)
         err = predicted / seconds - 1
         errors[fitted].append(abs(err))
         lines.append(f"| {name} | {size_label(nbytes)} | {protocol} | {predicted * 1e6:.1f} | {seconds * 1e6:.1f} | "
@@ -357,6 +404,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--parts", default=",".join(DEFAULT_PARTS),
                     help=f"comma-separated, of: {', '.join(PARTS)} (default {','.join(DEFAULT_PARTS)})")
     ap.add_argument("--quick", action="store_true", help="small sizes and counts: a smoke test, not a measurement")
+    ap.add_argument("--measured", metavar="TUNE_MD",
+                    help="tune part only: refit and check the model on the times an earlier run printed (its "
+                         "tune.md), without a GPU")
     args = ap.parse_args(argv)
     if args.iters < 1:
         ap.error(f"--iters must be at least 1, got {args.iters}")
@@ -373,6 +423,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None, timer=None) -> None:
     args = parse_args(argv)
+    if args.measured:
+        if args.parts != ["tune"]:
+            raise SystemExit("--measured replays the tune part only: pass --parts tune")
+        sizes = QUICK if args.quick else Sizes()
+        print(f"{args.ranks} emulated ranks; times recorded in {args.measured}\n\n#### tune\n")
+        print("\n".join(tune_table(None, args.ranks, sizes, args.iters, recorded_cells(args.measured, args.ranks,
+                                                                                      sizes))))
+        return
     if timer is None:
         usable, why = runtime.cuda_status()
         if not usable:

@@ -201,17 +201,16 @@ def test_without_a_jax_cuda_device_the_fused_part_says_so_and_the_others_run(cap
 
 
 class ModelTimer:
-    """Times that a known machine model gives (packets up to 64 KiB per rank, bulk above, each with constants of
-    its own), so that the tune part's fit must find those constants and predict every plan exactly."""
+    """Times that a known GPU model gives (packets up to 64 KiB per rank, bulk above, each with constants of its
+    own), so that the tune part's fit must find those constants and predict every plan exactly."""
 
-    def __init__(self, n):
-        from jaxcoll.sim import machine
-        self.machine = machine
-        base = dict(threads=n, solo_bytes=0, fresh_bytes=1 << 62, helpers_s=0.0)
-        self.models = {"ll": machine.MachineModel(call_s=4e-6, step_s=300e-9, caches=((50 << 20, 900e9),),
-                                                  memory_rate=300e9, **base),
-                       "bulk": machine.MachineModel(call_s=9e-6, step_s=1e-6, caches=((50 << 20, 500e9),),
-                                                    memory_rate=250e9, **base)}
+    def __init__(self):
+        from jaxcoll.sim import gpu
+        self.gpu = gpu
+        self.models = {"ll": gpu.GpuModel(call_s=4e-6, step_s=300e-9, sync_s=200e-9, block_rate=20e9,
+                                          signal_s=700e-9),
+                       "bulk": gpu.GpuModel(call_s=9e-6, step_s=1e-6, sync_s=400e-9, block_rate=60e9,
+                                            signal_s=1.5e-6)}
 
     def name(self):
         return "NVIDIA H200"
@@ -220,18 +219,45 @@ class ModelTimer:
         assert protocol == "auto" and graph
         nbytes = input_elements * 4
         chosen = "ll" if nbytes <= 64 << 10 else "bulk"
-        return {"seconds_per_call": self.machine.seconds(plan, nbytes, self.models[chosen]), "protocol": chosen,
+        return {"seconds_per_call": self.gpu.seconds(plan, nbytes, self.models[chosen], chosen), "protocol": chosen,
                 "blocks_per_lane": 1, "traffic_bytes": 1}
 
 
 def test_the_tune_part_fits_the_model_per_protocol_and_predicts_every_plan(capsys):
-    out = run_main(capsys, ["--parts", "tune", "--quick", "--ranks", "4"], ModelTimer(4))
+    out = run_main(capsys, ["--parts", "tune", "--quick", "--ranks", "4"], ModelTimer())
     rows = tables(out)["tune"]
     constants = {r[0]: r[1:] for r in rows if r[0] in ("ll", "bulk")}
-    assert constants["ll"][:2] == ["4.00", "300.0"] and constants["bulk"][:2] == ["9.00", "1000.0"]
-    plans = [r for r in rows if len(r) == 7 and r[0] != "plan" and not r[0].startswith("---")]
-    assert {r[2] for r in plans} == {"ll", "bulk"}
-    assert {r[6] for r in plans} == {"yes", "no"}  # the synthesized plans and the rings were not in the fit
+    # call us, data step us, sync step us, GB/s a block, GB/s the device, signal us. A hop of the ring (a signal
+    # step, its way, the wait step) prices a sync step twice and a signal's way once, which only their sum tells.
+    hop = {p: 2 * float(c[2]) + float(c[5]) for p, c in constants.items()}
+    assert [constants["ll"][i] for i in (0, 1, 3)] == ["4.00", "0.300", "20.0"] and hop["ll"] == pytest.approx(1.1, 1e-2)
+    assert [constants["bulk"][i] for i in (0, 1, 3)] == ["9.00", "1.000", "60.0"]
+    assert hop["bulk"] == pytest.approx(2.3, 1e-2)
+    plans = [r for r in rows if len(r) == 7 and r[2] in ("ll", "bulk")]
+    assert {r[6] for r in plans} == {"yes", "no"}  # the synthesized plans were not in the fit
     assert any(r[0].startswith("all_gather.synth.") for r in plans)
     assert all(r[5] in ("+0%", "-0%") for r in plans), [r for r in plans if r[5] not in ("+0%", "-0%")]
     assert "Not in the fit: median |error| 0%" in out
+
+
+def test_the_tune_part_replays_a_recorded_run_without_a_gpu(capsys, tmp_path):
+    out = run_main(capsys, ["--parts", "tune", "--quick", "--ranks", "4"], ModelTimer())
+    recorded = tmp_path / "tune.md"
+    recorded.write_text(out)
+    replayed = run_main(capsys, ["--parts", "tune", "--quick", "--ranks", "4", "--measured", str(recorded)], None)
+    before = [r for r in tables(out)["tune"] if len(r) == 7 and r[2] in ("ll", "bulk")]
+    after = [r for r in tables(replayed)["tune"] if len(r) == 7 and r[2] in ("ll", "bulk")]
+    assert [r[:3] + r[4:5] + r[6:] for r in after] == [r[:3] + r[4:5] + r[6:] for r in before]  # the same cells
+    # Refitted to the times as printed (to 0.1 us): the same predictions, within that rounding.
+    assert all(float(a[3]) == pytest.approx(float(b[3]), rel=0.02, abs=0.2) for a, b in zip(after, before))
+
+
+def test_cells_a_recording_lacks_are_named_and_one_without_any_is_refused(capsys, tmp_path):
+    out = run_main(capsys, ["--parts", "tune", "--quick", "--ranks", "4"], ModelTimer())
+    recorded = tmp_path / "tune.md"
+    recorded.write_text("\n".join(line for line in out.splitlines() if "| shift x8 | 8 KiB |" not in line))
+    replayed = run_main(capsys, ["--parts", "tune", "--quick", "--ranks", "4", "--measured", str(recorded)], None)
+    assert "Not in the recording, left out: shift x8 at 8 KiB." in replayed
+    recorded.write_text("| shift | 8 KiB | ll |\n")
+    with pytest.raises(SystemExit, match="no time for any cell of a tune part of 4 ranks at 8 KiB, 256 KiB"):
+        bench.main(["--parts", "tune", "--quick", "--ranks", "4", "--measured", str(recorded)])

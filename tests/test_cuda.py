@@ -19,6 +19,7 @@ from cuda_cases import DTYPES, PROTOCOLS
 from jaxcoll import algorithms, runtime
 from jaxcoll.plan import Buffer, ChunkRef, Lane, Op, Plan, RankProgram, Step, encode
 from jaxcoll.plan.ir import Collective as C
+from jaxcoll.sim import gpu
 
 IN, OUT, SCR = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 TIMEOUT_S = 30.0
@@ -84,6 +85,9 @@ def test_blocks_per_lane_follow_the_larger_buffer_on_packets_and_the_input_on_bu
     # lane's input, 1..32.
     assert info["blocks_per_lane"]["ll"] == min(16, max(1, -(-max(ins, outs) // lanes // 512)))
     assert info["blocks_per_lane"]["bulk"] == min(32, max(1, -(-(ins * 4 // lanes) // (1 << 20))))
+    # The GPU cost model's twin of the rule (before the residency cap) agrees.
+    for protocol in ("ll", "bulk"):
+        assert gpu.blocks_per_lane(plan, ins, outs, 4, protocol, 1, 1 << 20) == info["blocks_per_lane"][protocol]
 
 
 def test_cuda_status_gives_a_reason_when_unusable():
