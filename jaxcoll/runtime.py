@@ -81,6 +81,11 @@ def _register_state_type() -> None:
     _jax.register_ffi_type(STATE_TYPE, _jaxcoll.state_type(), platform="cpu")
 
 
+def call_stats(reset: bool = False) -> list[dict]:
+    """The runtime's record of each call site that ran (jaxcoll.observe.stats names and summarises it)."""
+    return list(_jaxcoll.call_stats(bool(reset)))
+
+
 def default_timeout_s() -> float:
     """The timeout of a call in seconds, as the runtime reads it: JAXCOLL_TIMEOUT, default 300."""
     return float(_jaxcoll.default_timeout_s())

@@ -20,6 +20,7 @@ from jax.extend.mlir import ir
 from jaxcoll import _jax
 from jaxcoll.lowering import groups, plans
 from jaxcoll.lowering.blocks import Blocks
+from jaxcoll.observe import sites
 from jaxcoll.plan import Collective, encode
 from jaxcoll.plan.abi import REDUCE_OP_CODES, target_name
 
@@ -102,6 +103,8 @@ def call(ctx, value, aval, out_aval, plan, rank, group, processes: np.ndarray | 
 
 
 def _custom_call(ctx, value, aval, out_aval, plan, rank, group, processes, op):
+    callsite = next_callsite()
+    sites.record(sites.Site(callsite, plan.collective.value, plan.name or "plan", plan.nranks))
     return _jax.custom_call(
         target_name(plan.collective),
         result_types=[_jax.aval_to_ir_type(ctx.module_context, out_aval)],
@@ -109,7 +112,7 @@ def _custom_call(ctx, value, aval, out_aval, plan, rank, group, processes, op):
         backend_config={
             "plan": _jax.ir_attribute(encode(plan)),
             "reduce_op": _jax.ir_attribute(np.int32(REDUCE_OP_CODES[op])),
-            "callsite": _jax.ir_attribute(np.int64(next_callsite())),
+            "callsite": _jax.ir_attribute(np.int64(callsite)),
             "processes": _jax.ir_attribute(np.zeros(0, np.int32) if processes is None else processes),
         },
         api_version=4,

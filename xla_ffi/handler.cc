@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -12,10 +13,12 @@
 #include <string>
 
 #include "csrc/abi.hpp"
+#include "csrc/call_stats.hpp"
 #include "csrc/communicator.hpp"
 #include "csrc/executor.hpp"
 #include "csrc/plan.hpp"
 #include "csrc/spanning.hpp"
+#include "csrc/world.hpp"
 #include "xla_ffi/dtypes.hpp"
 #include "xla/ffi/api/ffi.h"
 
@@ -36,6 +39,9 @@ struct PlanState {
   // index hosting that rank (empty in a one-process program). A group inside one process runs in-process.
   std::vector<int32_t> processes;
   uint64_t fingerprint = 0;
+  // The rank whose calls jaxcoll.stats() times: the first rank in this process of the first group with one, so
+  // every process of a job times the sites it runs, once a call.
+  int32_t timed_group = 0, timed_rank = 0;
   std::array<std::atomic<SpanningCommunicator*>, 64> spanning_by_group{};
   // The spanning communicators this compiled call uses, owned here: XLA destroys the state with the executable,
   // and the call site's shared memory goes with it (spanning.hpp).
@@ -65,6 +71,13 @@ ffi::ErrorOr<std::unique_ptr<PlanState>> Instantiate(ffi::Span<const int32_t> wo
         std::to_string(state->plan.nranks) + " ranks"));
   state->processes.assign(processes.begin(), processes.end());
   state->fingerprint = plan_fingerprint(words.begin(), words.size(), reduce_op);
+  if (!state->processes.empty()) {
+    const World* w = world();
+    const int64_t first = std::find(state->processes.begin(), state->processes.end(), w ? w->process : 0) -
+                          state->processes.begin();  // past the end: this process runs none of the ranks
+    state->timed_group = static_cast<int32_t>(first / state->plan.nranks);
+    state->timed_rank = static_cast<int32_t>(first % state->plan.nranks);
+  }
   return state;
 }
 
@@ -110,8 +123,17 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
   const bool cached = group >= 0 && group < static_cast<int32_t>(state->by_group.size());
   CallBuffers b{x.untyped_data(), out->untyped_data(), static_cast<int64_t>(x.element_count()),
                 static_cast<int64_t>(out->element_count()), *dtype, state->op};
+  // One rank of each call is timed, from its arrival to its call's end (what its step waits for).
+  const bool timed = group == state->timed_group && rank == state->timed_rank;
+  const auto arrived = std::chrono::steady_clock::now();
+  const int64_t callsite = state->callsite, bytes = static_cast<int64_t>(x.size_bytes());
+  auto record = [timed, arrived, callsite, bytes](const Status& st) {
+    if (timed && st.ok())
+      record_call(callsite, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count());
+  };
   ffi::Promise promise;
-  Completion complete = [promise](const Status& st) mutable {
+  Completion complete = [promise, record](const Status& st) mutable {
+    record(st);
     if (st.ok())
       promise.SetAvailable();
     else
@@ -147,6 +169,7 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
       const Status st = execute_spanning_rank(*span, run_id.run_id, plan, rank, b, site, default_timeout_s(),
                                               std::move(complete), pending);
       if (pending) return ffi::Future(promise);
+      record(st);
       return st.ok() ? Done() : Failed(ErrorOf(st));
     }
   }
@@ -167,6 +190,7 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
   const Status st = execute_rank(*comm, run_id.run_id, plan, rank, b, site, default_timeout_s(), helpers,
                                  std::move(complete), pending);
   if (pending) return ffi::Future(promise);
+  record(st);
   return st.ok() ? Done() : Failed(ErrorOf(st));
 }
 

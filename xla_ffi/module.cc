@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "csrc/abi.hpp"
+#include "csrc/call_stats.hpp"
 #include "csrc/env.hpp"
 #include "csrc/executor.hpp"
 #include "csrc/layout.hpp"
@@ -134,6 +135,23 @@ NB_MODULE(_jaxcoll, m) {
   m.def("check_environment", [] {
     if (const std::string& error = jaxcoll::env_settings().error; !error.empty()) throw nb::value_error(error.c_str());
   }, "Raise ValueError naming every malformed JAXCOLL_* variable the runtime reads (csrc/env.hpp).");
+
+  m.def("call_stats", [](bool reset) {
+    nb::list out;
+    for (const jaxcoll::CallStats& s : jaxcoll::call_stats(reset)) {
+      nb::dict d;
+      d["callsite"] = s.callsite;
+      d["calls"] = s.calls;
+      d["bytes"] = s.bytes;
+      d["min_s"] = s.min_s;
+      d["max_s"] = s.max_s;
+      d["recent_s"] = s.recent;
+      out.append(d);
+    }
+    return out;
+  }, nb::arg("reset") = false,
+        "Each call site that ran on the CPU runtime: its calls, one rank's input bytes, the fastest and slowest call "
+        "and the last calls' seconds (jaxcoll.stats); `reset` forgets them after reading.");
 
   m.def("default_timeout_s", &jaxcoll::default_timeout_s,
         "The timeout of a call in seconds: JAXCOLL_TIMEOUT, default 300 (read once).");
