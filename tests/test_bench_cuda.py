@@ -129,7 +129,8 @@ def test_packet_rows_time_the_issues_sizes_and_report_a_failed_graph(capsys):
     variants = rows[8:]
     assert len(variants) == 16
     assert {(c[2], c[3], c[4]) for c in timer.variants if c[2]} == {
-        (b, poll, scope) for b in (1, 2, 4, 8) for poll in ("in_order", "in_flight") for scope in ("system", "narrowest")}
+        (b, poll, scope) for b in (1, 2, 4, 8) for poll in ("in_order", "in_flight")
+        for scope in ("system", "narrowest")}
     assert all(c[0] == "all_reduce" and c[1] == 8 for c in timer.variants if c[2])
 
 
@@ -230,7 +231,8 @@ def test_the_tune_part_fits_the_model_per_protocol_and_predicts_every_plan(capsy
     # call us, data step us, sync step us, GB/s a block, GB/s the device, signal us. A hop of the ring (a signal
     # step, its way, the wait step) prices a sync step twice and a signal's way once, which only their sum tells.
     hop = {p: 2 * float(c[2]) + float(c[5]) for p, c in constants.items()}
-    assert [constants["ll"][i] for i in (0, 1, 3)] == ["4.00", "0.300", "20.0"] and hop["ll"] == pytest.approx(1.1, 1e-2)
+    assert [constants["ll"][i] for i in (0, 1, 3)] == ["4.00", "0.300", "20.0"]
+    assert hop["ll"] == pytest.approx(1.1, 1e-2)
     assert [constants["bulk"][i] for i in (0, 1, 3)] == ["9.00", "1.000", "60.0"]
     assert hop["bulk"] == pytest.approx(2.3, 1e-2)
     plans = [r for r in rows if len(r) == 7 and r[2] in ("ll", "bulk")]

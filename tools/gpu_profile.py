@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python tools/gpu_profile.py packet   # per-call time of the packet protocol by ranks and plan
     PYTHONPATH=. python tools/gpu_profile.py fused    # the fused ops' parts on the one-GPU mesh
-    PYTHONPATH=. python tools/gpu_profile.py launches # a few calls of the packet rows, for ncu to catch
+    PYTHONPATH=. python tools/gpu_profile.py launches [packets|synth]  # a few calls, for ncu to catch
+    PYTHONPATH=. python tools/gpu_profile.py bulk-plans  # synthesized all_reduce plans against the ring, on bulk
 
 packet: the emulated packet-protocol all_reduce of 8 KiB per rank, by rank count (2, 4, 8) and algorithm, back to
 back and as a CUDA graph; a one-rank copy of 8 KiB is the floor of one launch of the executor (a step, no peer).
@@ -11,7 +12,12 @@ Run under `ncu --metrics gpu__time_duration.sum -k regex:plan_kernel` to split l
 launches: 6 back-to-back calls each of the 8-rank direct all_reduce on packets (8 KiB per rank), the 2-rank one
 and a one-rank all_gather, in that order (after one warm-up call each): the GPU round's ncu step profiles the
 third launch in detail and times every launch's kernel alone, which splits a call's time between the kernel and
-what surrounds it.
+what surrounds it. `launches synth`: 3 calls of the synthesized ring all_reduce of 64 MiB a rank on bulk, whose
+time the H200 measured at 44x the built-in ring's (docs/tuning.md, "GPU").
+
+bulk-plans: the built-in ring and two_shot all_reduce against the synthesized ring, tree and direct plans at 4 and
+64 MiB a rank on bulk, each with the executor's blocks per lane and with fewer and more, so a plan that is slow
+for want of blocks tells itself from one that is slow at any count.
 
 fused: benchmarks/cuda.py's fused rows (8192^3 bf16 on a one-device mesh) with the one-rank group's collective
 lowered as production lowers it (no custom call: the identity) and forced through the executor, next to the
@@ -98,12 +104,39 @@ def fused() -> None:
     print(f"\n(jnp.dot {2 * m * k * n / dot / 1e12:.0f} TFLOP/s)")
 
 
-def launches() -> None:
-    rows = [(Collective.ALL_REDUCE, "direct", 8), (Collective.ALL_REDUCE, "direct", 2), (Collective.ALL_GATHER, "direct", 1)]
+def launches(which: str = "packets") -> None:
+    if which == "synth":
+        from jaxcoll.tune import registry
+        plan = registry.candidates("all_reduce", 8)["synth.ring"]
+        us = per_call_us(plan, 64 * MiB, "bulk", False, iters=3)
+        print(f"all_reduce synth.ring at 8 ranks, 64 MiB, bulk: {us:.1f} us a call")
+        return
+    rows = [(Collective.ALL_REDUCE, "direct", 8), (Collective.ALL_REDUCE, "direct", 2),
+            (Collective.ALL_GATHER, "direct", 1)]
     for collective, name, n in rows:
         plan = algorithms.builtin(collective, name, n)
         print(f"{collective.value} {name} at {n} ranks, 8 KiB, packets: "
               f"{per_call_us(plan, 8 * KiB, 'll', False, iters=6):.1f} us a call")
+
+
+def bulk_plans() -> None:
+    from jaxcoll.tune import registry
+    candidates = registry.candidates("all_reduce", 8)
+    print("| plan | lanes | per rank | blocks per lane | graph replay (us) |")
+    print("|---|---|---|---|---|")
+    for name in ("two_shot", "ring", "synth.ring", "synth.tree1", "synth.direct"):
+        plan = candidates[name]
+        lanes = max(len(p.lanes) for p in plan.ranks)
+        for nbytes in (4 * MiB, 64 * MiB):
+            ins, outs = plan.elements_for_bytes(nbytes, 4)
+            r = runtime._jaxcoll.cuda_time(encode(plan), "float32", ins, outs, 0, 3, True, "bulk", 0, 0, 60.0)
+            chosen = r["blocks_per_lane"]
+            for blocks in sorted({1, chosen, max(1, chosen // 4)}):
+                t = r if blocks == chosen else runtime._jaxcoll.cuda_time(encode(plan), "float32", ins, outs, 0, 3,
+                                                                           True, "bulk", blocks, 0, 60.0)
+                mark = " (the executor's)" if blocks == chosen else ""
+                us = t["seconds_per_call"] * 1e6
+                print(f"| {name} | {lanes} | {nbytes // MiB} MiB | {blocks}{mark} | {us:.1f} |")
 
 
 def hot_sass(ncu: str, report: str, top: int = 40) -> None:
@@ -119,7 +152,8 @@ def hot_sass(ncu: str, report: str, top: int = 40) -> None:
     samples = None if header is None else next(
         (j for j, c in enumerate(rows[header]) if "Sampling" in c and "All" in c), None)
     if samples is None:
-        print(f"(no stall samples in ncu's source page; its first lines follow)\n{out.stdout[:4000]}{out.stderr[-2000:]}")
+        print("(no stall samples in ncu's source page; its first lines follow)")
+        print(out.stdout[:4000] + out.stderr[-2000:])
         return
     names, body = rows[header], rows[header + 1:]
 
@@ -143,5 +177,7 @@ def hot_sass(ncu: str, report: str, top: int = 40) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "hot-sass":
         hot_sass(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "launches":
+        launches(*sys.argv[2:3])
     else:
-        {"packet": packet, "fused": fused, "launches": launches}[sys.argv[1]]()
+        {"packet": packet, "fused": fused, "bulk-plans": bulk_plans}[sys.argv[1]]()

@@ -49,7 +49,7 @@ declare -A ABOUT=(
   [bench]="benchmarks/cuda.py: bulk vs copy bandwidth, packet latency, fused ops vs GEMM (bench.md)"
   [tune]="the cost model fitted on the emulated ranks per protocol, predicted vs measured for every plan (tune.md)"
   [profile]="where the packet latency goes, and its floor: tools/gpu_profile.py packet, tools/gpu_floor.cu (profile.md)"
-  [ncu]="ncu on the packet kernel: each launch's kernel time alone, then one launch's stall reasons and hottest SASS (ncu.md)")
+  [ncu]="ncu on the packet kernel (each launch's kernel time alone, one launch's stalls and hottest SASS), then on a slow synthesized all_reduce (ncu.md)")
 MIN_START_S=10   # a step is not started with less than this left of the round (unless its own limit is smaller)
 KILL_AFTER_S=5   # after the limit, TERM; this much later, KILL
 
@@ -270,7 +270,8 @@ step_command() {  # step_command STEP -> the shell command, run from the checkou
     profile)
       if [[ -z $ARCH ]]; then echo "echo $(q "$ARCH_ERROR") >&2; exit 1"; return; fi
       local floor="${TMPDIR:-/tmp}/gpu_floor"
-      echo "set -o pipefail; { $py tools/gpu_profile.py packet; p=\$?; nvcc -O3 -std=c++17 -arch=sm_${ARCH%%-*}" \
+      echo "set -o pipefail; { $py tools/gpu_profile.py packet && $py tools/gpu_profile.py bulk-plans; p=\$?;" \
+           "nvcc -O3 -std=c++17 -arch=sm_${ARCH%%-*}" \
            "-o $(q "$floor") tools/gpu_floor.cu && $(q "$floor") && exit \$p; } | tee $(q "$DIR/profile.md")" ;;
     # The clocks stay as the card has them (--clock-control none). First every launch's kernel time alone (a
     # call's time less this is what surrounds the kernel), then the 8-rank all_reduce's third launch in detail.
@@ -281,7 +282,10 @@ step_command() {  # step_command STEP -> the shell command, run from the checkou
            "$ncu --launch-skip 2 --launch-count 1 --set full -f -o $(q "$report") $py tools/gpu_profile.py launches &&" \
            "$(q "$NCU") -i $(q "$report.ncu-rep") --print-details all --section SpeedOfLight --section LaunchStats" \
            "--section Occupancy --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis &&" \
-           "$py tools/gpu_profile.py hot-sass $(q "$NCU") $(q "$report.ncu-rep"); } 2>&1 | tee $(q "$DIR/ncu.md")" ;;
+           "$py tools/gpu_profile.py hot-sass $(q "$NCU") $(q "$report.ncu-rep") &&" \
+           "$ncu --launch-skip 1 --launch-count 1 --section SpeedOfLight --section LaunchStats --section" \
+           "WarpStateStats --section MemoryWorkloadAnalysis $py tools/gpu_profile.py launches synth; } 2>&1 |" \
+           "tee $(q "$DIR/ncu.md")" ;;
   esac
 }
 

@@ -119,11 +119,11 @@ def path(plan: Plan) -> Path:
 
 
 def critical_path(p: Path, step_s: float, chunk_s: float, signal_s: float, sync_s: float) -> float:
-    """Seconds from the first step of the call to its last: every lane from time 0, each data step `step_s` plus
-    `chunk_s` a chunk, each signal, wait and barrier `sync_s`, a wait until the `need`-th signal of its semaphore has landed (a signal lands
-    `signal_s` after it is sent), a barrier until every lane of its rank reached it or finished (the executor
-    counts a finished lane as arrived). Lanes run in time order wherever they touch another lane, so signals
-    land in the order they are sent."""
+    """Seconds from the first step of the call to its last: every lane from time 0, each data step `step_s`
+    plus `chunk_s` a chunk, each signal, wait and barrier `sync_s`, a wait until the `need`-th signal of its
+    semaphore has landed (a signal lands `signal_s` after it is sent), a barrier until every lane of its rank
+    reached it or finished (the executor counts a finished lane as arrived). Lanes run in time order wherever
+    they touch another lane, so signals land in the order they are sent."""
     n = len(p.lanes)
     pc = [0] * n
     clock = [0.0] * n
