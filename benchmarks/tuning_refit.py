@@ -1,0 +1,129 @@
+"""The machine model against samples already taken: refit and re-predict without measuring again
+(docs/tuning.md, "Validation").
+
+`benchmarks/tuning.py --json S.json` writes every sample of a run (the calibration's calls and every candidate of
+every cell). This program reads one or more such files, fits the model to each run's calibration calls exactly as
+`jaxcoll.tune.calibrate` does, and reports the prediction error over the run's cells: overall, per collective and
+size, the worst (plan, size) pairs with the share of each term in their prediction, and how far the samples of a
+pair spread (the measurement's own noise, a floor under any model's error). `--fit-all` also fits to the cells
+themselves: the error left then is what the model's formula cannot express, whatever its constants.
+
+    python benchmarks/tuning_refit.py S.json [S2.json ...] [--worst 20] [--fit-all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import numpy as np
+
+
+def rows_of(entries, plans, shape, layout):
+    """[1, *terms of the busiest process, rounds] and the median seconds of each (collective, bytes, name, samples)."""
+    from jaxcoll.sim.machine import chunk_bytes, terms, work
+
+    rows, times = [], []
+    for collective, size, name, samples in entries:
+        plan = plans(collective, name)
+        w = work(plan, *layout)
+        per_process = terms(w, chunk_bytes(plan, size), shape)
+        busiest = int(per_process[:, 2:].sum(axis=1).argmax())
+        rows.append([1.0, *per_process[busiest], float(w.rounds)])
+        times.append(statistics.median(samples))
+    return np.asarray(rows), np.asarray(times)
+
+
+def coefficients(model) -> np.ndarray:
+    return np.concatenate([[model.call_s], model.coefficients(), [model.network_latency_s]])
+
+
+def term_names(shape) -> list[str]:
+    return (["call", "helpers", "steps"] + [f"cache{size >> 20}M" for size, _ in shape.caches] +
+            ["memory", "stream", "fresh", "crossing", "net bytes", "net msgs", "rounds"])
+
+
+def analyse(path: str, worst: int, fit_all: bool, overrides: dict) -> list[float]:
+    from jaxcoll.sim.machine import CPU_NT_BYTES, CPU_STREAM_BYTES, MachineModel
+    from jaxcoll.tune import calibration, registry
+
+    data = json.load(open(path))
+    processes = tuple(data["layout"]["processes"])
+    hosts = tuple(data["layout"]["hosts"]) if data["layout"]["hosts"] else None
+    spans = len(set(processes)) > 1
+    procs = processes if spans else None
+    layout = (procs, hosts)
+    constants = dict(data["model"])
+    if "stream_bytes" not in constants:  # a run from before the model knew streaming stores: the runtime's
+        constants.update(stream_bytes=CPU_STREAM_BYTES, nt_bytes=CPU_NT_BYTES)
+    constants.update(overrides)
+    shape = MachineModel.from_json(constants)
+    n = len(processes)
+    training = {(c, name): plan for c, _, d in calibration.training(processes) for name, plan in d.items()}
+    candidates: dict = {}
+
+    def plans(collective, name):
+        if collective not in candidates:
+            candidates[collective] = ({} if collective == "ppermute" else
+                                      registry.candidates(collective, n, procs, hosts, large=False))
+        found = candidates[collective].get(name)
+        return found if found is not None else training[collective, name]
+
+    cal = [(r["collective"], r["bytes"], r["name"], r["seconds"]) for r in data["calibration"]]
+    val = [(c["collective"], c["bytes"], name, s) for c in data["cells"] for name, s in c["seconds"].items()]
+    crow, ctime = rows_of(cal, plans, shape, layout)
+    vrow, vtime = rows_of(val, plans, shape, layout)
+    model = calibration.fit(shape, crow, ctime)
+    names = term_names(shape)
+    coef = coefficients(model)
+    print(f"## {path}: {len(cal)} calibration calls, {len(val)} (plan, size) pairs")
+    print("constants: " + ", ".join(f"{k} {v:.3g}" for k, v in zip(names, coef)))
+    cerr = crow @ coef / ctime - 1
+    print(f"calibration fit: median |error| {np.median(np.abs(cerr)):.0%}, 90th {np.percentile(np.abs(cerr), 90):.0%}")
+    pred = vrow @ coef
+    err = pred / vtime - 1
+    spread = np.array([(max(s) - min(s)) / statistics.median(s) for *_, s in val])
+    a = np.abs(err)
+    print(f"validation: median |error| {np.median(a):.1%}, 90th {np.percentile(a, 90):.1%}; samples' own spread "
+          f"(max-min)/median: median {np.median(spread):.0%}, 90th {np.percentile(spread, 90):.0%}")
+    for collective in dict.fromkeys(c for c, *_ in val):
+        idx = [i for i, v in enumerate(val) if v[0] == collective]
+        by_size = {}
+        for i in idx:
+            by_size.setdefault(val[i][1], []).append(err[i])
+        print(f"- {collective}: median {np.median(a[idx]):.0%}, 90th {np.percentile(a[idx], 90):.0%}; by size "
+              "(median signed error): " + ", ".join(f"{s >> 10}K {np.median(e):+.0%}" for s, e in by_size.items()))
+    print(f"worst {worst}: plan, size, measured us, predicted us, error, spread, share of each term")
+    for i in np.argsort(-a)[:worst]:
+        c, size, name, s = val[i]
+        parts = vrow[i] * coef
+        shares = ", ".join(f"{names[j]} {parts[j] / pred[i]:.0%}" for j in np.argsort(-parts)[:4] if parts[j] > 0)
+        print(f"  {c} {size >> 10}K {name}: {vtime[i] * 1e6:.0f} {pred[i] * 1e6:.0f} {err[i]:+.0%} "
+              f"(spread {spread[i]:.0%}) [{shares}]")
+    if fit_all:
+        both = calibration.fit(shape, np.vstack([crow, vrow]), np.concatenate([ctime, vtime]))
+        e = np.abs(vrow @ coefficients(both) / vtime - 1)
+        print(f"fitted to calibration and cells together: median |error| {np.median(e):.1%}, "
+              f"90th {np.percentile(e, 90):.1%}")
+    print()
+    return list(a)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="+")
+    p.add_argument("--worst", type=int, default=20)
+    p.add_argument("--fit-all", action="store_true")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a MachineModel field of the model's shape, e.g. stream_bytes=1e18 (streaming off)")
+    args = p.parse_args(argv)
+    overrides = {k: float(v) for k, v in (x.split("=", 1) for x in args.set)}
+    for path in args.files:
+        analyse(path, args.worst, args.fit_all, overrides)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
