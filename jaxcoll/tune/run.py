@@ -3,14 +3,16 @@ and write the tuning file.
 
 Each cell (collective, per-rank size) ranks every candidate by the model, then times side by side, alternating call
 by call, the `top` it predicts fastest together with today's default (`jaxcoll.algorithms.tuning.auto`, what auto
-ran before any model) and the model's own pick; the fastest median is the cell's choice. Every process of a job
-runs the same cells in the same order (each timing is a collective over the job's devices); process 0 writes the
-file.
+ran before any model) and the model's own pick. The candidates whose medians come within `CLOSE` of the best are
+timed again, as many calls more, and the cell's choice is the best median, or among those within half of `CLOSE` of
+it the steadiest (`steadiest`). Every process of a job runs the same cells in the same order (each timing is a
+collective over the job's devices) and takes process 0's decisions; process 0 writes the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -77,14 +79,51 @@ def tune_cells(collectives: Sequence[str], sizes: Sequence[int], *, model: Machi
             plans.update({(collective, name): by_name[name] for name in names})
             times = measure.time_cell(collective, size, {name: by_name[name] for name in names}, mesh, reps=reps,
                                       warmup=warmup, dtype=dtype)
-            fastest = min(names, key=lambda k: (statistics.median(times[k]), k))
-            if spans:  # the job's choice is process 0's measurement
-                from jaxcoll import distributed
-                from jaxcoll.tune.calibration import _next_run
-                fastest = distributed.agree(f"tune/cell/{_next_run()}", lambda: fastest)
+            # Candidates whose medians lie within CLOSE of the best are told apart by a second round of as many
+            # calls: one round of a few calls on a busy machine crowns whichever plan had the lucky calls.
+            close = json.loads(_agreed(spans, lambda: json.dumps(contenders(times))))
+            if len(close) > 1:
+                again = measure.time_cell(collective, size, {name: by_name[name] for name in close}, mesh,
+                                          reps=reps, warmup=1, dtype=dtype)
+                for name in close:
+                    times[name] = times[name] + again[name]
+            fastest = _agreed(spans, lambda: steadiest(times))  # the job's choice is process 0's measurement
             cells.append(Cell(collective, n, size, dtype, fastest, default, ranked[0][1], times,
                               {name: s for s, name, _ in ranked}))
     return cells, plans
+
+
+# Medians this close to the best are within this machine's noise (alternating calls of one plan spread by 10-30%
+# here under load): such candidates are measured again, and then the steadier wins.
+CLOSE = 0.10
+
+
+def contenders(times: dict[str, list[float]], close: float = CLOSE) -> list[str]:
+    """The candidates whose median is within `close` of the best median, best first."""
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    best = min(medians.values())
+    return sorted((k for k, m in medians.items() if m <= best * (1 + close)), key=lambda k: (medians[k], k))
+
+
+def steadiest(times: dict[str, list[float]], close: float = CLOSE / 2) -> str:
+    """The cell's choice: the best median, except that among the candidates within `close` of it the one whose
+    slower calls are fastest (the upper quartile) wins. A plan as fast as another at its median but bimodal (some
+    calls several times slower, issue 33) loses to a steady one: a program runs the plan many times, and its mean
+    is what it pays."""
+    def upper(k):
+        v = sorted(times[k])
+        return v[min(len(v) - 1, (3 * len(v)) // 4)]
+    near = contenders(times, close)
+    return min(near, key=lambda k: (upper(k), k))
+
+
+def _agreed(spans: bool, decide: Callable[[], str]) -> str:
+    """`decide()` here, or process 0's across a job (every process must run the same programs next)."""
+    if not spans:
+        return decide()
+    from jaxcoll import distributed
+    from jaxcoll.tune.calibration import _next_run
+    return distributed.agree(f"tune/cell/{_next_run()}", decide)
 
 
 def _itemsize(dtype: str) -> int:
