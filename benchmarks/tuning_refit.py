@@ -42,10 +42,10 @@ def coefficients(model) -> np.ndarray:
 
 def term_names(shape) -> list[str]:
     return (["call", "helpers", "steps"] + [f"cache{size >> 20}M" for size, _ in shape.caches] +
-            ["memory", "stream", "fresh", "crossing", "net bytes", "net msgs", "rounds"])
+            ["memory", "reduce", "stream", "fresh", "crossing", "net bytes", "net msgs", "rounds"])
 
 
-def analyse(path: str, worst: int, fit_all: bool, overrides: dict) -> list[float]:
+def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=()) -> list[float]:
     from jaxcoll.sim.machine import CPU_NT_BYTES, CPU_STREAM_BYTES, MachineModel
     from jaxcoll.tune import calibration, registry
 
@@ -75,8 +75,10 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict) -> list[float
     val = [(c["collective"], c["bytes"], name, s) for c in data["cells"] for name, s in c["seconds"].items()]
     crow, ctime = rows_of(cal, plans, shape, layout)
     vrow, vtime = rows_of(val, plans, shape, layout)
-    model = calibration.fit(shape, crow, ctime)
     names = term_names(shape)
+    for term in without:  # the model without this term: its column is no work (the fit keeps the default)
+        crow[:, names.index(term)] = vrow[:, names.index(term)] = 0.0
+    model = calibration.fit(shape, crow, ctime)
     coef = coefficients(model)
     print(f"## {path}: {len(cal)} calibration calls, {len(val)} (plan, size) pairs")
     print("constants: " + ", ".join(f"{k} {v:.3g}" for k, v in zip(names, coef)))
@@ -117,11 +119,12 @@ def main(argv=None) -> int:
     p.add_argument("--worst", type=int, default=20)
     p.add_argument("--fit-all", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="a MachineModel field of the model's shape, e.g. stream_bytes=1e18 (streaming off)")
+                   help="a MachineModel field of the model's shape, e.g. fresh_bytes=33554433")
+    p.add_argument("--without", default="", help="terms to leave out, comma-separated (e.g. reduce,stream)")
     args = p.parse_args(argv)
     overrides = {k: float(v) for k, v in (x.split("=", 1) for x in args.set)}
     for path in args.files:
-        analyse(path, args.worst, args.fit_all, overrides)
+        analyse(path, args.worst, args.fit_all, overrides, [t for t in args.without.split(",") if t])
     return 0
 
 

@@ -168,3 +168,14 @@ def test_a_chunk_written_by_streaming_stores_is_read_back_from_memory():
     assert math.isclose(machine.seconds(plan(), size, plain), fixed + 4 * n * size / 20e9, rel_tol=1e-12)
     expected = fixed + n * size / 20e9 + n * size / MODEL.memory_rate + 2 * n * size / 16e9
     assert math.isclose(machine.seconds(plan(), size, streams), expected, rel_tol=1e-12)
+
+
+def test_the_sources_of_a_reduction_pay_the_reduce_rate_on_top_of_their_touches():
+    # The direct all_reduce: each rank's one step reduces all n inputs into its output. A copy (the shift) has one
+    # source and pays nothing more.
+    n, size = 4, 64 << 10  # footprint 4 x 64 KiB x 2 = 512 KiB: the 1 MiB level; traffic 4 x 5 x 64 KiB: solo
+    reducing = machine.MachineModel(**{**MODEL.__dict__, "reduce_rate": 5e9})
+    direct = algorithms.builtin(Collective.ALL_REDUCE, "direct", n)
+    extra = machine.seconds(direct, size, reducing) - machine.seconds(direct, size, MODEL)
+    assert math.isclose(extra, n * n * size * (1 / 5e9 - 1 / MODEL.reduce_rate), rel_tol=1e-9)
+    assert machine.seconds(shift(n), size, reducing) == machine.seconds(shift(n), size, MODEL)

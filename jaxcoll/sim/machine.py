@@ -15,6 +15,10 @@ memory traffic of its steps, and where that traffic is served from:
                                                  the traffic since the chunk was last touched in the call, or
                                                  as the call's whole footprint (the loop's previous call left
                                                  it there); memory's rate when none does
+  + reduced bytes / reduce rate / threads         what a reduction adds to its sources' touches: the executor
+                                                 copies with memcpy, but sums two or more sources through an
+                                                 accumulator tile, element by element (docs/runtime.md, "Data
+                                                 steps"); every source byte of such a step
   + streamed bytes / stream rate / threads       in a call that moves at least `stream_bytes` in all, the
                                                  executor writes destinations of at least `nt_bytes` a step
                                                  with non-temporal stores (docs/runtime.md, "Data steps"):
@@ -67,6 +71,7 @@ class MachineModel:
     caches: tuple[tuple[int, float], ...] = ((2 << 20, 45e9), (32 << 20, 18e9))
     memory_rate: float = 8e9  # the same, served by memory
     stream_rate: float = 8e9  # bytes written with non-temporal stores per second per thread
+    reduce_rate: float = 1e15  # source bytes of reductions per second per thread, beyond their touches
     fresh_rate: float = 60e9  # bytes of fresh output pages faulted in and zeroed per second per thread
     # Outputs of at least this many bytes a rank come in fresh pages: XLA:CPU's buffers come from the C library's
     # allocator, which maps large blocks afresh (its threshold moves between 128 KiB and 32 MiB).
@@ -86,7 +91,7 @@ class MachineModel:
     def coefficients(self) -> np.ndarray:
         """The model's constants in the order of `terms`' columns: seconds per unit of each."""
         return np.array([self.helpers_s, self.step_s, *(1 / r for _, r in self.caches), 1 / self.memory_rate,
-                         1 / self.stream_rate, 1 / self.fresh_rate, 1 / self.crossing_rate, 1 / self.network_rate,
+                         1 / self.reduce_rate, 1 / self.stream_rate, 1 / self.fresh_rate, 1 / self.crossing_rate, 1 / self.network_rate,
                          self.network_message_s])
 
     def with_coefficients(self, c: Sequence[float], call_s: float, network_latency_s: float) -> "MachineModel":
@@ -98,9 +103,9 @@ class MachineModel:
         return dataclasses.replace(
             self, call_s=call_s, helpers_s=c[0], step_s=c[1],
             caches=tuple((size, rate(x)) for (size, _), x in zip(self.caches, c[2:2 + k])),
-            memory_rate=rate(c[2 + k]), stream_rate=rate(c[3 + k]), fresh_rate=rate(c[4 + k]),
-            crossing_rate=rate(c[5 + k]), network_rate=rate(c[6 + k]), network_message_s=c[7 + k],
-            network_latency_s=network_latency_s)
+            memory_rate=rate(c[2 + k]), reduce_rate=rate(c[3 + k]), stream_rate=rate(c[4 + k]),
+            fresh_rate=rate(c[5 + k]), crossing_rate=rate(c[6 + k]), network_rate=rate(c[7 + k]),
+            network_message_s=c[8 + k], network_latency_s=network_latency_s)
 
     def rate(self, reach: np.ndarray) -> np.ndarray:
         """Bytes per second per thread of touches that need a cache of `reach` bytes to hit."""
@@ -151,6 +156,7 @@ class Work:
     written: tuple[np.ndarray, ...]  # per process: whether each touch is a data step's write of a source (a copy
     # or a reduction: what may stream; a zeroing step's memset never does)
     after: tuple[np.ndarray, ...]  # per process: the chunks of the step that last wrote each touch's chunk (0: none)
+    reduced: tuple[np.ndarray, ...]  # per process: whether each touch is a source of a step of two or more sources
     footprint: tuple[int, ...]  # per process: distinct chunks its steps touch
     outputs: tuple[tuple[int, ...], ...]  # per process: each of its ranks' output chunks
     crossing: tuple[float, ...]  # per process: chunks of its XLA buffers that peer processes name (copied in/out)
@@ -187,6 +193,7 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
     scratch: list[list[bool]] = [[] for _ in range(np_)]
     written: list[list[bool]] = [[] for _ in range(np_)]
     after: list[list[int]] = [[] for _ in range(np_)]
+    reduced: list[list[bool]] = [[] for _ in range(np_)]
     wrote: list[dict] = [{} for _ in range(np_)]  # chunk -> the chunks of the step that last wrote it
     traffic = 0
     for r, prog in enumerate(plan.ranks):
@@ -203,6 +210,7 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
             before = seen.get(key)
             is_write = j >= len(refs) - len(step.dsts)
             written[me].append(is_write and step.op is not Op.ZERO)
+            reduced[me].append(not is_write and len(step.srcs) > 1)
             after[me].append(wrote[me].get(key, 0))
             for c in ref.indices():
                 if is_write:
@@ -233,6 +241,7 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
             touched[me].extend([copies, copies])
             scratch[me].extend([False, False])
             written[me].extend([False, False])
+            reduced[me].extend([False, False])
             after[me].extend([0, 0])
     footprint = tuple(len(seen) for seen in last)
     outputs = tuple(tuple(prog.output_chunks for r, prog in enumerate(plan.ranks) if index[processes[r]] == p)
@@ -242,7 +251,7 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
     rounds = _network_rounds(plan, processes, host_of) if multi_host else 0
     return Work(tuple(np.asarray(d, dtype=float) for d in reuse), tuple(np.asarray(t, dtype=float) for t in touched),
                 tuple(np.asarray(x, dtype=bool) for x in scratch), tuple(np.asarray(x, dtype=bool) for x in written),
-                tuple(np.asarray(x, dtype=float) for x in after),
+                tuple(np.asarray(x, dtype=float) for x in after), tuple(np.asarray(x, dtype=bool) for x in reduced),
                 footprint, outputs, crossing, tuple(network), tuple(messages), tuple(steps), float(traffic), rounds)
 
 
@@ -284,7 +293,7 @@ def chunk_bytes(plan: Plan, input_bytes: float) -> float:
 def terms(w: Work, chunk: float, model: MachineModel, widen: float = 1.0) -> np.ndarray:
     """Per process, what each of the model's constants multiplies (`MachineModel.coefficients`' order): helpers
     (1 when the call is shared with helper threads), steps per thread, bytes per thread served by each cache
-    level and by memory, bytes per thread written with streaming stores, fresh output bytes per thread, bytes through segments, bytes and messages over the
+    level and by memory, source bytes per thread of reductions, bytes per thread written with streaming stores, fresh output bytes per thread, bytes through segments, bytes and messages over the
     network. `widen` is how many times larger a scratch element is than a data element (2 for 16-bit floats,
     whose partial sums scratch holds as float32)."""
     threads = 1 if w.traffic * chunk <= model.solo_bytes else model.threads
@@ -301,7 +310,8 @@ def terms(w: Work, chunk: float, model: MachineModel, widen: float = 1.0) -> np.
         level = np.searchsorted(np.asarray(sizes, dtype=float), reach, side="left")  # len(sizes): memory
         served = np.bincount(level[~streamed], weights=weights[~streamed], minlength=len(sizes) + 1) * chunk / threads
         fresh = sum(c for c in w.outputs[p] if c * chunk >= model.fresh_bytes) * chunk
-        rows.append([float(threads > 1), w.steps[p] / threads, *served, weights[streamed].sum() * chunk / threads,
+        rows.append([float(threads > 1), w.steps[p] / threads, *served, weights[w.reduced[p]].sum() * chunk / threads,
+                     weights[streamed].sum() * chunk / threads,
                      fresh / threads, w.crossing[p] * chunk, w.network[p] * chunk, float(w.messages[p])])
     return np.asarray(rows)
 
