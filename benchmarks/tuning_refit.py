@@ -8,7 +8,7 @@ size, the worst (plan, size) pairs with the share of each term in their predicti
 pair spread (the measurement's own noise, a floor under any model's error). `--fit-all` also fits to the cells
 themselves: the error left then is what the model's formula cannot express, whatever its constants.
 
-    python benchmarks/tuning_refit.py S.json [S2.json ...] [--worst 20] [--fit-all]
+    python benchmarks/tuning_refit.py S.json [S2.json ...] [--worst 20] [--fit-all] [--tuning T.json]
 """
 
 from __future__ import annotations
@@ -45,7 +45,12 @@ def term_names(shape) -> list[str]:
             ["memory", "reduce", "stream", "fresh", "crossing", "net bytes", "net msgs", "rounds"])
 
 
-def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=()) -> list[float]:
+def file_layout(processes, hosts) -> str:
+    from jaxcoll.tune import file
+    return file.layout_key(processes, hosts)
+
+
+def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), tuning=()) -> list[float]:
     from jaxcoll.sim.machine import CPU_NT_BYTES, CPU_STREAM_BYTES, MachineModel
     from jaxcoll.tune import calibration, registry
 
@@ -104,6 +109,32 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=()) -
         shares = ", ".join(f"{names[j]} {parts[j] / pred[i]:.0%}" for j in np.argsort(-parts)[:4] if parts[j] > 0)
         print(f"  {c} {size >> 10}K {name}: {vtime[i] * 1e6:.0f} {pred[i] * 1e6:.0f} {err[i]:+.0%} "
               f"(spread {spread[i]:.0%}) [{shares}]")
+    medians = [statistics.median(x) for *_, x in val]
+    picks = {"model": {}}
+    for i, (c, size, name, _) in enumerate(val):
+        best = picks["model"].get((c, size))
+        if best is None or pred[i] < best[1]:
+            picks["model"][c, size] = (name, pred[i])
+    picks["model"] = {k: v[0] for k, v in picks["model"].items()}
+    for path_t in tuning:
+        cells = json.load(open(path_t))["layouts"]
+        entry = next(iter(cells.values())) if len(cells) == 1 else cells.get(file_layout(processes, hosts))
+        picks[path_t] = {(x["collective"], x["bytes"]): x["choice"] for x in (entry or {}).get("cells", [])}
+    measured = {}
+    for (c, size, name, _), m in zip(val, medians):
+        measured.setdefault((c, size), {})[name] = m
+    for source, chosen in picks.items():
+        ratios, missed = [], []
+        for key, ms in measured.items():
+            name = chosen.get(key)
+            if name not in ms:
+                continue
+            ratios.append(ms[name] / min(ms.values()))
+            if ratios[-1] > 1.10:
+                missed.append(f"{key[0]} {key[1] >> 10}K {name} {ratios[-1]:.2f}x")
+        within = sum(r <= 1.10 for r in ratios)
+        print(f"auto by {source}: within 10% of the fastest median in {within} of {len(ratios)} cells"
+              + (f"; missed: {', '.join(missed)}" if missed else ""))
     if fit_all:
         both = calibration.fit(shape, np.vstack([crow, vrow]), np.concatenate([ctime, vtime]))
         e = np.abs(vrow @ coefficients(both) / vtime - 1)
@@ -120,11 +151,13 @@ def main(argv=None) -> int:
     p.add_argument("--fit-all", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="a MachineModel field of the model's shape, e.g. fresh_bytes=33554433")
+    p.add_argument("--tuning", action="append", default=[], metavar="FILE",
+                   help="a tuning file: how its choices fare against the fastest measured plan of each cell")
     p.add_argument("--without", default="", help="terms to leave out, comma-separated (e.g. reduce,stream)")
     args = p.parse_args(argv)
     overrides = {k: float(v) for k, v in (x.split("=", 1) for x in args.set)}
     for path in args.files:
-        analyse(path, args.worst, args.fit_all, overrides, [t for t in args.without.split(",") if t])
+        analyse(path, args.worst, args.fit_all, overrides, [t for t in args.without.split(",") if t], args.tuning)
     return 0
 
 

@@ -32,7 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("--transport", choices=("shm", "tcp"), default="shm",
                    help="between the processes: shared memory, or the network transport")
     p.add_argument("--top", type=int, default=3,
-                   help="candidates measured per cell, by the model's ranking, beside the default")
+                   help="candidates measured per cell, by the model's ranking, beside the default and any other "
+                        "the model predicts within 30%% of its pick (up to 8 in all)")
     p.add_argument("--reps", type=int, default=5, help="timed calls per candidate and cell")
     p.add_argument("--dtype", default="float32", help="element type of the measured calls")
     p.add_argument("--probe-bytes", default="64M",

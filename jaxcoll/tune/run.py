@@ -2,8 +2,8 @@
 and write the tuning file.
 
 Each cell (collective, per-rank size) ranks every candidate by the model, then times side by side, alternating call
-by call, the `top` it predicts fastest together with today's default (`jaxcoll.algorithms.tuning.auto`, what auto
-ran before any model) and the model's own pick. The candidates whose medians come within `CLOSE` of the best are
+by call, the `top` it predicts fastest and any other it predicts within `margin` of its pick (up to `most`),
+together with today's default (`jaxcoll.algorithms.tuning.auto`, what auto ran before any model). The candidates whose medians come within `CLOSE` of the best are
 timed again, as many calls more, and the cell's choice is the best median, or among those within half of `CLOSE` of
 it the steadiest (`steadiest`). Every process of a job runs the same cells in the same order (each timing is a
 collective over the job's devices) and takes process 0's decisions; process 0 writes the file.
@@ -47,6 +47,11 @@ class Cell:
                 "predicted": {k: self.predictions[k] for k in self.seconds}}
 
 
+# Candidates the model predicts within this much of its pick are measured too: its error on this machine (median
+# 15-20%, 90th percentile 40-75% under load; docs/tuning.md) is larger than most gaps between the leading plans.
+MARGIN = 0.30
+
+
 def default_name(collective: str, nranks: int, nbytes: int, processes: Sequence[int]) -> str:
     """What auto ran before the model: the hand-tuned table of `jaxcoll.algorithms.tuning`."""
     from jaxcoll.algorithms import tuning
@@ -54,7 +59,8 @@ def default_name(collective: str, nranks: int, nbytes: int, processes: Sequence[
 
 
 def tune_cells(collectives: Sequence[str], sizes: Sequence[int], *, model: MachineModel, mesh, processes, hosts,
-               top: int = 3, reps: int = 5, warmup: int = 2, dtype: str = "float32",
+               top: int = 3, margin: float = MARGIN, most: int = 8, reps: int = 5, warmup: int = 2,
+               dtype: str = "float32",
                progress: Callable[[str], None] | None = None) -> tuple[list[Cell], dict]:
     """Measure each cell's leading candidates; returns the cells and every measured plan by (collective, name)."""
     from jaxcoll.tune import choice, measure, registry
@@ -71,7 +77,10 @@ def tune_cells(collectives: Sequence[str], sizes: Sequence[int], *, model: Machi
             say(f"{collective} {size} B")
             ranked = choice.rank_by_model(collective, n, size, procs, hs, large=True, the_model=model)
             default = default_name(collective, n, size, processes)
-            names = [name for _, name, _ in ranked[:top]]
+            # The model's top `top`, and every other candidate it cannot tell from its pick: within `margin` of its
+            # predicted time (the model's error here is 15-35%), up to `most` in all.
+            names = [name for i, (s, name, _) in enumerate(ranked)
+                     if i < top or (i < most and s <= ranked[0][0] * (1 + margin))]
             for extra in (default,):
                 if extra not in names:
                     names.append(extra)
