@@ -161,6 +161,8 @@ def _print_model(console, model) -> None:
     for size, rate in model.caches:
         t.add_row(f"rate within {size >> 20} MiB of cache, per thread", f"{rate / 1e9:.2f} GB/s")
     t.add_row("memory rate, per thread", f"{model.memory_rate / 1e9:.2f} GB/s")
+    t.add_row("reductions' sources, beyond their touches, per thread", f"{model.reduce_rate / 1e9:.2f} GB/s")
+    t.add_row("streaming stores, per thread", f"{model.stream_rate / 1e9:.2f} GB/s")
     t.add_row("fresh output pages, per thread", f"{model.fresh_rate / 1e9:.2f} GB/s")
     t.add_row("threads per process", str(model.threads))
     t.add_row("crossing rate (shm)", f"{model.crossing_rate / 1e9:.2f} GB/s")
