@@ -22,18 +22,11 @@ import numpy as np
 
 
 def rows_of(entries, plans, shape, layout):
-    """[1, *terms of the busiest process, rounds] and the median seconds of each (collective, bytes, name, samples)."""
-    from jaxcoll.sim.machine import chunk_bytes, terms, work
+    """The fit's rows (`jaxcoll.tune.calibration.row`) and the median seconds of (collective, bytes, name, samples)."""
+    from jaxcoll.tune.calibration import row
 
-    rows, times = [], []
-    for collective, size, name, samples in entries:
-        plan = plans(collective, name)
-        w = work(plan, *layout)
-        per_process = terms(w, chunk_bytes(plan, size), shape)
-        busiest = int(per_process[:, 2:].sum(axis=1).argmax())
-        rows.append([1.0, *per_process[busiest], float(w.rounds)])
-        times.append(statistics.median(samples))
-    return np.asarray(rows), np.asarray(times)
+    rows = [row(plans(collective, name), size, shape, layout) for collective, size, name, _ in entries]
+    return np.asarray(rows), np.asarray([statistics.median(samples) for *_, samples in entries])
 
 
 def coefficients(model) -> np.ndarray:

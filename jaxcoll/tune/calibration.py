@@ -148,10 +148,7 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LAR
         perm = next(iter(plans.values())).perm if collective == "ppermute" else ()
         measured = measure.time_cell(collective, size, plans, mesh, reps=reps, perm=perm)
         for name, plan in plans.items():
-            w = work(plan, *layout)
-            per_process = terms(w, chunk_bytes(plan, size), shape)
-            busiest = int(per_process[:, 2:].sum(axis=1).argmax())
-            rows.append([1.0, *per_process[busiest], float(w.rounds)])
+            rows.append(row(plan, size, shape, layout))
             times.append(statistics.median(measured[name]))
             if record is not None:
                 record.append({"collective": collective, "bytes": size, "name": name, "seconds": measured[name]})
@@ -162,6 +159,15 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LAR
         model = MachineModel.from_json(json.loads(distributed.agree(f"tune/calibration/{_next_run()}",
                                                                 lambda: json.dumps(model.to_json()))))
     return model
+
+
+def row(plan: Plan, nbytes: int, shape: MachineModel, layout=(None, None)) -> list[float]:
+    """One measured call's row of the fit: [1 (the call), *the busiest process's terms, network rounds] of `plan`
+    with `nbytes` per rank, its ranks laid out as `layout` (processes, hosts)."""
+    w = work(plan, *layout)
+    per_process = terms(w, chunk_bytes(plan, nbytes), shape)
+    busiest = int(per_process[:, 2:].sum(axis=1).argmax())
+    return [1.0, *per_process[busiest], float(w.rounds)]
 
 
 def fit(shape: MachineModel, rows, times) -> MachineModel:
