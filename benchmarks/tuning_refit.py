@@ -14,6 +14,7 @@ themselves: the error left then is what the model's formula cannot express, what
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -44,7 +45,7 @@ def file_layout(processes, hosts) -> str:
 
 
 def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), tuning=()) -> list[float]:
-    from jaxcoll.sim.machine import CPU_NT_BYTES, CPU_STREAM_BYTES, MachineModel
+    from jaxcoll.sim.machine import MachineModel, cpu_runtime
     from jaxcoll.tune import calibration, registry
 
     data = json.load(open(path))
@@ -53,11 +54,10 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), t
     spans = len(set(processes)) > 1
     procs = processes if spans else None
     layout = (procs, hosts)
-    constants = dict(data["model"])
-    if "stream_bytes" not in constants:  # a run from before the model knew streaming stores: the runtime's
-        constants.update(stream_bytes=CPU_STREAM_BYTES, nt_bytes=CPU_NT_BYTES)
-    constants.update(overrides)
-    shape = MachineModel.from_json(constants)
+    # The run's machine (its cache sizes, threads, solo threshold), the model's structure as this jaxcoll has it
+    run = MachineModel.from_json(data["model"])
+    shape = dataclasses.replace(cpu_runtime(caches=run.caches, threads=run.threads, solo_bytes=run.solo_bytes),
+                                **{k: type(getattr(run, k))(v) for k, v in overrides.items()})
     n = len(processes)
     training = {(c, name): plan for c, _, d in calibration.training(processes) for name, plan in d.items()}
     candidates: dict = {}

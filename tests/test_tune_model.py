@@ -133,7 +133,7 @@ def test_the_models_streaming_thresholds_are_the_runtimes_defaults():
     source = (pathlib.Path(__file__).parent.parent / "csrc" / "reduce.cc").read_text()
     assert "nt_bytes.value_or(size_t{256} << 10)" in source and machine.CPU_NT_BYTES == 256 << 10
     assert "nt_call_bytes.value_or(size_t{32} << 20)" in source and machine.CPU_STREAM_BYTES == 32 << 20
-    assert machine.cpu_runtime().stream_bytes == machine.CPU_STREAM_BYTES
+    assert machine.cpu_runtime().nt_bytes == machine.CPU_NT_BYTES
     assert machine.MachineModel().stream_bytes > 1 << 60  # an executor without streaming stores never streams
 
 
