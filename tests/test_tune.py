@@ -317,3 +317,12 @@ def test_the_tuning_run_measures_again_what_is_close_and_prefers_the_steady_plan
     # beyond half the margin the median decides, however the faster one spreads
     apart = {"a": [1.00 * ms, 1.00 * ms, 1.0 * ms, 4.0 * ms, 4.0 * ms], "b": [1.08 * ms] * 5}
     assert run.steadiest(apart) == "a"
+
+
+def test_the_tuning_run_keeps_the_models_pick_unless_it_measured_clearly_slower():
+    ms = 1e-3
+    times = {"pick": [1.08 * ms] * 3, "other": [1.00 * ms] * 3}
+    assert run.decide(times, "pick") == "pick"  # 8% slower: within the noise, the model decides
+    times["pick"] = [1.20 * ms] * 3
+    assert run.decide(times, "pick") == "other"  # 20% slower: the measurement decides
+    assert run.decide(times, "unmeasured") == "other"
