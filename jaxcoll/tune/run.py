@@ -104,8 +104,9 @@ def tune_cells(collectives: Sequence[str], sizes: Sequence[int], *, model: Machi
     return cells, plans
 
 
-# Medians this close to the best are within this machine's noise (alternating calls of one plan spread by 10-30%
-# here under load): such candidates are measured again, and then the steadier wins.
+# Medians this close to the best are within this machine's noise (the calls of one plan in one cell spread by 30-60%
+# of their median, max to min, on this VM under load; docs/tuning.md): such candidates are measured again, and the
+# model's pick among them stays.
 CLOSE = 0.10
 
 
