@@ -91,8 +91,8 @@ class MachineModel:
     def coefficients(self) -> np.ndarray:
         """The model's constants in the order of `terms`' columns: seconds per unit of each."""
         return np.array([self.helpers_s, self.step_s, *(1 / r for _, r in self.caches), 1 / self.memory_rate,
-                         1 / self.reduce_rate, 1 / self.stream_rate, 1 / self.fresh_rate, 1 / self.crossing_rate, 1 / self.network_rate,
-                         self.network_message_s])
+                         1 / self.reduce_rate, 1 / self.stream_rate, 1 / self.fresh_rate, 1 / self.crossing_rate,
+                         1 / self.network_rate, self.network_message_s])
 
     def with_coefficients(self, c: Sequence[float], call_s: float, network_latency_s: float) -> "MachineModel":
         """This model with the constants `coefficients` orders (a fitted vector; a zero rate term is an
@@ -299,8 +299,8 @@ def chunk_bytes(plan: Plan, input_bytes: float) -> float:
 def terms(w: Work, chunk: float, model: MachineModel, widen: float = 1.0) -> np.ndarray:
     """Per process, what each of the model's constants multiplies (`MachineModel.coefficients`' order): helpers
     (1 when the call is shared with helper threads), steps per thread, bytes per thread served by each cache
-    level and by memory, source bytes per thread of reductions, bytes per thread written with streaming stores, fresh output bytes per thread, bytes through segments, bytes and messages over the
-    network. `widen` is how many times larger a scratch element is than a data element (2 for 16-bit floats,
+    level and by memory, source bytes per thread of reductions, bytes per thread written with streaming stores,
+    fresh output bytes per thread, bytes through segments, bytes and messages over the network. `widen` is how many times larger a scratch element is than a data element (2 for 16-bit floats,
     whose partial sums scratch holds as float32)."""
     threads = 1 if w.traffic * chunk <= model.solo_bytes else model.threads
     streams = w.traffic * chunk >= model.stream_bytes
@@ -338,4 +338,5 @@ def widen(dtype) -> float:
     return 2.0 if name in ("float16", "bfloat16") else 1.0
 
 
-__all__ = ["CPU_NT_BYTES", "CPU_STREAM_BYTES", "MachineModel", "Work", "chunk_bytes", "cpu_runtime", "seconds", "terms", "widen", "work"]
+__all__ = ["CPU_NT_BYTES", "CPU_STREAM_BYTES", "MachineModel", "Work", "chunk_bytes", "cpu_runtime", "seconds",
+           "terms", "widen", "work"]
