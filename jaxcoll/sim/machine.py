@@ -300,8 +300,9 @@ def terms(w: Work, chunk: float, model: MachineModel, widen: float = 1.0) -> np.
     """Per process, what each of the model's constants multiplies (`MachineModel.coefficients`' order): helpers
     (1 when the call is shared with helper threads), steps per thread, bytes per thread served by each cache
     level and by memory, source bytes per thread of reductions, bytes per thread written with streaming stores,
-    fresh output bytes per thread, bytes through segments, bytes and messages over the network. `widen` is how many times larger a scratch element is than a data element (2 for 16-bit floats,
-    whose partial sums scratch holds as float32)."""
+    fresh output bytes per thread, bytes through segments, bytes and messages over the network. `widen` is how
+    many times larger a scratch element is than a data element (2 for 16-bit floats, whose partial sums scratch
+    holds as float32)."""
     threads = 1 if w.traffic * chunk <= model.solo_bytes else model.threads
     streams = w.traffic * chunk >= model.stream_bytes
     sizes = [size for size, _ in model.caches]
