@@ -71,7 +71,8 @@ class MachineModel:
     caches: tuple[tuple[int, float], ...] = ((2 << 20, 45e9), (32 << 20, 18e9))
     memory_rate: float = 8e9  # the same, served by memory
     stream_rate: float = 8e9  # bytes written with non-temporal stores per second per thread
-    reduce_rate: float = 1e15  # source bytes of reductions per second per thread, beyond their touches
+    reduce_rate: float = 1e15  # source bytes of reductions per second per thread, beyond their touches (free until
+    # fitted: the defaults above predate the term)
     fresh_rate: float = 60e9  # bytes of fresh output pages faulted in and zeroed per second per thread
     # Outputs of at least this many bytes a rank come in fresh pages: XLA:CPU's buffers come from the C library's
     # allocator, which maps large blocks afresh (its threshold moves between 128 KiB and 32 MiB).
@@ -82,8 +83,8 @@ class MachineModel:
     network_message_s: float = 20e-6  # what each message to another host costs its sender and receiver
     solo_bytes: int = 4 << 20  # JAXCOLL_SOLO_BYTES: above it a call is shared with helper threads
     # A call that reads and writes at least `stream_bytes` in all writes its destinations of at least `nt_bytes` a
-    # step with non-temporal stores (the CPU runtime's JAXCOLL_NT_CALL_BYTES and JAXCOLL_NT_BYTES, whose defaults
-    # `cpu_runtime` sets). Off here: an executor without streaming stores (the GPU round's) never streams.
+    # step with non-temporal stores (the CPU runtime's JAXCOLL_NT_CALL_BYTES and JAXCOLL_NT_BYTES: CPU_STREAM_BYTES
+    # and CPU_NT_BYTES). Off here, and in `cpu_runtime` for now (see there); the GPU round's executor never streams.
     stream_bytes: int = 1 << 62
     nt_bytes: int = 256 << 10
     threads: int = 2  # threads a process's call uses once helpers join (one per core)
@@ -153,8 +154,8 @@ class Work:
     reuse: tuple[np.ndarray, ...]  # per process: traffic from each touch's chunk's last touch through it (inf: first)
     touched: tuple[np.ndarray, ...]  # per process: the chunks each touch reads or writes
     scratch: tuple[np.ndarray, ...]  # per process: whether each touch is of scratch (held in the accumulation type)
-    written: tuple[np.ndarray, ...]  # per process: whether each touch is a data step's write of a source (a copy
-    # or a reduction: what may stream; a zeroing step's memset never does)
+    written: tuple[np.ndarray, ...]  # per process: whether each touch is a write of a step with sources (a copy or
+    # a reduction: what may stream; a zeroing step's memset never does)
     after: tuple[np.ndarray, ...]  # per process: the chunks of the step that last wrote each touch's chunk (0: none)
     reduced: tuple[np.ndarray, ...]  # per process: whether each touch is a source of a step of two or more sources
     footprint: tuple[int, ...]  # per process: distinct chunks its steps touch
