@@ -36,6 +36,8 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--large", action="store_true", help="also time the tree packings at their throughput chunks")
     p.add_argument("--markdown", metavar="MD", help="also write the tables to this file")
+    p.add_argument("--json", metavar="PATH", help="also write every sample (calibration and cells) to this file, "
+                   "for refitting the model apart (benchmarks/tuning_refit.py)")
     return p.parse_args(argv)
 
 
@@ -75,7 +77,10 @@ def measure_here(args) -> int:
     procs = processes if spans else None
     hs = tuple(hosts) if spans and len(set(hosts)) > 1 else None
     say = print if process == 0 else (lambda *a, **k: None)
-    model = calibrate(devices, reps=args.reps, hosts=hosts)
+    record: list = []
+    model = calibrate(devices, reps=args.reps, hosts=hosts, record=record)
+    samples = {"layout": {"processes": list(processes), "hosts": list(hs) if hs else None},
+               "model": model.to_json(), "calibration": record, "cells": []}
     where = (f"{n} CPU devices, layout {file.layout_key(processes, hs)}, {file.machine()['cores']} cores, "
              f"{os.environ.get('JAXCOLL_NET_DELAY_US', '0')} us network delay")
     lines = [f"{where}", "", f"model: `{json.dumps(model.to_json())}`", ""]
@@ -88,6 +93,7 @@ def measure_here(args) -> int:
             plans = registry.candidates(collective, n, procs, hs, large=args.large)
             times = measure.time_cell(collective, size, plans, mesh, reps=args.reps)
             medians = {k: statistics.median(v) for k, v in times.items()}
+            samples["cells"].append({"collective": collective, "bytes": size, "seconds": times})
             ranked = choice.rank_by_model(collective, n, size, procs, hs, large=args.large, the_model=model)
             predicted = {name: s for s, name, _ in ranked}
             for name in sorted(medians, key=medians.get):
@@ -124,6 +130,9 @@ def measure_here(args) -> int:
                      f"{t_fast * 1e6:.1f} | {ratio:.2f} | {default} | {t_default * 1e6:.1f} |")
     lines += ["", f"auto within 10% of the fastest in {within} of {len(verdicts)} cells", ""]
     say("\n".join(lines))
+    if args.json and process == 0:
+        with open(args.json, "w") as f:
+            json.dump(samples, f)
     if args.markdown and process == 0:
         with open(args.markdown, "w") as f:
             f.write("\n".join(lines))

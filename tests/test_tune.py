@@ -302,3 +302,27 @@ def test_layout_keys_say_processes_ranks_and_hosts():
     assert file.layout_key((0,) * 4 + (1,) * 4, None) == "2x4"
     assert file.layout_key((0,) * 4 + (1,) * 4, (0, 1)) == "2x4/2hosts"
     assert file.layout_key((0, 0, 0, 1), None) == "2x3+1"
+
+
+def test_the_tuning_run_measures_again_what_is_close_and_prefers_the_steady_plan():
+    ms = 1e-3
+    times = {"a": [1.00 * ms, 1.01 * ms, 1.02 * ms], "b": [1.05 * ms, 1.06 * ms, 1.07 * ms],
+             "c": [2.0 * ms, 2.0 * ms, 2.1 * ms]}
+    assert run.contenders(times) == ["a", "b"]  # within 10% of the best median; c is not
+    assert run.steadiest(times) == "a"  # a steady best stays the best
+    # b's median is 3% above a's, but a is bimodal: its slower calls take 4x
+    bimodal = {"a": [1.00 * ms, 1.00 * ms, 1.01 * ms, 4.0 * ms, 4.0 * ms],
+               "b": [1.03 * ms, 1.03 * ms, 1.04 * ms, 1.04 * ms, 1.05 * ms]}
+    assert run.steadiest(bimodal) == "b"
+    # beyond half the margin the median decides, however the faster one spreads
+    apart = {"a": [1.00 * ms, 1.00 * ms, 1.0 * ms, 4.0 * ms, 4.0 * ms], "b": [1.08 * ms] * 5}
+    assert run.steadiest(apart) == "a"
+
+
+def test_the_tuning_run_keeps_the_models_pick_unless_it_measured_clearly_slower():
+    ms = 1e-3
+    times = {"pick": [1.08 * ms] * 3, "other": [1.00 * ms] * 3}
+    assert run.decide(times, "pick") == "pick"  # 8% slower: within the noise, the model decides
+    times["pick"] = [1.20 * ms] * 3
+    assert run.decide(times, "pick") == "other"  # 20% slower: the measurement decides
+    assert run.decide(times, "unmeasured") == "other"

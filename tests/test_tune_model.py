@@ -126,3 +126,56 @@ def test_partial_sums_of_16_bit_floats_take_twice_the_bytes_in_scratch():
     scratch_bytes = sum(float(t[s].sum()) for t, s in zip(w.touched, w.scratch)) * 1024.0
     assert bf16[0, 2:5].sum() - f32[0, 2:5].sum() == pytest.approx(scratch_bytes)  # solo: one thread
     assert machine.widen("float16") == 2.0 and machine.widen(np.int32) == 1.0
+
+
+def test_the_models_streaming_thresholds_are_the_runtimes_defaults():
+    import pathlib
+    source = (pathlib.Path(__file__).parent.parent / "csrc" / "reduce.cc").read_text()
+    assert "nt_bytes.value_or(size_t{256} << 10)" in source and machine.CPU_NT_BYTES == 256 << 10
+    assert "nt_call_bytes.value_or(size_t{32} << 20)" in source and machine.CPU_STREAM_BYTES == 32 << 20
+    assert machine.cpu_runtime().nt_bytes == machine.CPU_NT_BYTES
+    assert machine.MachineModel().stream_bytes > 1 << 60  # an executor without streaming stores never streams
+
+
+STREAMING = machine.MachineModel(**{**MODEL.__dict__, "stream_bytes": 64 * MiB, "nt_bytes": 256 << 10,
+                                    "stream_rate": 16e9})
+
+
+def test_a_call_that_moves_enough_writes_its_large_destinations_at_the_streaming_rate():
+    n, size = 8, 16 * MiB  # traffic 256 MiB: streams; each put writes 16 MiB (>= 256 KiB): streamed
+    expected = (MODEL.call_s + MODEL.helpers_s + n * MODEL.step_s / 2 + n * size / MODEL.memory_rate / 2
+                + n * size / 16e9 / 2)
+    assert math.isclose(machine.seconds(shift(n), size, STREAMING), expected, rel_tol=1e-12)
+    small = 2 * MiB  # traffic 32 MiB < 64 MiB: ordinary stores, as without streaming
+    assert math.isclose(machine.seconds(shift(n), small, STREAMING), machine.seconds(shift(n), small, MODEL),
+                        rel_tol=1e-12)
+
+
+def test_a_chunk_written_by_streaming_stores_is_read_back_from_memory():
+    # Each of 2 ranks copies its input to scratch, then scratch to its output: 4 touches of 1 MiB a rank, a
+    # footprint of 6 MiB (the 8 MiB level). Streaming (from 1 MiB of traffic), both writes stream and the read of
+    # scratch comes from memory; without, every touch is at the 8 MiB level's rate.
+    def plan(n=2):
+        lane = lambda r: Lane((Step(Op.COPY, (ChunkRef(r, IN, 0),), (ChunkRef(r, SCRATCH, 0),)),
+                               Step(Op.COPY, (ChunkRef(r, SCRATCH, 0),), (ChunkRef(r, OUT, 0),))))
+        return Plan(Collective.PPERMUTE, n, tuple(RankProgram(1, 1, 1, lanes=(lane(r),)) for r in range(n)),
+                    perm=((0, 0), (1, 1)))
+    solo = {"solo_bytes": 1 << 40}
+    streams = machine.MachineModel(**{**STREAMING.__dict__, **solo, "stream_bytes": 1 * MiB})
+    plain = machine.MachineModel(**{**MODEL.__dict__, **solo})
+    size, n = 1 * MiB, 2
+    fixed = MODEL.call_s + 2 * n * MODEL.step_s
+    assert math.isclose(machine.seconds(plan(), size, plain), fixed + 4 * n * size / 20e9, rel_tol=1e-12)
+    expected = fixed + n * size / 20e9 + n * size / MODEL.memory_rate + 2 * n * size / 16e9
+    assert math.isclose(machine.seconds(plan(), size, streams), expected, rel_tol=1e-12)
+
+
+def test_the_sources_of_a_reduction_pay_the_reduce_rate_on_top_of_their_touches():
+    # The direct all_reduce: each rank's one step reduces all n inputs into its output. A copy (the shift) has one
+    # source and pays nothing more.
+    n, size = 4, 64 << 10  # footprint 4 x 64 KiB x 2 = 512 KiB: the 1 MiB level; traffic 4 x 5 x 64 KiB: solo
+    reducing = machine.MachineModel(**{**MODEL.__dict__, "reduce_rate": 5e9})
+    direct = algorithms.builtin(Collective.ALL_REDUCE, "direct", n)
+    extra = machine.seconds(direct, size, reducing) - machine.seconds(direct, size, MODEL)
+    assert math.isclose(extra, n * n * size * (1 / 5e9 - 1 / MODEL.reduce_rate), rel_tol=1e-9)
+    assert machine.seconds(shift(n), size, reducing) == machine.seconds(shift(n), size, MODEL)

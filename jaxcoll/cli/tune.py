@@ -32,7 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("--transport", choices=("shm", "tcp"), default="shm",
                    help="between the processes: shared memory, or the network transport")
     p.add_argument("--top", type=int, default=3,
-                   help="candidates measured per cell, by the model's ranking, beside the default")
+                   help="candidates measured per cell, by the model's ranking, beside the default and any other "
+                        "the model predicts within 30%% of its pick (up to 8 in all)")
     p.add_argument("--reps", type=int, default=5, help="timed calls per candidate and cell")
     p.add_argument("--dtype", default="float32", help="element type of the measured calls")
     p.add_argument("--probe-bytes", default="64M",
@@ -160,6 +161,8 @@ def _print_model(console, model) -> None:
     for size, rate in model.caches:
         t.add_row(f"rate within {size >> 20} MiB of cache, per thread", f"{rate / 1e9:.2f} GB/s")
     t.add_row("memory rate, per thread", f"{model.memory_rate / 1e9:.2f} GB/s")
+    t.add_row("reductions' sources, beyond their touches, per thread", f"{model.reduce_rate / 1e9:.2f} GB/s")
+    t.add_row("streaming stores, per thread", f"{model.stream_rate / 1e9:.2f} GB/s")
     t.add_row("fresh output pages, per thread", f"{model.fresh_rate / 1e9:.2f} GB/s")
     t.add_row("threads per process", str(model.threads))
     t.add_row("crossing rate (shm)", f"{model.crossing_rate / 1e9:.2f} GB/s")

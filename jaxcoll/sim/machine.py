@@ -15,6 +15,15 @@ memory traffic of its steps, and where that traffic is served from:
                                                  the traffic since the chunk was last touched in the call, or
                                                  as the call's whole footprint (the loop's previous call left
                                                  it there); memory's rate when none does
+  + reduced bytes / reduce rate / threads         what a reduction adds to its sources' touches: the executor
+                                                 copies with memcpy, but sums two or more sources through an
+                                                 accumulator tile, element by element (docs/runtime.md, "Data
+                                                 steps"); every source byte of such a step
+  + streamed bytes / stream rate / threads       in a call that moves at least `stream_bytes` in all, the
+                                                 executor writes destinations of at least `nt_bytes` a step
+                                                 with non-temporal stores (docs/runtime.md, "Data steps"):
+                                                 no read for ownership, and past the caches, so a later read
+                                                 of such a chunk in the call is served by memory
   + fresh output bytes / fresh rate / threads     XLA allocates large outputs afresh each call: the kernel
                                                  zeroes every page the call first writes (docs/runtime.md,
                                                  "Fresh pages"), for outputs of at least `fresh_bytes` a rank
@@ -61,6 +70,9 @@ class MachineModel:
     # (size in bytes, bytes read or written per second per thread) of each cache level, smallest first
     caches: tuple[tuple[int, float], ...] = ((2 << 20, 45e9), (32 << 20, 18e9))
     memory_rate: float = 8e9  # the same, served by memory
+    stream_rate: float = 8e9  # bytes written with non-temporal stores per second per thread
+    reduce_rate: float = 1e15  # source bytes of reductions per second per thread, beyond their touches (free until
+    # fitted: the defaults above predate the term)
     fresh_rate: float = 60e9  # bytes of fresh output pages faulted in and zeroed per second per thread
     # Outputs of at least this many bytes a rank come in fresh pages: XLA:CPU's buffers come from the C library's
     # allocator, which maps large blocks afresh (its threshold moves between 128 KiB and 32 MiB).
@@ -70,13 +82,18 @@ class MachineModel:
     network_latency_s: float = 50e-6  # one dependent message exchange between hosts
     network_message_s: float = 20e-6  # what each message to another host costs its sender and receiver
     solo_bytes: int = 4 << 20  # JAXCOLL_SOLO_BYTES: above it a call is shared with helper threads
+    # A call that reads and writes at least `stream_bytes` in all writes its destinations of at least `nt_bytes` a
+    # step with non-temporal stores (the CPU runtime's JAXCOLL_NT_CALL_BYTES and JAXCOLL_NT_BYTES: CPU_STREAM_BYTES
+    # and CPU_NT_BYTES). Off here, and in `cpu_runtime` for now (see there); the GPU round's executor never streams.
+    stream_bytes: int = 1 << 62
+    nt_bytes: int = 256 << 10
     threads: int = 2  # threads a process's call uses once helpers join (one per core)
 
     def coefficients(self) -> np.ndarray:
         """The model's constants in the order of `terms`' columns: seconds per unit of each."""
         return np.array([self.helpers_s, self.step_s, *(1 / r for _, r in self.caches), 1 / self.memory_rate,
-                         1 / self.fresh_rate, 1 / self.crossing_rate, 1 / self.network_rate,
-                         self.network_message_s])
+                         1 / self.reduce_rate, 1 / self.stream_rate, 1 / self.fresh_rate, 1 / self.crossing_rate,
+                         1 / self.network_rate, self.network_message_s])
 
     def with_coefficients(self, c: Sequence[float], call_s: float, network_latency_s: float) -> "MachineModel":
         """This model with the constants `coefficients` orders (a fitted vector; a zero rate term is an
@@ -87,8 +104,9 @@ class MachineModel:
         return dataclasses.replace(
             self, call_s=call_s, helpers_s=c[0], step_s=c[1],
             caches=tuple((size, rate(x)) for (size, _), x in zip(self.caches, c[2:2 + k])),
-            memory_rate=rate(c[2 + k]), fresh_rate=rate(c[3 + k]), crossing_rate=rate(c[4 + k]),
-            network_rate=rate(c[5 + k]), network_message_s=c[6 + k], network_latency_s=network_latency_s)
+            memory_rate=rate(c[2 + k]), reduce_rate=rate(c[3 + k]), stream_rate=rate(c[4 + k]),
+            fresh_rate=rate(c[5 + k]), crossing_rate=rate(c[6 + k]), network_rate=rate(c[7 + k]),
+            network_message_s=c[8 + k], network_latency_s=network_latency_s)
 
     def rate(self, reach: np.ndarray) -> np.ndarray:
         """Bytes per second per thread of touches that need a cache of `reach` bytes to hit."""
@@ -123,7 +141,7 @@ class MachineModel:
         for name, value in d.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"MachineModel: {name} must be a finite number, got {value!r}")
-            positive = name.endswith("rate") or name in ("threads", "fresh_bytes")
+            positive = name.endswith("rate") or name in ("threads", "fresh_bytes", "stream_bytes")
             if value < 0 or (positive and value <= 0):
                 raise ValueError(f"MachineModel: {name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
         return cls(**{k: (int(v) if fields[k].type in ("int", int) else float(v)) for k, v in d.items()})
@@ -136,6 +154,10 @@ class Work:
     reuse: tuple[np.ndarray, ...]  # per process: traffic from each touch's chunk's last touch through it (inf: first)
     touched: tuple[np.ndarray, ...]  # per process: the chunks each touch reads or writes
     scratch: tuple[np.ndarray, ...]  # per process: whether each touch is of scratch (held in the accumulation type)
+    written: tuple[np.ndarray, ...]  # per process: whether each touch is a write of a step with sources (a copy or
+    # a reduction: what may stream; a zeroing step's memset never does)
+    after: tuple[np.ndarray, ...]  # per process: the chunks of the step that last wrote each touch's chunk (0: none)
+    reduced: tuple[np.ndarray, ...]  # per process: whether each touch is a source of a step of two or more sources
     footprint: tuple[int, ...]  # per process: distinct chunks its steps touch
     outputs: tuple[tuple[int, ...], ...]  # per process: each of its ranks' output chunks
     crossing: tuple[float, ...]  # per process: chunks of its XLA buffers that peer processes name (copied in/out)
@@ -170,6 +192,10 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
     reuse: list[list[float]] = [[] for _ in range(np_)]
     touched: list[list[int]] = [[] for _ in range(np_)]
     scratch: list[list[bool]] = [[] for _ in range(np_)]
+    written: list[list[bool]] = [[] for _ in range(np_)]
+    after: list[list[int]] = [[] for _ in range(np_)]
+    reduced: list[list[bool]] = [[] for _ in range(np_)]
+    wrote: list[dict] = [{} for _ in range(np_)]  # chunk -> the chunks of the step that last wrote it
     traffic = 0
     for r, prog in enumerate(plan.ranks):
         steps[index[processes[r]]] += sum(len(lane.steps) for lane in prog.lanes)
@@ -180,9 +206,18 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
         me = index[processes[r]]
         seen, dist, sizes = last[me], reuse[me], touched[me]
         refs = step.dsts if step.op is Op.ZERO else step.srcs + step.dsts
-        for ref in refs:
+        for j, ref in enumerate(refs):
             key = (ref.rank, ref.buffer, ref.index)
             before = seen.get(key)
+            is_write = j >= len(refs) - len(step.dsts)
+            written[me].append(is_write and step.op is not Op.ZERO)
+            reduced[me].append(not is_write and len(step.srcs) > 1)
+            after[me].append(wrote[me].get(key, 0))
+            for c in ref.indices():
+                if is_write:
+                    wrote[me][(ref.rank, ref.buffer, c)] = ref.count if step.op is not Op.ZERO else 0
+                else:
+                    wrote[me].pop((ref.rank, ref.buffer, c), None)
             # the traffic from the chunk's last touch through this one: what a cache must hold for a hit
             dist.append(math.inf if before is None else clock[me] + ref.count - before)
             sizes.append(ref.count)
@@ -206,6 +241,9 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
             reuse[me].extend([math.inf, math.inf])
             touched[me].extend([copies, copies])
             scratch[me].extend([False, False])
+            written[me].extend([False, False])
+            reduced[me].extend([False, False])
+            after[me].extend([0, 0])
     footprint = tuple(len(seen) for seen in last)
     outputs = tuple(tuple(prog.output_chunks for r, prog in enumerate(plan.ranks) if index[processes[r]] == p)
                     for p in range(np_))
@@ -213,7 +251,8 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
     multi_host = hosts is not None and len({host_of(p) for p in procs}) > 1
     rounds = _network_rounds(plan, processes, host_of) if multi_host else 0
     return Work(tuple(np.asarray(d, dtype=float) for d in reuse), tuple(np.asarray(t, dtype=float) for t in touched),
-                tuple(np.asarray(x, dtype=bool) for x in scratch),
+                tuple(np.asarray(x, dtype=bool) for x in scratch), tuple(np.asarray(x, dtype=bool) for x in written),
+                tuple(np.asarray(x, dtype=float) for x in after), tuple(np.asarray(x, dtype=bool) for x in reduced),
                 footprint, outputs, crossing, tuple(network), tuple(messages), tuple(steps), float(traffic), rounds)
 
 
@@ -236,6 +275,23 @@ def _network_rounds(plan: Plan, processes, host_of) -> int:
     return int(round(simulate(plan, topo, 1.0) / 1e-6))
 
 
+# The CPU runtime's defaults for when a call streams (csrc/reduce.cc: JAXCOLL_NT_CALL_BYTES, JAXCOLL_NT_BYTES;
+# tests/test_tune_model.py holds these to the C++ source).
+CPU_STREAM_BYTES = 32 << 20
+CPU_NT_BYTES = 256 << 10
+
+
+def cpu_runtime(**constants) -> MachineModel:
+    """A model of the CPU runtime: `constants` over the defaults.
+
+    Its streaming stores are priced as ordinary stores for now (`stream_bytes` off): the calibration set cannot
+    tell a streamed write from a read served by memory (every streaming probe has as many of each), and with the
+    term on, the fitted model's 90th-percentile error rose by 3-26 points in each of three runs of
+    benchmarks/tuning.py (2026-11-27, refitted on the same samples by benchmarks/tuning_refit.py; docs/tuning.md).
+    `--set stream_bytes=33554432` there prices them, for a calibration set that can."""
+    return MachineModel(**{"nt_bytes": CPU_NT_BYTES, **constants})
+
+
 def chunk_bytes(plan: Plan, input_bytes: float) -> float:
     """Bytes of one chunk when each rank's input holds `input_bytes`."""
     return float(input_bytes) / plan.in_blocks / plan.chunk_factor
@@ -244,20 +300,27 @@ def chunk_bytes(plan: Plan, input_bytes: float) -> float:
 def terms(w: Work, chunk: float, model: MachineModel, widen: float = 1.0) -> np.ndarray:
     """Per process, what each of the model's constants multiplies (`MachineModel.coefficients`' order): helpers
     (1 when the call is shared with helper threads), steps per thread, bytes per thread served by each cache
-    level and by memory, fresh output bytes per thread, bytes through segments, bytes and messages over the
-    network. `widen` is how many times larger a scratch element is than a data element (2 for 16-bit floats,
-    whose partial sums scratch holds as float32)."""
+    level and by memory, source bytes per thread of reductions, bytes per thread written with streaming stores,
+    fresh output bytes per thread, bytes through segments, bytes and messages over the network. `widen` is how
+    many times larger a scratch element is than a data element (2 for 16-bit floats, whose partial sums scratch
+    holds as float32)."""
     threads = 1 if w.traffic * chunk <= model.solo_bytes else model.threads
+    streams = w.traffic * chunk >= model.stream_bytes
     sizes = [size for size, _ in model.caches]
     rows = []
     for p in range(len(w.steps)):
         reach = np.minimum(w.reuse[p], w.footprint[p]) * chunk
-        level = np.searchsorted(np.asarray(sizes, dtype=float), reach, side="left")  # len(sizes): memory
         weights = np.where(w.scratch[p], w.touched[p] * widen, w.touched[p])
-        served = np.bincount(level, weights=weights, minlength=len(sizes) + 1) * chunk / threads
+        streamed = np.zeros(len(reach), dtype=bool)
+        if streams:  # the executor's test is per step, on the data type's bytes (csrc/reduce.cc)
+            streamed = w.written[p] & (w.touched[p] * chunk >= model.nt_bytes)
+            reach = np.where(w.after[p] * chunk >= model.nt_bytes, math.inf, reach)  # written past the caches
+        level = np.searchsorted(np.asarray(sizes, dtype=float), reach, side="left")  # len(sizes): memory
+        served = np.bincount(level[~streamed], weights=weights[~streamed], minlength=len(sizes) + 1) * chunk / threads
         fresh = sum(c for c in w.outputs[p] if c * chunk >= model.fresh_bytes) * chunk
-        rows.append([float(threads > 1), w.steps[p] / threads, *served, fresh / threads, w.crossing[p] * chunk,
-                     w.network[p] * chunk, float(w.messages[p])])
+        rows.append([float(threads > 1), w.steps[p] / threads, *served, weights[w.reduced[p]].sum() * chunk / threads,
+                     weights[streamed].sum() * chunk / threads,
+                     fresh / threads, w.crossing[p] * chunk, w.network[p] * chunk, float(w.messages[p])])
     return np.asarray(rows)
 
 
@@ -277,4 +340,5 @@ def widen(dtype) -> float:
     return 2.0 if name in ("float16", "bfloat16") else 1.0
 
 
-__all__ = ["MachineModel", "Work", "chunk_bytes", "seconds", "terms", "widen", "work"]
+__all__ = ["CPU_NT_BYTES", "CPU_STREAM_BYTES", "MachineModel", "Work", "chunk_bytes", "cpu_runtime", "seconds",
+           "terms", "widen", "work"]

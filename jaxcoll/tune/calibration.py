@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from jaxcoll import distributed
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
-from jaxcoll.sim.machine import MachineModel, chunk_bytes, terms, work
+from jaxcoll.sim.machine import MachineModel, chunk_bytes, cpu_runtime, terms, work
 from jaxcoll.tune import measure
 from jaxcoll.tune.choice import threads_per_process
 
@@ -112,11 +112,12 @@ def training(processes: tuple[int, ...], probe_bytes: int = LARGE_BYTES) -> list
 
 
 def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LARGE_BYTES,
-              progress: Callable[[str], None] | None = None) -> MachineModel:
+              progress: Callable[[str], None] | None = None, record: list | None = None) -> MachineModel:
     """Measure this job's `MachineModel` on `devices` (default: every device of the job), `reps` samples per call,
     no call larger than `probe_bytes` per rank (smaller ones fit memory's rate less well: a footprint should
     outgrow the caches). `hosts[p]` is the host of process p (default: the job's own). Every process of the job
-    must call it."""
+    must call it. `record`, a list, receives each measured call as {collective, bytes, name, seconds} (samples),
+    for refitting or checking the fit apart."""
     import jax
     import numpy as np
 
@@ -138,8 +139,8 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LAR
     say = progress or (lambda _: None)
     n = len(devices)
     from jaxcoll.runtime import _jaxcoll
-    shape = MachineModel(threads=threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()),
-                     caches=tuple((size, rate) for size, (_, rate) in zip(_cache_sizes(), _default_rates())))
+    shape = cpu_runtime(threads=threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()),
+                        caches=tuple((size, rate) for size, (_, rate) in zip(_cache_sizes(), _default_rates())))
     rows, times = [], []
     for collective, nbytes, plans in training(processes, probe_bytes):
         size = measure.per_rank_elements(nbytes, n, "float32") * 4
@@ -147,11 +148,10 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LAR
         perm = next(iter(plans.values())).perm if collective == "ppermute" else ()
         measured = measure.time_cell(collective, size, plans, mesh, reps=reps, perm=perm)
         for name, plan in plans.items():
-            w = work(plan, *layout)
-            per_process = terms(w, chunk_bytes(plan, size), shape)
-            busiest = int(per_process[:, 2:].sum(axis=1).argmax())
-            rows.append([1.0, *per_process[busiest], float(w.rounds)])
+            rows.append(row(plan, size, shape, layout))
             times.append(statistics.median(measured[name]))
+            if record is not None:
+                record.append({"collective": collective, "bytes": size, "name": name, "seconds": measured[name]})
     model = fit(shape, np.asarray(rows), np.asarray(times))
     if spans:
         # Each process measured on its own; the job goes on with process 0's fit, so that every process ranks
@@ -159,6 +159,15 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LAR
         model = MachineModel.from_json(json.loads(distributed.agree(f"tune/calibration/{_next_run()}",
                                                                 lambda: json.dumps(model.to_json()))))
     return model
+
+
+def row(plan: Plan, nbytes: int, shape: MachineModel, layout=(None, None)) -> list[float]:
+    """One measured call's row of the fit: [1 (the call), *the busiest process's terms, network rounds] of `plan`
+    with `nbytes` per rank, its ranks laid out as `layout` (processes, hosts)."""
+    w = work(plan, *layout)
+    per_process = terms(w, chunk_bytes(plan, nbytes), shape)
+    busiest = int(per_process[:, 2:].sum(axis=1).argmax())
+    return [1.0, *per_process[busiest], float(w.rounds)]
 
 
 def fit(shape: MachineModel, rows, times) -> MachineModel:

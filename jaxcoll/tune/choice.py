@@ -47,7 +47,7 @@ def model(processes: Sequence[int] | None = None, hosts: Sequence[int] | None = 
             if "model" in entry and _kind(entry.get("processes", ()), entry.get("hosts")) == kind:
                 return tf.model(key)
     from jaxcoll.runtime import _jaxcoll
-    return machine.MachineModel(threads=threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()))
+    return machine.cpu_runtime(threads=threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()))
 
 
 def threads_per_process(processes: tuple[int, ...], hosts: tuple[int, ...]) -> int:

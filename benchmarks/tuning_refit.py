@@ -1,0 +1,158 @@
+"""The machine model against samples already taken: refit and re-predict without measuring again
+(docs/tuning.md, "Validation").
+
+`benchmarks/tuning.py --json S.json` writes every sample of a run (the calibration's calls and every candidate of
+every cell). This program reads one or more such files, fits the model to each run's calibration calls exactly as
+`jaxcoll.tune.calibrate` does, and reports the prediction error over the run's cells: overall, per collective and
+size, the worst (plan, size) pairs with the share of each term in their prediction, and how far the samples of a
+pair spread (the measurement's own noise, a floor under any model's error). `--fit-all` also fits to the cells
+themselves: the error left then is what the model's formula cannot express, whatever its constants.
+
+    python benchmarks/tuning_refit.py S.json [S2.json ...] [--worst 20] [--fit-all] [--tuning T.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+
+import numpy as np
+
+
+def rows_of(entries, plans, shape, layout):
+    """The fit's rows (`jaxcoll.tune.calibration.row`) and the median seconds of (collective, bytes, name, samples)."""
+    from jaxcoll.tune.calibration import row
+
+    rows = [row(plans(collective, name), size, shape, layout) for collective, size, name, _ in entries]
+    return np.asarray(rows), np.asarray([statistics.median(samples) for *_, samples in entries])
+
+
+def coefficients(model) -> np.ndarray:
+    return np.concatenate([[model.call_s], model.coefficients(), [model.network_latency_s]])
+
+
+def term_names(shape) -> list[str]:
+    return (["call", "helpers", "steps"] + [f"cache{size >> 20}M" for size, _ in shape.caches] +
+            ["memory", "reduce", "stream", "fresh", "crossing", "net bytes", "net msgs", "rounds"])
+
+
+def file_layout(processes, hosts) -> str:
+    from jaxcoll.tune import file
+    return file.layout_key(processes, hosts)
+
+
+def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), tuning=()) -> list[float]:
+    from jaxcoll.sim.machine import MachineModel, cpu_runtime
+    from jaxcoll.tune import calibration, registry
+
+    data = json.load(open(path))
+    processes = tuple(data["layout"]["processes"])
+    hosts = tuple(data["layout"]["hosts"]) if data["layout"]["hosts"] else None
+    spans = len(set(processes)) > 1
+    procs = processes if spans else None
+    layout = (procs, hosts)
+    # The run's machine (its cache sizes, threads, solo threshold), the model's structure as this jaxcoll has it
+    run = MachineModel.from_json(data["model"])
+    shape = dataclasses.replace(cpu_runtime(caches=run.caches, threads=run.threads, solo_bytes=run.solo_bytes),
+                                **{k: type(getattr(run, k))(v) for k, v in overrides.items()})
+    n = len(processes)
+    training = {(c, name): plan for c, _, d in calibration.training(processes) for name, plan in d.items()}
+    candidates: dict = {}
+
+    def plans(collective, name):
+        if collective not in candidates:
+            candidates[collective] = ({} if collective == "ppermute" else
+                                      registry.candidates(collective, n, procs, hosts, large=False))
+        found = candidates[collective].get(name)
+        return found if found is not None else training[collective, name]
+
+    cal = [(r["collective"], r["bytes"], r["name"], r["seconds"]) for r in data["calibration"]]
+    val = [(c["collective"], c["bytes"], name, s) for c in data["cells"] for name, s in c["seconds"].items()]
+    crow, ctime = rows_of(cal, plans, shape, layout)
+    vrow, vtime = rows_of(val, plans, shape, layout)
+    names = term_names(shape)
+    for term in without:  # the model without this term: its column is no work (the fit keeps the default)
+        crow[:, names.index(term)] = vrow[:, names.index(term)] = 0.0
+    model = calibration.fit(shape, crow, ctime)
+    coef = coefficients(model)
+    print(f"## {path}: {len(cal)} calibration calls, {len(val)} (plan, size) pairs")
+    print("constants: " + ", ".join(f"{k} {v:.3g}" for k, v in zip(names, coef)))
+    cerr = crow @ coef / ctime - 1
+    print(f"calibration fit: median |error| {np.median(np.abs(cerr)):.0%}, 90th {np.percentile(np.abs(cerr), 90):.0%}")
+    pred = vrow @ coef
+    err = pred / vtime - 1
+    spread = np.array([(max(s) - min(s)) / statistics.median(s) for *_, s in val])
+    a = np.abs(err)
+    print(f"validation: median |error| {np.median(a):.1%}, 90th {np.percentile(a, 90):.1%}; samples' own spread "
+          f"(max-min)/median: median {np.median(spread):.0%}, 90th {np.percentile(spread, 90):.0%}")
+    for collective in dict.fromkeys(c for c, *_ in val):
+        idx = [i for i, v in enumerate(val) if v[0] == collective]
+        by_size = {}
+        for i in idx:
+            by_size.setdefault(val[i][1], []).append(err[i])
+        print(f"- {collective}: median {np.median(a[idx]):.0%}, 90th {np.percentile(a[idx], 90):.0%}; by size "
+              "(median signed error): " + ", ".join(f"{s >> 10}K {np.median(e):+.0%}" for s, e in by_size.items()))
+    print(f"worst {worst}: plan, size, measured us, predicted us, error, spread, share of each term")
+    for i in np.argsort(-a)[:worst]:
+        c, size, name, s = val[i]
+        parts = vrow[i] * coef
+        shares = ", ".join(f"{names[j]} {parts[j] / pred[i]:.0%}" for j in np.argsort(-parts)[:4] if parts[j] > 0)
+        print(f"  {c} {size >> 10}K {name}: {vtime[i] * 1e6:.0f} {pred[i] * 1e6:.0f} {err[i]:+.0%} "
+              f"(spread {spread[i]:.0%}) [{shares}]")
+    medians = [statistics.median(x) for *_, x in val]
+    picks = {"model": {}}
+    for i, (c, size, name, _) in enumerate(val):
+        best = picks["model"].get((c, size))
+        if best is None or pred[i] < best[1]:
+            picks["model"][c, size] = (name, pred[i])
+    picks["model"] = {k: v[0] for k, v in picks["model"].items()}
+    for path_t in tuning:
+        cells = json.load(open(path_t))["layouts"]
+        entry = next(iter(cells.values())) if len(cells) == 1 else cells.get(file_layout(processes, hosts))
+        picks[path_t] = {(x["collective"], x["bytes"]): x["choice"] for x in (entry or {}).get("cells", [])}
+    measured = {}
+    for (c, size, name, _), m in zip(val, medians):
+        measured.setdefault((c, size), {})[name] = m
+    for source, chosen in picks.items():
+        ratios, missed = [], []
+        for key, ms in measured.items():
+            name = chosen.get(key)
+            if name not in ms:
+                continue
+            ratios.append(ms[name] / min(ms.values()))
+            if ratios[-1] > 1.10:
+                missed.append(f"{key[0]} {key[1] >> 10}K {name} {ratios[-1]:.2f}x")
+        within = sum(r <= 1.10 for r in ratios)
+        print(f"auto by {source}: within 10% of the fastest median in {within} of {len(ratios)} cells"
+              + (f"; missed: {', '.join(missed)}" if missed else ""))
+    if fit_all:
+        both = calibration.fit(shape, np.vstack([crow, vrow]), np.concatenate([ctime, vtime]))
+        e = np.abs(vrow @ coefficients(both) / vtime - 1)
+        print(f"fitted to calibration and cells together: median |error| {np.median(e):.1%}, "
+              f"90th {np.percentile(e, 90):.1%}")
+    print()
+    return list(a)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="+")
+    p.add_argument("--worst", type=int, default=20)
+    p.add_argument("--fit-all", action="store_true")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a MachineModel field of the model's shape, e.g. fresh_bytes=33554433")
+    p.add_argument("--tuning", action="append", default=[], metavar="FILE",
+                   help="a tuning file: how its choices fare against the fastest measured plan of each cell")
+    p.add_argument("--without", default="", help="terms to leave out, comma-separated (e.g. reduce,stream)")
+    args = p.parse_args(argv)
+    overrides = {k: float(v) for k, v in (x.split("=", 1) for x in args.set)}
+    for path in args.files:
+        analyse(path, args.worst, args.fit_all, overrides, [t for t in args.without.split(",") if t], args.tuning)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
