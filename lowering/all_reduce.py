@@ -25,12 +25,13 @@ API = "jaxcoll.all_reduce"
 all_reduce_p = Primitive("jaxcoll_all_reduce")
 
 
-def bind(x, *, axes: tuple, op: str, algorithm):
-    return all_reduce_p.bind(groups.pvary_missing(x, axes), axes=axes, op=op, algorithm=algorithm)
+def bind(x, *, axes: tuple, op: str, algorithm, axis_index_groups: tuple | None = None):
+    return all_reduce_p.bind(groups.pvary_missing(x, axes), axes=axes, op=op, algorithm=algorithm,
+                             axis_index_groups=axis_index_groups)
 
 
-def _abstract_eval(aval, *, axes, op, algorithm):
-    del op, algorithm
+def _abstract_eval(aval, *, axes, op, algorithm, axis_index_groups):
+    del op, algorithm, axis_index_groups
     groups.axis_names(axes, API)
     if _jax.check_vma():
         groups.check_varying(API, axes, aval)
@@ -38,31 +39,35 @@ def _abstract_eval(aval, *, axes, op, algorithm):
     return aval, groups.named_axis_effects(axes)
 
 
-def _lowering(ctx, x, *, axes, op, algorithm):
+def _lowering(ctx, x, *, axes, op, algorithm, axis_index_groups):
     aval, = ctx.avals_in
     y = emit(Blocks(ctx, x, aval), aval.shape, Collective.ALL_REDUCE, axes=axes, algorithm=algorithm, op=op,
-             api_name=API)
+             api_name=API, axis_index_groups=axis_index_groups)
     return [y.value]
 
 
-def _jvp(primals, tangents, *, axes, op, algorithm):
+def _jvp(primals, tangents, *, op, **params):
     if op != "sum":
         raise NotImplementedError(f"{API}(op={op!r}) is not differentiable (nor is lax.p{op}); "
                                   f"only op='sum' is")
-    return _jax.linear_jvp(all_reduce_p, primals, tangents, axes=axes, op=op, algorithm=algorithm)
+    return _jax.linear_jvp(all_reduce_p, primals, tangents, op=op, **params)
 
 
-def _transpose(ct, x, *, axes, op, algorithm):
+def _transpose(ct, x, *, axes, op, algorithm, axis_index_groups):
     if _jax.check_vma():
+        if axis_index_groups is not None:  # as lax: a psum over index groups has no invariant typing to transpose
+            raise NotImplementedError(f"{API} with axis_index_groups is not differentiable under check_vma")
         from jaxcoll.lowering import pvary
         return (pvary.bind(ct, axes=axes, algorithm=algorithm),)
-    return (all_reduce_p.bind(ct, axes=axes, op=op, algorithm=algorithm),)
+    return (all_reduce_p.bind(ct, axes=axes, op=op, algorithm=algorithm, axis_index_groups=axis_index_groups),)
 
 
-def _batcher(axis_data, vals_in, dims_in, *, axes, op, algorithm):
+def _batcher(axis_data, vals_in, dims_in, *, axes, op, algorithm, axis_index_groups):
     (x,), (d,) = vals_in, dims_in
     if axis_data.name not in axes:
-        return all_reduce_p.bind(x, axes=axes, op=op, algorithm=algorithm), d
+        return all_reduce_p.bind(x, axes=axes, op=op, algorithm=algorithm, axis_index_groups=axis_index_groups), d
+    if axis_index_groups is not None:
+        raise NotImplementedError(f"{API}: axis_index_groups over a vmap axis (nor does lax support it)")
     if axes != (axis_data.name,):
         raise NotImplementedError(f"{API} over axes={axes} that mix a vmap axis with other axes")
     # Over the vmapped axis alone there is nothing to communicate: reduce along the batch dimension.

@@ -18,6 +18,7 @@ warning and the value is still checked.
 """
 
 import itertools
+import re
 from functools import partial
 
 import jax
@@ -83,16 +84,16 @@ def test_pmap_reduce_scatter_tiled():
                                   x.sum(0).reshape(N, 4))
 
 
-def test_pmap_reduce_scatter_with_replica_groups_falls_back_to_xla():
+def test_pmap_reduce_scatter_with_replica_groups():
     groups = [[i for i in range(N) if i % 2 == 0], [i for i in range(N) if i % 2]]
     x = np.arange(N * 4 * N, dtype=np.float32).reshape(N, 4 * N)
     f = pmap(lambda v: lax.psum_scatter(v, "i", axis_index_groups=groups, tiled=True))
-    with pytest.warns(ReplacementWarning, match="axis_index_groups"):
-        got = f(x)
+    got = f(x)
     sums = [x[0::2].sum(0), x[1::2].sum(0)]
     part = 4 * N // (N // 2)
     for i, row in enumerate(got):
         np.testing.assert_array_equal(row, sums[i % 2][i // 2 * part:(i // 2 + 1) * part])
+    _fully_replaced(f)
 
 
 def test_pmap_trees():
@@ -274,3 +275,160 @@ def test_vmap_all_to_all(split_axis, concat_axis, vmap_axis):
                  axis_name="i")
     expected = np.moveaxis(x, (vmap_axis, split_axis + (vmap_axis <= split_axis)), (concat_axis + 1, 0))
     np.testing.assert_array_equal(f(x), expected)
+
+
+# -- axis_index_groups: each group its own communicator ------------------------------------------------------------
+# After jax's replica-group cases (pmap_test.py testPsumReplicaGroups, testGatherReplicaGroups,
+# testReduceScatterReplicaGroups, testAllToAllReplicaGroup), with groups of every shape: contiguous, strided
+# (not contiguous in the mesh), listed out of order, over a tuple of axes; each result compared with the
+# untransformed program (XLA's replica groups) and with numpy.
+
+GROUPS = {
+    "halves": [[0, 1, 2, 3], [4, 5, 6, 7]],
+    "strided": [[0, 2, 4, 6], [1, 3, 5, 7]],
+    "pairs_out_of_order": [[5, 1], [0, 7], [6, 2], [3, 4]],
+    "one_group": [list(range(8))],
+}
+
+
+def _members(groups, i):
+    """(the group of axis index i, i's position in it)."""
+    for g in groups:
+        if i in g:
+            return g, g.index(i)
+
+
+def _same_as_xla(f, *args):
+    """f's results through replace_collectives, equal to the untransformed program's, with nothing left to XLA."""
+    expected = jax.jit(f)(*args)
+    g = replace_collectives(f)
+    got = jax.jit(g)(*args)
+    jax.tree.map(np.testing.assert_array_equal, got, expected)
+    _fully_replaced(g)
+    return got
+
+
+@pytest.mark.parametrize("groups", GROUPS.values(), ids=GROUPS.keys())
+@pytest.mark.parametrize("collective", ["psum", "pmax", "pmin"])
+def test_pmap_reductions_over_index_groups(groups, collective):
+    x = np.arange(N * 3, dtype=np.float32).reshape(N, 3) % 5
+    reduce = {"psum": np.sum, "pmax": np.max, "pmin": np.min}[collective]
+    got = _same_as_xla(jax.pmap(lambda v: getattr(lax, collective)(v, "i", axis_index_groups=groups),
+                                axis_name="i"), x)
+    for i in range(N):
+        np.testing.assert_array_equal(got[i], reduce(x[_members(groups, i)[0]], axis=0))
+
+
+@pytest.mark.parametrize("groups", GROUPS.values(), ids=GROUPS.keys())
+@pytest.mark.parametrize("tiled", [False, True])
+def test_pmap_all_gather_over_index_groups(groups, tiled):
+    x = np.arange(N * 3, dtype=np.float32).reshape(N, 3)
+    got = _same_as_xla(jax.pmap(lambda v: lax.all_gather(v, "i", axis_index_groups=groups, tiled=tiled),
+                                axis_name="i"), x)
+    for i in range(N):
+        gathered = x[_members(groups, i)[0]]
+        np.testing.assert_array_equal(got[i], gathered.reshape(-1) if tiled else gathered)
+
+
+@pytest.mark.parametrize("groups", GROUPS.values(), ids=GROUPS.keys())
+def test_pmap_psum_scatter_over_index_groups(groups):
+    k = len(groups[0])
+    x = np.arange(N * k * 2, dtype=np.float32).reshape(N, k, 2)
+    got = _same_as_xla(jax.pmap(lambda v: lax.psum_scatter(v, "i", axis_index_groups=groups), axis_name="i"), x)
+    for i in range(N):
+        members, position = _members(groups, i)
+        np.testing.assert_array_equal(got[i], x[members].sum(0)[position])
+
+
+@pytest.mark.parametrize("groups", GROUPS.values(), ids=GROUPS.keys())
+def test_pmap_all_to_all_over_index_groups(groups):
+    k = len(groups[0])
+    x = np.arange(N * k * 2, dtype=np.float32).reshape(N, k, 2)
+    got = _same_as_xla(jax.pmap(lambda v: lax.all_to_all(v, "i", 0, 0, axis_index_groups=groups),
+                                axis_name="i"), x)
+    for i in range(N):
+        members, position = _members(groups, i)
+        np.testing.assert_array_equal(got[i], x[members][:, position])
+
+
+@pytest.mark.parametrize("axis_name,groups", [("y", [[0, 3], [2, 1]]), (("x", "y"), [[0, 5, 2, 7], [4, 1, 6, 3]])])
+def test_shard_map_collectives_over_index_groups_of_one_axis_and_of_a_tuple(axis_name, groups):
+    # Over "y" the groups repeat for each x; over ("x", "y") they index the linearized pair, here two groups
+    # that cross both axes.
+    mesh = _mesh((2, 4), ("x", "y"))
+    a = jax.device_put(np.arange(8 * 8, dtype=np.float32).reshape(8, 8), NamedSharding(mesh, P(("x", "y"))))
+    k = len(groups[0])
+
+    def body(v):
+        return (lax.all_gather(v, axis_name, axis_index_groups=groups, axis=1, tiled=True),
+                lax.psum_scatter(v, axis_name, axis_index_groups=groups, scatter_dimension=1, tiled=True),
+                lax.all_to_all(v, axis_name, 1, 1, axis_index_groups=groups, tiled=True),
+                lax.pmax(v, axis_name, axis_index_groups=groups))
+    f = jax.shard_map(body, mesh=mesh, in_specs=P(("x", "y")), out_specs=P(("x", "y")), check_vma=False)
+    gathered, scattered, exchanged, largest = _same_as_xla(f, a)
+    blocks = np.asarray(a).reshape(8, 1, 8)
+    for d in range(8):  # device d = (x, y) in row-major order
+        index = d if isinstance(axis_name, tuple) else d % 4
+        members, position = _members(groups, index)
+        peers = [d - index + m for m in members]
+        np.testing.assert_array_equal(gathered[d], np.concatenate(list(blocks[peers, 0]), axis=0))
+        np.testing.assert_array_equal(scattered[d], np.split(blocks[peers, 0].sum(0), k)[position])
+        np.testing.assert_array_equal(exchanged[d], np.concatenate(
+            [np.split(blocks[p, 0], k)[position] for p in peers]))
+        np.testing.assert_array_equal(largest[d], blocks[peers, 0].max(0))
+
+
+def test_all_gather_over_index_groups_and_its_gradient_under_check_vma():
+    mesh = _mesh((8,), ("x",))
+    groups = GROUPS["strided"]
+    f = jax.shard_map(lambda v: lax.all_gather(v, "x", axis_index_groups=groups, tiled=True),
+                      mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    a = jnp.arange(16.0)
+    weights = jnp.arange(16.0 * 4).reshape(-1) % 7
+    loss = lambda g: lambda v: (g(v) * weights).sum()  # noqa: E731
+    expected = jax.jit(jax.value_and_grad(loss(f)))(a)
+    g = replace_collectives(f)
+    got = jax.jit(jax.value_and_grad(loss(g)))(a)
+    jax.tree.map(np.testing.assert_array_equal, got, expected)
+    _fully_replaced(g)
+
+
+def test_the_plan_is_chosen_for_the_group_size(monkeypatch):
+    # One plan per call site serves every group: "auto" (the tuner's choice, else the model's) picks it for the
+    # group's size (4), not the axis's (8).
+    from jaxcoll.lowering import plans
+    seen = []
+    choose = plans.choose
+
+    def spy(api_name, collective, nranks, *args, **kw):
+        seen.append(nranks)
+        return choose(api_name, collective, nranks, *args, **kw)
+    monkeypatch.setattr(plans, "choose", spy)
+    x = np.arange(N * 4, dtype=np.float32).reshape(N, 4)
+    pmap(lambda v: lax.psum(v, "i", axis_index_groups=GROUPS["strided"]))(x)
+    assert seen and set(seen) == {4}
+
+
+@pytest.mark.parametrize("groups,problem", [
+    ([[0, 1, 2], [3, 4, 5, 6, 7]], "unequal sizes"),
+    ([[0, 1], [2, 3]], "does not cover"),
+    ([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]], "outside"),
+])
+@pytest.mark.parametrize("collective", ["psum", "all_gather", "psum_scatter", "all_to_all"])
+def test_bad_index_groups_fail_while_tracing_naming_the_argument_and_value(groups, problem, collective):
+    call = {"psum": lambda v: lax.psum(v, "i", axis_index_groups=groups),
+            "all_gather": lambda v: lax.all_gather(v, "i", axis_index_groups=groups),
+            "psum_scatter": lambda v: lax.psum_scatter(v, "i", axis_index_groups=groups, tiled=True),
+            "all_to_all": lambda v: lax.all_to_all(v, "i", 0, 0, axis_index_groups=groups, tiled=True)}[collective]
+    f = replace_collectives(jax.pmap(call, axis_name="i"))
+    value = re.escape(repr(tuple(map(tuple, groups))))
+    with pytest.raises(ValueError, match=rf"axis_index_groups={value} .*{problem}"):
+        jax.make_jaxpr(f)(np.zeros((N, 60), np.float32))
+
+
+def test_overlapping_index_groups_fail_with_lax_s_error():
+    # lax checks this one itself, while the program is traced, before the transform sees the call.
+    f = replace_collectives(jax.pmap(lambda v: lax.psum(v, "i", axis_index_groups=[[0, 1, 2, 3], [3, 4, 5, 6]]),
+                                     axis_name="i"))
+    with pytest.raises(ValueError, match="axis_index_groups must cover all indices exactly once"):
+        jax.make_jaxpr(f)(np.zeros((N, 4), np.float32))

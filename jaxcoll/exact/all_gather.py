@@ -10,12 +10,15 @@ from jaxcoll.lowering import groups
 from jaxcoll.plan import Collective
 
 
-def all_gather(x, axis_name, *, axis=0, tiled=False, algorithm="auto", invariant=False):
+def all_gather(x, axis_name, *, axis=0, tiled=False, algorithm="auto", invariant=False, axis_index_groups=None):
     """`jaxcoll.all_gather(x, axis_name, axis=axis, tiled=tiled, algorithm=algorithm)`: the contract is stated
     there. invariant=True types the result invariant over `axis_name` (lax.all_gather(..., to="invarying")): the
-    same data on every rank, as the compressed collectives' last hop and psum-like results need."""
+    same data on every rank, as the compressed collectives' last hop and psum-like results need. `axis_index_groups`
+    (lax's argument, checked by `groups.index_groups`) runs each group of positions along the axes as a group of its
+    own."""
     axes = groups.axis_names(axis_name, prim.API)
-    n = groups.group_size(axes)
+    axis_index_groups = groups.index_groups(prim.API, axis_index_groups, axes)
+    n = groups.group_size(axes, axis_index_groups)
 
     def bind(leaf):
         leaf = leaf_array(prim.API, leaf)
@@ -24,6 +27,6 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, algorithm="auto", invariant
         dim = dimension(prim.API, "axis", axis, leaf.ndim if tiled else leaf.ndim + 1)
         check_algorithm(prim.API, Collective.ALL_GATHER, n, leaf, algorithm)
         return prim.bind(leaf, axes=axes, all_gather_dimension=dim, tiled=bool(tiled), algorithm=algorithm,
-                         invariant=bool(invariant))
+                         invariant=bool(invariant), axis_index_groups=axis_index_groups)
 
     return tree_util.tree_map(bind, x)

@@ -11,15 +11,18 @@ from jaxcoll.lowering.dtypes import check_op
 from jaxcoll.plan import Collective
 
 
-def all_reduce(x, axis_name, *, op="sum", algorithm="auto"):
-    """`jaxcoll.all_reduce(x, axis_name, op=op, algorithm=algorithm)`: the contract is stated there."""
+def all_reduce(x, axis_name, *, op="sum", algorithm="auto", axis_index_groups=None):
+    """`jaxcoll.all_reduce(x, axis_name, op=op, algorithm=algorithm)`: the contract is stated there.
+    `axis_index_groups` (lax's argument, checked by `groups.index_groups`) runs each group of positions along the
+    axes as a group of its own."""
     axes = groups.axis_names(axis_name, prim.API)
     op = check_op(prim.API, op)
-    n = groups.group_size(axes)
+    axis_index_groups = groups.index_groups(prim.API, axis_index_groups, axes)
+    n = groups.group_size(axes, axis_index_groups)
 
     def bind(leaf):
         leaf = leaf_array(prim.API, leaf, op)
         check_algorithm(prim.API, Collective.ALL_REDUCE, n, leaf, algorithm)
-        return prim.bind(leaf, axes=axes, op=op, algorithm=algorithm)
+        return prim.bind(leaf, axes=axes, op=op, algorithm=algorithm, axis_index_groups=axis_index_groups)
 
     return tree_util.tree_map(bind, x)

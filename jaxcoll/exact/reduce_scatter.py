@@ -11,12 +11,15 @@ from jaxcoll.lowering.dtypes import check_op
 from jaxcoll.plan import Collective
 
 
-def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", algorithm="auto"):
-    """`jaxcoll.reduce_scatter(x, axis_name, scatter_dimension=..., tiled=..., op=..., algorithm=...)`: the
-    contract is stated there."""
+def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", algorithm="auto",
+                   axis_index_groups=None):
+    """`jaxcoll.reduce_scatter(x, axis_name, scatter_dimension=..., tiled=..., op=..., algorithm=...)`: the contract
+    is stated there. `axis_index_groups` (lax's argument, checked by `groups.index_groups`) runs each group of
+    positions along the axes as a group of its own."""
     axes = groups.axis_names(axis_name, prim.API)
     op = check_op(prim.API, op)
-    n = groups.group_size(axes)
+    axis_index_groups = groups.index_groups(prim.API, axis_index_groups, axes)
+    n = groups.group_size(axes, axis_index_groups)
 
     def bind(leaf):
         leaf = leaf_array(prim.API, leaf, op)
@@ -24,6 +27,7 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", 
             raise ValueError(f"{prim.API}: x must have rank >= 1 to be scattered, got a scalar")
         dim = split_dimension(prim.API, "scatter_dimension", scatter_dimension, leaf.shape, n, bool(tiled))
         check_algorithm(prim.API, Collective.REDUCE_SCATTER, n, leaf, algorithm)
-        return prim.bind(leaf, axes=axes, scatter_dimension=dim, tiled=bool(tiled), op=op, algorithm=algorithm)
+        return prim.bind(leaf, axes=axes, scatter_dimension=dim, tiled=bool(tiled), op=op, algorithm=algorithm,
+                         axis_index_groups=axis_index_groups)
 
     return tree_util.tree_map(bind, x)

@@ -61,7 +61,8 @@ def _names(value) -> tuple:
 
 
 def _reduction(op):
-    return lambda x, p, algorithm: exact.all_reduce(x, _names(p["axes"]), op=op, algorithm=algorithm)
+    return lambda x, p, algorithm: exact.all_reduce(x, _names(p["axes"]), op=op, algorithm=algorithm,
+                                                    axis_index_groups=p.get("axis_index_groups"))
 
 
 def _all_gather(invariant: bool):
@@ -69,20 +70,21 @@ def _all_gather(invariant: bool):
         # invariant: lax.all_gather(..., to="invarying"), which only the exact all_gather has (no public jaxcoll
         # function types its result invariant).
         return exact.all_gather(x, _names(p["axis_name"]), axis=p["all_gather_dimension"], tiled=p["tiled"],
-                                algorithm=algorithm, invariant=invariant)
+                                algorithm=algorithm, invariant=invariant,
+                                axis_index_groups=p.get("axis_index_groups"))
     return run
 
 
 def _psum_scatter(x, p, algorithm):
     return exact.reduce_scatter(x, _names(p["axis_name"]), scatter_dimension=p["scatter_dimension"],
-                                tiled=p["tiled"], algorithm=algorithm)
+                                tiled=p["tiled"], algorithm=algorithm, axis_index_groups=p.get("axis_index_groups"))
 
 
 def _all_to_all(x, p, algorithm):
     # The primitive always has the tiled shape contract (lax.all_to_all adds and drops the unit dimensions of
     # its untiled form around it): jaxcoll's tiled form has the same one.
     return exact.all_to_all(x, _names(p["axis_name"]), p["split_axis"], p["concat_axis"], tiled=True,
-                            algorithm=algorithm)
+                            algorithm=algorithm, axis_index_groups=p.get("axis_index_groups"))
 
 
 def _ppermute(x, p, algorithm):
@@ -153,7 +155,7 @@ def replacement(options: Options, primitive: str, params: dict, avals, where: st
     `options.strict`). `record` gets the report's Entry either way; `where` says where the call is;
     `platforms`, where known (at lowering), those the program is lowered for; `api` the name messages give.
     """
-    aval = avals[0] if avals else None
+    aval = avals[0] if avals and hasattr(avals[0], "shape") else None  # precv's operand is a token
     entry = dict(primitive=primitive, where=where, shape=tuple(aval.shape) if aval is not None else (),
                  dtype=np.dtype(aval.dtype).name if aval is not None else "")
     if primitive in UNSUPPORTED:
@@ -194,11 +196,6 @@ def check(rule: Rule, params: dict, avals, algorithm, platforms: tuple = ()) -> 
     other = [p for p in platforms if p not in PLATFORMS]
     if other:
         raise Unsupported("platform", other[0], f"jaxcoll's runtime runs on {' and '.join(PLATFORMS)} devices")
-    index_groups = params.get("axis_index_groups")
-    if index_groups is not None:
-        raise Unsupported("axis_index_groups", index_groups,
-                          "jaxcoll's groups are the combinations of the mesh's other axes; it cannot form "
-                          "arbitrary groups of one axis")
     axes = rule.axes(params)
     if not axes:
         raise Unsupported("axis_name", axes, "a collective over no axes has no group to run in")
@@ -210,6 +207,9 @@ def check(rule: Rule, params: dict, avals, algorithm, platforms: tuple = ()) -> 
     if any(a in mesh_axes for a in axes) and not all(a in mesh_axes for a in axes):
         raise Unsupported("axis_name", axes, "it mixes vmap axes with mesh axes, which jaxcoll's batching rules "
                                              "do not split")
+    # Bad groups are the program's error, not a reason to fall back: lax leaves those it does not check (groups
+    # of unequal size, or not covering the axis) to XLA's compiler; jaxcoll names them while tracing.
+    groups.index_groups(f"lax.{rule.collective}", params.get("axis_index_groups"), axes)
     for x in avals:
         try:
             check_dtype(rule.jaxcoll, x.dtype, rule.op)
@@ -228,7 +228,7 @@ def check_algorithm_of(rule: Rule, params: dict, avals, algorithm) -> None:
         extra["root"] = params["source"]
     if rule.collective == "ppermute":
         extra["perm"] = params["perm"]
-    n = groups.group_size(rule.axes(params))
+    n = groups.group_size(rule.axes(params), params.get("axis_index_groups"))
     for x in avals:
         try:
             check_algorithm(rule.jaxcoll, collective, n, x, algorithm, **extra)
