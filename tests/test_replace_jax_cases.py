@@ -28,7 +28,8 @@ import pytest
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxcoll.replace import ReplacementWarning, replace_collectives
+from jaxcoll import _jax
+from jaxcoll.replace import ReplacementError, ReplacementWarning, replace_collectives
 
 N = 8  # jax's pmap tests use jax.device_count(); the suite runs on 8 CPU devices
 
@@ -432,3 +433,177 @@ def test_overlapping_index_groups_fail_with_lax_s_error():
                                      axis_name="i"))
     with pytest.raises(ValueError, match="axis_index_groups must cover all indices exactly once"):
         jax.make_jaxpr(f)(np.zeros((N, 4), np.float32))
+
+
+# -- tests/ragged_collective_test.py: lax.ragged_all_to_all ------------------------------------------------------
+# After jax's RaggedCollectiveTest (test_ragged_all_to_all, _grad, _axis_index_groups, _degenerate_groups,
+# _vmap_multi_dim_operand), which XLA:CPU cannot run (it has no ragged-all-to-all): the reference is the lax
+# contract in numpy (`ragged_reference`), and the untransformed program is only traced.
+
+def ragged_reference(operand, output, input_offsets, send_sizes, output_offsets, groups):
+    """lax.ragged_all_to_all on every rank at once: argument[r] is rank r's; `groups` lists each group's ranks in
+    group order. Slice i of rank `src` goes to rank group[i // s] (s slices per destination), at its offset
+    there. Written with static slices of jnp arrays, so jax.grad differentiates it."""
+    result = jnp.asarray(output)
+    for group in groups:
+        per_destination = len(input_offsets[0]) // len(group)
+        for src in group:
+            for i in range(len(input_offsets[0])):
+                size, start, at = int(send_sizes[src][i]), int(input_offsets[src][i]), int(output_offsets[src][i])
+                result = result.at[group[i // per_destination], at:at + size].set(operand[src, start:start + size])
+    return result
+
+
+def _ragged_program(mesh, axis_name, check_vma=False, **kw):
+    spec = P(axis_name)
+
+    def body(operand, output, *slices):
+        return lax.ragged_all_to_all(operand[0], output[0], *(s[0] for s in slices), axis_name=axis_name, **kw)[None]
+    return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 6, out_specs=spec, check_vma=check_vma)
+
+
+def _ragged_arguments(rng, n, rows, out_rows, per_destination=1, tail=(), dtype=np.float32):
+    """Random slices for a group of n ranks: rank r sends sizes[r, i] rows from its operand (packed, with gaps)
+    to rank i // per_destination, which places them one after the other from a random start, leaving gaps."""
+    k = n * per_destination
+    sizes = rng.integers(0, 3, (n, k)).astype(np.int32)
+    gaps = rng.integers(0, 2, (n, k)).astype(np.int32)
+    input_offsets = np.cumsum(sizes + gaps, axis=1) - sizes - gaps
+    assert (input_offsets + sizes).max() <= rows
+    output_offsets = np.zeros((n, k), np.int32)
+    for d in range(n):  # receiver d takes the slices i of each sender in order (sender, then slot)
+        at = int(rng.integers(0, 2))
+        for src in range(n):
+            for i in range(d * per_destination, (d + 1) * per_destination):
+                output_offsets[src, i] = at
+                at += sizes[src, i]
+        assert at <= out_rows
+    recv_sizes = np.stack([sizes[:, d * per_destination:(d + 1) * per_destination].reshape(-1) for d in range(n)])
+    operand = (rng.integers(1, 100, (n, rows, *tail))).astype(dtype)
+    output = np.full((n, out_rows, *tail), -1, dtype)
+    return operand, output, input_offsets.astype(np.int32), sizes, output_offsets, recv_sizes.astype(np.int32)
+
+
+def _put(mesh, axis_name, arrays):
+    return [jax.device_put(a, NamedSharding(mesh, P(axis_name))) for a in arrays]
+
+
+def test_ragged_all_to_all_lax_docstring_example():
+    mesh = _mesh((2,), ("x",))
+    arguments = (np.array([[1, 2, 2], [3, 4, 0]], np.int32), np.zeros((2, 4), np.int32),
+                 np.array([[0, 1], [0, 1]], np.int32), np.array([[1, 2], [1, 1]], np.int32),
+                 np.array([[0, 0], [1, 2]], np.int32), np.array([[1, 1], [2, 1]], np.int32))
+    f = replace_collectives(jax.jit(_ragged_program(mesh, "x")))
+    np.testing.assert_array_equal(f(*_put(mesh, "x", arguments)), [[1, 3, 0, 0], [2, 2, 4, 0]])
+    _fully_replaced(f)
+
+
+@pytest.mark.parametrize("n,per_destination,tail,dtype", [
+    (4, 1, (), np.float32), (8, 1, (3,), np.int32), (4, 2, (2, 3), np.float32), (8, 3, (), np.bool_)])
+@pytest.mark.parametrize("check_vma", [False, True])
+def test_ragged_all_to_all_writes_every_slice_and_leaves_the_rest_of_output(n, per_destination, tail, dtype,
+                                                                            check_vma):
+    mesh = _mesh((n,), ("x",))
+    arguments = _ragged_arguments(np.random.default_rng(n * per_destination), n, 4 * n * per_destination,
+                                  3 * n * per_destination + 1, per_destination, tail, dtype)
+    program = _ragged_program(mesh, "x", check_vma=check_vma)
+    f = replace_collectives(jax.jit(program))
+    got = f(*_put(mesh, "x", arguments))
+    np.testing.assert_array_equal(got, ragged_reference(*arguments[:5], [list(range(n))]).astype(dtype))
+    _fully_replaced(f)
+
+
+@pytest.mark.parametrize("groups", [((0, 1), (2, 3)), ((3, 0), (2, 1)), ((0,), (1,), (2,), (3,))])
+def test_ragged_all_to_all_over_index_groups(groups):
+    mesh = _mesh((4,), ("x",))
+    k = len(groups[0])
+    rng = np.random.default_rng(len(groups))
+    arguments = [np.zeros((4,) + shape, dtype) for shape, dtype in
+                 (((12,), np.float32), ((9,), np.float32), *(((k,), np.int32),) * 4)]
+    for group in groups:  # each group exchanges as a group of its own, ranks numbered in the group's order
+        for position, parts in zip(group, zip(*_ragged_arguments(rng, k, 12, 9))):
+            for argument, part in zip(arguments, parts):
+                argument[position] = part
+    f = replace_collectives(jax.jit(_ragged_program(mesh, "x", axis_index_groups=groups)))
+    got = f(*_put(mesh, "x", arguments))
+    np.testing.assert_array_equal(got, ragged_reference(*arguments[:5], [list(g) for g in groups]))
+    _fully_replaced(f)
+
+
+def test_ragged_all_to_all_gradient_is_the_reference_s():
+    mesh = _mesh((4,), ("x",))
+    arguments = _ragged_arguments(np.random.default_rng(7), 4, 16, 13, tail=(2,))
+    operand, output, *slices = _put(mesh, "x", arguments)
+    weights = np.random.default_rng(8).normal(size=output.shape).astype(np.float32)
+    f = replace_collectives(_ragged_program(mesh, "x"))
+    loss = lambda a, o: (jnp.sin(f(a, o, *slices)) * weights).sum()  # noqa: E731
+    reference = lambda a, o: (jnp.sin(ragged_reference(a, o, *arguments[2:5], [list(range(4))])) * weights).sum()  # noqa
+    got = jax.jit(jax.grad(loss, argnums=(0, 1)))(operand, output)
+    expected = jax.grad(reference, argnums=(0, 1))(arguments[0], arguments[1])
+    jax.tree.map(partial(np.testing.assert_allclose, rtol=1e-6), got, expected)
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(operand, output).compile().as_text()
+    assert "all-to-all(" not in text and "ragged-all-to-all" not in text and "jaxcoll_all_to_all" in text
+
+
+def test_ragged_all_to_all_under_vmap_of_the_shard_map():
+    mesh = _mesh((4,), ("x",))
+    rng = np.random.default_rng(3)
+    batch = [_ragged_arguments(rng, 4, 16, 13) for _ in range(3)]
+    stacked = [np.stack(parts, axis=1) for parts in zip(*batch)]  # the batch along dimension 1
+    program = replace_collectives(_ragged_program(mesh, "x"))
+    spec = NamedSharding(mesh, P("x"))
+    got = jax.jit(jax.vmap(program, in_axes=1, out_axes=1))(*(jax.device_put(a, spec) for a in stacked))
+    for b, arguments in enumerate(batch):
+        np.testing.assert_array_equal(got[:, b], ragged_reference(*arguments[:5], [list(range(4))]))
+    _fully_replaced(program)
+
+
+def _body_result_type(program, *arguments):
+    """The type of the shard_map body's result (under check_vma: which axes it varies over)."""
+    closed = jax.make_jaxpr(program)(*arguments)
+    while True:
+        eqn = next(e for e in closed.jaxpr.eqns if "jaxpr" in e.params)
+        if eqn.primitive.name == "shard_map":
+            return eqn.params["jaxpr"].outvars[0].aval
+        closed = eqn.params["jaxpr"]
+
+
+def test_ragged_all_to_all_result_is_typed_as_lax_types_it():
+    mesh = _mesh((2, 4), ("y", "x"))
+    arguments = _put(mesh, "x", _ragged_arguments(np.random.default_rng(1), 4, 16, 13))
+    program = _ragged_program(mesh, "x", check_vma=True)
+    expected = _body_result_type(program, *arguments)
+    assert _jax.varying_axes(expected) == {"x"}
+    got = _body_result_type(replace_collectives(program), *arguments)
+    assert (got, _jax.varying_axes(got)) == (expected, _jax.varying_axes(expected))
+
+
+def test_ragged_all_to_all_into_an_invariant_output_stays_xla_s_naming_it():
+    # lax types the result like `output`; data received from the group varies over it, which jaxcoll's result
+    # says, so where output does not vary the call is left to XLA (a warning; ReplacementError when strict).
+    mesh = _mesh((4,), ("x",))
+    arguments = _put(mesh, "x", _ragged_arguments(np.random.default_rng(0), 4, 16, 13))
+
+    def body(operand, *slices):
+        output = jnp.zeros((13,), operand.dtype)
+        return lax.ragged_all_to_all(operand[0], output, *(s[0] for s in slices), axis_name="x")
+    program = jax.shard_map(body, mesh=mesh, in_specs=(P("x"),) * 5, out_specs=P())
+    f = replace_collectives(program)
+    with pytest.warns(ReplacementWarning, match=r"output='varying over \[\]'.*lax types like output"):
+        jax.jit(f).trace(arguments[0], *arguments[2:])
+    assert [e.collective for e in f.report.left_to_xla] == ["ragged_all_to_all"]
+    with pytest.raises(ReplacementError, match="ragged_all_to_all.*output="):
+        jax.jit(replace_collectives(program, strict=True)).trace(arguments[0], *arguments[2:])
+
+
+def test_ragged_all_to_all_compiles_to_jaxcoll_in_the_block():
+    from jaxcoll.replace import replacing_collectives
+    mesh = _mesh((4,), ("x",))
+    arguments = _ragged_arguments(np.random.default_rng(5), 4, 16, 13)
+    program = jax.jit(_ragged_program(mesh, "x"))
+    with replacing_collectives(strict=True) as report:
+        got = program(*_put(mesh, "x", arguments))
+        text = program.lower(*_put(mesh, "x", arguments)).compile().as_text()
+    np.testing.assert_array_equal(got, ragged_reference(*arguments[:5], [list(range(4))]))
+    assert "ragged-all-to-all" not in text and "jaxcoll_all_to_all" in text
+    assert report.replaced and not report.left_to_xla

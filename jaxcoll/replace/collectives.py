@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from jaxcoll import exact
+from jaxcoll import _jax, exact
+from jaxcoll.exact.ragged_all_to_all import check_typing as check_ragged_typing
 from jaxcoll.exact.arguments import check_algorithm
 from jaxcoll.lowering import groups, pvary
 from jaxcoll.lowering.dtypes import check_dtype
@@ -47,13 +48,16 @@ class Unsupported(Exception):
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """collective: the jax.lax name (the key of `collectives=` and `algorithm=`); jaxcoll: what runs it;
-    axes: the equation's axis names from its parameters; run(x, params, algorithm): one operand's result."""
+    axes: the equation's axis names from its parameters; run(x, params, algorithm): one operand's result, or,
+    where `together`, run(operands, params, algorithm): the list of results of operands that are one call's
+    arguments (ragged_all_to_all's operand, output, offsets and sizes) rather than a pytree's leaves."""
 
     collective: str
     jaxcoll: str
     axes: Callable[[dict], tuple]
     run: Callable
     op: str | None = None  # the reduction, for the dtype check; None: data movement only
+    together: bool = False
 
 
 def _names(value) -> tuple:
@@ -87,6 +91,11 @@ def _all_to_all(x, p, algorithm):
                             algorithm=algorithm, axis_index_groups=p.get("axis_index_groups"))
 
 
+def _ragged_all_to_all(operands, p, algorithm):
+    return [exact.ragged_all_to_all(*operands, _names(p["axis_name"]), algorithm=algorithm,
+                                    axis_index_groups=p.get("axis_index_groups"))]
+
+
 def _ppermute(x, p, algorithm):
     return exact.ppermute(x, _names(p["axis_name"]), p["perm"], algorithm=algorithm)
 
@@ -116,6 +125,8 @@ RULES = {
     "all_gather_invariant": Rule("all_gather", "jaxcoll.all_gather", _AXIS_NAME, _all_gather(True)),
     "reduce_scatter": Rule("psum_scatter", "jaxcoll.reduce_scatter", _AXIS_NAME, _psum_scatter, op="sum"),
     "all_to_all": Rule("all_to_all", "jaxcoll.all_to_all", _AXIS_NAME, _all_to_all),
+    "ragged_all_to_all": Rule("ragged_all_to_all", "jaxcoll.ragged_all_to_all", _AXIS_NAME, _ragged_all_to_all,
+                              together=True),
     "ppermute": Rule("ppermute", "jaxcoll.ppermute", _AXIS_NAME, _ppermute),
     "pbroadcast": Rule("pbroadcast", "jaxcoll.broadcast", _AXIS_NAME, _pbroadcast),
     "pvary": Rule("psum", "jaxcoll pvary (transpose: jaxcoll.all_reduce)", _AXES, _pvary),
@@ -124,7 +135,6 @@ RULES = {
 
 # jax.lax collectives jaxcoll has no counterpart for: they run on XLA, with a warning (an error when strict).
 UNSUPPORTED = {
-    "ragged_all_to_all": "jaxcoll has no ragged all_to_all",
     "psend": "jaxcoll has no point-to-point send (psend/precv); ppermute is its exchange",
     "precv": "jaxcoll has no point-to-point receive (psend/precv); ppermute is its exchange",
     "all_gather_reduced": "jaxcoll has no all_gather to a reduced (unreduced-typed) value",
@@ -177,6 +187,8 @@ def replacement(options: Options, primitive: str, params: dict, avals, where: st
         return None
     record(Entry(**entry, replaced=True, jaxcoll=rule.jaxcoll,
                  algorithm=algorithm if isinstance(algorithm, str) else (algorithm.name or "plan")))
+    if rule.together:
+        return lambda *operands: rule.run(operands, params, algorithm)
     return lambda *operands: [rule.run(x, params, algorithm) for x in operands]
 
 
@@ -210,12 +222,18 @@ def check(rule: Rule, params: dict, avals, algorithm, platforms: tuple = ()) -> 
     # Bad groups are the program's error, not a reason to fall back: lax leaves those it does not check (groups
     # of unequal size, or not covering the axis) to XLA's compiler; jaxcoll names them while tracing.
     groups.index_groups(f"lax.{rule.collective}", params.get("axis_index_groups"), axes)
-    for x in avals:
+    data = avals[:2] if rule.together else avals  # ragged_all_to_all: its offsets and sizes are not moved as they are
+    for x in data:
         try:
             check_dtype(rule.jaxcoll, x.dtype, rule.op)
         except TypeError as e:
             raise Unsupported("dtype", np.dtype(x.dtype).name, str(e)) from None
-    check_algorithm_of(rule, params, avals, algorithm)
+    if rule.run is _ragged_all_to_all:
+        try:
+            check_ragged_typing(avals, axes)
+        except ValueError as e:
+            raise Unsupported("output", f"varying over {sorted(_jax.varying_axes(avals[1]))}", str(e)) from None
+    check_algorithm_of(rule, params, data[:1] if rule.together else avals, algorithm)
 
 
 def check_algorithm_of(rule: Rule, params: dict, avals, algorithm) -> None:
