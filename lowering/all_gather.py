@@ -25,6 +25,9 @@ API = "jaxcoll.all_gather"
 
 all_gather_p = Primitive("jaxcoll_all_gather")
 all_gather_invariant_p = Primitive("jaxcoll_all_gather_invariant")
+# lax.all_gather(..., to="reduced"): the same custom call again, typed as jax types it (varying -> reduced over
+# the axes: a value whose cotangent is unreduced); its transpose is the unreduced reduce_scatter.
+all_gather_reduced_p = Primitive("jaxcoll_all_gather_reduced")
 
 
 def bind(x, *, axes: tuple, all_gather_dimension: int, tiled: bool, algorithm, invariant: bool = False,
@@ -90,6 +93,23 @@ def _invariant_transpose(ct, x, *, axes, all_gather_dimension, tiled, algorithm,
     return (out if tiled else lax.squeeze(out, [all_gather_dimension]),)
 
 
+def _reduced_abstract_eval(aval, *, axes, all_gather_dimension, tiled, algorithm):
+    del algorithm
+    groups.axis_names(axes, API)
+    return _jax.lax_abstract_eval("all_gather_reduced", aval, all_gather_dimension=all_gather_dimension,
+                                  axis_name=axes, axis_size=groups.group_size(axes), tiled=tiled)
+
+
+def _reduced_transpose(ct, x, *, axes, all_gather_dimension, tiled, algorithm):
+    from jaxcoll.lowering.reduce_scatter import unreduced_reduce_scatter_p
+    return (unreduced_reduce_scatter_p.bind(ct, axes=axes, scatter_dimension=all_gather_dimension, tiled=tiled,
+                                            algorithm=plans.for_transpose(algorithm, False)),)
+
+
+def _reduced_batcher(axis_data, vals_in, dims_in, **params):
+    raise NotImplementedError(f"{API}(to='reduced') under vmap (nor does lax support it)")
+
+
 def _batcher(prim, axis_data, vals_in, dims_in, *, axes, all_gather_dimension, tiled, algorithm,
              axis_index_groups):
     (x,), (d,) = vals_in, dims_in
@@ -132,3 +152,8 @@ all_gather_invariant_p.def_effectful_abstract_eval(_invariant_abstract_eval)
 _jax.register_lowering(all_gather_invariant_p, _lowering, cacheable=False)
 _jax.register_linear(all_gather_invariant_p, _invariant_transpose)
 _jax.register_batching(all_gather_invariant_p, partial(_batcher, all_gather_invariant_p))
+
+all_gather_reduced_p.def_effectful_abstract_eval(_reduced_abstract_eval)
+_jax.register_lowering(all_gather_reduced_p, partial(_lowering, axis_index_groups=None), cacheable=False)
+_jax.register_linear(all_gather_reduced_p, _reduced_transpose)
+_jax.register_batching(all_gather_reduced_p, _reduced_batcher)

@@ -23,6 +23,9 @@ from jaxcoll.plan import Collective
 API = "jaxcoll.all_reduce"
 
 all_reduce_p = Primitive("jaxcoll_all_reduce")
+# jax's psum of a value unreduced over the axes (each rank holds a partial sum): the same custom call, typed as
+# jax types it (unreduced -> invariant over the axes); its transpose is jax's reduced cast, which moves no data.
+unreduced_psum_p = Primitive("jaxcoll_unreduced_psum")
 
 
 def bind(x, *, axes: tuple, op: str, algorithm, axis_index_groups: tuple | None = None):
@@ -77,8 +80,27 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, op, algorithm, axis_index_gro
     return reduce(x, (d,)), None
 
 
+def _unreduced_abstract_eval(aval, *, axes, algorithm):
+    del algorithm
+    groups.axis_names(axes, API)
+    return _jax.lax_abstract_eval("unreduced_psum", aval, axes=axes)
+
+
+def _unreduced_transpose(ct, x, *, axes, algorithm):
+    return (_jax.preduced(ct, axes),)
+
+
+def _unreduced_batcher(axis_data, vals_in, dims_in, *, axes, algorithm):
+    raise NotImplementedError(f"{API} of an unreduced value under vmap (nor does lax support it)")
+
+
 all_reduce_p.def_effectful_abstract_eval(_abstract_eval)
 _jax.register_lowering(all_reduce_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
 _jax.register_jvp(all_reduce_p, _jvp)
 _jax.register_transpose(all_reduce_p, partial(_jax.linear_transpose2, _transpose))
 _jax.register_batching(all_reduce_p, _batcher)
+
+unreduced_psum_p.def_effectful_abstract_eval(_unreduced_abstract_eval)
+_jax.register_lowering(unreduced_psum_p, partial(_lowering, op="sum", axis_index_groups=None), cacheable=False)
+_jax.register_linear(unreduced_psum_p, _unreduced_transpose)
+_jax.register_batching(unreduced_psum_p, _unreduced_batcher)

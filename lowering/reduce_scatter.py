@@ -19,6 +19,9 @@ from jaxcoll.plan import Collective
 API = "jaxcoll.reduce_scatter"
 
 reduce_scatter_p = Primitive("jaxcoll_reduce_scatter")
+# jax's psum_scatter of a value unreduced over the axes: the same custom call, typed as jax types it (unreduced
+# -> varying over the axes); its transpose is the reduced all_gather.
+unreduced_reduce_scatter_p = Primitive("jaxcoll_unreduced_reduce_scatter")
 
 
 def bind(x, *, axes: tuple, scatter_dimension: int, tiled: bool, op: str, algorithm,
@@ -100,8 +103,31 @@ def _batcher(axis_data, vals_in, dims_in, *, axes, scatter_dimension, tiled, op,
     return y, scatter_dimension
 
 
+def _unreduced_abstract_eval(aval, *, axes, scatter_dimension, tiled, algorithm):
+    del algorithm
+    groups.axis_names(axes, API)
+    return _jax.lax_abstract_eval("unreduced_reduce_scatter", aval, axis_name=axes,
+                                  scatter_dimension=scatter_dimension, axis_size=groups.group_size(axes), tiled=tiled)
+
+
+def _unreduced_transpose(ct, x, *, axes, scatter_dimension, tiled, algorithm):
+    from jaxcoll.lowering.all_gather import all_gather_reduced_p
+    return (all_gather_reduced_p.bind(ct, axes=axes, all_gather_dimension=scatter_dimension, tiled=tiled,
+                                      algorithm=plans.for_transpose(algorithm, False)),)
+
+
+def _unreduced_batcher(axis_data, vals_in, dims_in, **params):
+    raise NotImplementedError(f"{API} of an unreduced value under vmap (nor does lax support it)")
+
+
 reduce_scatter_p.def_effectful_abstract_eval(_abstract_eval)
 _jax.register_lowering(reduce_scatter_p, _lowering, cacheable=False)  # one callsite per call: see custom_call.py
 _jax.register_jvp(reduce_scatter_p, _jvp)
 _jax.register_transpose(reduce_scatter_p, partial(_jax.linear_transpose2, _transpose))
 _jax.register_batching(reduce_scatter_p, _batcher)
+
+unreduced_reduce_scatter_p.def_effectful_abstract_eval(_unreduced_abstract_eval)
+_jax.register_lowering(unreduced_reduce_scatter_p, partial(_lowering, op="sum", axis_index_groups=None),
+                       cacheable=False)
+_jax.register_linear(unreduced_reduce_scatter_p, _unreduced_transpose)
+_jax.register_batching(unreduced_reduce_scatter_p, _unreduced_batcher)

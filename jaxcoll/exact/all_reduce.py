@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import jax
 from jax import tree_util
+
+from jaxcoll import _jax
 
 from jaxcoll.exact.arguments import check_algorithm, leaf_array
 from jaxcoll.lowering import all_reduce as prim
@@ -23,6 +26,13 @@ def all_reduce(x, axis_name, *, op="sum", algorithm="auto", axis_index_groups=No
     def bind(leaf):
         leaf = leaf_array(prim.API, leaf, op)
         check_algorithm(prim.API, Collective.ALL_REDUCE, n, leaf, algorithm)
+        unreduced = _jax.unreduced_axes(jax.typeof(leaf)) & set(axes)
+        if unreduced:  # as lax.psum: the sum of a value unreduced over the axes is jax's unreduced psum
+            if op != "sum" or axis_index_groups is not None:
+                raise ValueError(f"{prim.API}: x is unreduced over {sorted(unreduced)}; only op='sum' without "
+                                 f"axis_index_groups reduces it (as lax.psum), got op={op!r}, "
+                                 f"axis_index_groups={axis_index_groups!r}")
+            return prim.unreduced_psum_p.bind(leaf, axes=axes, algorithm=algorithm)
         return prim.bind(leaf, axes=axes, op=op, algorithm=algorithm, axis_index_groups=axis_index_groups)
 
     return tree_util.tree_map(bind, x)

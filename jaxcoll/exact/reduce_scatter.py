@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import jax
 from jax import tree_util
+
+from jaxcoll import _jax
 
 from jaxcoll.exact.arguments import check_algorithm, leaf_array, split_dimension
 from jaxcoll.lowering import groups
@@ -27,6 +30,14 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", 
             raise ValueError(f"{prim.API}: x must have rank >= 1 to be scattered, got a scalar")
         dim = split_dimension(prim.API, "scatter_dimension", scatter_dimension, leaf.shape, n, bool(tiled))
         check_algorithm(prim.API, Collective.REDUCE_SCATTER, n, leaf, algorithm)
+        unreduced = _jax.unreduced_axes(jax.typeof(leaf)) & set(axes)
+        if unreduced:  # as lax.psum_scatter: a value unreduced over the axes is jax's unreduced reduce_scatter
+            if op != "sum" or axis_index_groups is not None:
+                raise ValueError(f"{prim.API}: x is unreduced over {sorted(unreduced)}; only op='sum' without "
+                                 f"axis_index_groups reduces it (as lax.psum_scatter), got op={op!r}, "
+                                 f"axis_index_groups={axis_index_groups!r}")
+            return prim.unreduced_reduce_scatter_p.bind(leaf, axes=axes, scatter_dimension=dim, tiled=bool(tiled),
+                                                        algorithm=algorithm)
         return prim.bind(leaf, axes=axes, scatter_dimension=dim, tiled=bool(tiled), op=op, algorithm=algorithm,
                          axis_index_groups=axis_index_groups)
 

@@ -58,6 +58,7 @@ class Rule:
     run: Callable
     op: str | None = None  # the reduction, for the dtype check; None: data movement only
     together: bool = False
+    unreduced: bool = False  # jax's unreduced form: its operands are unreduced over its axes
 
 
 def _names(value) -> tuple:
@@ -69,12 +70,12 @@ def _reduction(op):
                                                     axis_index_groups=p.get("axis_index_groups"))
 
 
-def _all_gather(invariant: bool):
+def _all_gather(to: str):
     def run(x, p, algorithm):
-        # invariant: lax.all_gather(..., to="invarying"), which only the exact all_gather has (no public jaxcoll
-        # function types its result invariant).
+        # to="invarying" and to="reduced": lax.all_gather's typed forms, which only the exact all_gather has (no
+        # public jaxcoll function types its result invariant or reduced).
         return exact.all_gather(x, _names(p["axis_name"]), axis=p["all_gather_dimension"], tiled=p["tiled"],
-                                algorithm=algorithm, invariant=invariant,
+                                algorithm=algorithm, invariant=to == "invarying", reduced=to == "reduced",
                                 axis_index_groups=p.get("axis_index_groups"))
     return run
 
@@ -115,15 +116,22 @@ _AXIS_NAME = lambda p: _names(p["axis_name"])  # noqa: E731
 
 # jaxpr primitive name -> rule. Names as jax 0.10.2 to 0.12 write them: lax.psum binds psum_invariant under
 # shard_map(check_vma=True) and psum otherwise; lax.all_gather(to="invarying") binds all_gather_invariant;
-# lax.psum_scatter binds reduce_scatter; pvary is the invariant->varying cast whose transpose is a psum.
+# lax.psum_scatter binds reduce_scatter; pvary is the invariant->varying cast whose transpose is a psum. jax's
+# reduced/unreduced collectives: lax.psum and lax.psum_scatter of a value unreduced over their axes bind
+# unreduced_psum and unreduced_reduce_scatter, lax.all_gather(to="reduced") all_gather_reduced (the exact
+# collectives choose the same forms from the same types).
 RULES = {
     "psum": Rule("psum", "jaxcoll.all_reduce", _AXES, _reduction("sum"), op="sum"),
     "psum_invariant": Rule("psum", "jaxcoll.all_reduce", _AXES, _reduction("sum"), op="sum"),
     "pmax": Rule("pmax", "jaxcoll.all_reduce(op='max')", _AXES, _reduction("max"), op="max"),
     "pmin": Rule("pmin", "jaxcoll.all_reduce(op='min')", _AXES, _reduction("min"), op="min"),
-    "all_gather": Rule("all_gather", "jaxcoll.all_gather", _AXIS_NAME, _all_gather(False)),
-    "all_gather_invariant": Rule("all_gather", "jaxcoll.all_gather", _AXIS_NAME, _all_gather(True)),
+    "unreduced_psum": Rule("psum", "jaxcoll.all_reduce", _AXES, _reduction("sum"), op="sum", unreduced=True),
+    "all_gather": Rule("all_gather", "jaxcoll.all_gather", _AXIS_NAME, _all_gather("varying")),
+    "all_gather_invariant": Rule("all_gather", "jaxcoll.all_gather", _AXIS_NAME, _all_gather("invarying")),
+    "all_gather_reduced": Rule("all_gather", "jaxcoll.all_gather", _AXIS_NAME, _all_gather("reduced")),
     "reduce_scatter": Rule("psum_scatter", "jaxcoll.reduce_scatter", _AXIS_NAME, _psum_scatter, op="sum"),
+    "unreduced_reduce_scatter": Rule("psum_scatter", "jaxcoll.reduce_scatter", _AXIS_NAME, _psum_scatter,
+                                     op="sum", unreduced=True),
     "all_to_all": Rule("all_to_all", "jaxcoll.all_to_all", _AXIS_NAME, _all_to_all),
     "ragged_all_to_all": Rule("ragged_all_to_all", "jaxcoll.ragged_all_to_all", _AXIS_NAME, _ragged_all_to_all,
                               together=True),
@@ -137,9 +145,6 @@ RULES = {
 UNSUPPORTED = {
     "psend": "jaxcoll has no point-to-point send (psend/precv); ppermute is its exchange",
     "precv": "jaxcoll has no point-to-point receive (psend/precv); ppermute is its exchange",
-    "all_gather_reduced": "jaxcoll has no all_gather to a reduced (unreduced-typed) value",
-    "unreduced_psum": "jaxcoll has no psum of unreduced-typed values",
-    "unreduced_reduce_scatter": "jaxcoll has no reduce_scatter of unreduced-typed values",
     "unreduced_pmax": "jaxcoll has no pmax of unreduced-typed values",
     "unreduced_pmin": "jaxcoll has no pmin of unreduced-typed values",
     "pbroadcast_dynamic": "jaxcoll's broadcast has a static root, not one computed at run time",
@@ -219,6 +224,12 @@ def check(rule: Rule, params: dict, avals, algorithm, platforms: tuple = ()) -> 
     if any(a in mesh_axes for a in axes) and not all(a in mesh_axes for a in axes):
         raise Unsupported("axis_name", axes, "it mixes vmap axes with mesh axes, which jaxcoll's batching rules "
                                              "do not split")
+    for x in avals if not rule.unreduced else ():
+        for kind, over in (("unreduced", _jax.unreduced_axes(x)), ("reduced", _jax.reduced_axes(x))):
+            if over & set(axes):
+                raise Unsupported("x", f"{kind} over {', '.join(map(str, sorted(over & set(axes), key=str)))}",
+                                  f"jaxcoll's {rule.jaxcoll} would not keep jax's type for a value {kind} over "
+                                  f"its axes")
     # Bad groups are the program's error, not a reason to fall back: lax leaves those it does not check (groups
     # of unequal size, or not covering the axis) to XLA's compiler; jaxcoll names them while tracing.
     groups.index_groups(f"lax.{rule.collective}", params.get("axis_index_groups"), axes)
