@@ -34,7 +34,7 @@ def replace_collectives(f=None, *, collectives=UNSET, algorithm=UNSET, strict=UN
       f: the function (any pytrees of arrays in and out; other arguments pass through unchanged).
       collectives: "all" (default) or the jax.lax names to replace, from "psum" (which covers pmean and the
         psums of a backward pass), "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute",
-        "pbroadcast". The others stay XLA's.
+        "pbroadcast", "ragged_all_to_all". The others stay XLA's.
       algorithm: None ("auto" everywhere), an algorithm name (used by every collective that has an algorithm
         of that name; "auto" for the others), or a dict from collective name to an algorithm name or a
         `jaxcoll.plan.Plan`.
