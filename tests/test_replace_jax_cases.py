@@ -11,10 +11,15 @@ A representative set, written here (not copied) after the cases of jax's test su
   test_all_to_all (one axis, two axes), test_all_to_all_grad, test_pbroadcast (GPU-only in jax: XLA:CPU has no
   lowering for it; jaxcoll runs it here);
 - tests/batching_test.py, BatchingTest: testPPermute (random permutations over a vmap axis), testAllToAll
-  (split/concat/vmap positions): collectives over vmap axes, the transform applied inside the vmap.
-Their shapes, dtypes, axes and expected values (numpy closed forms) are jax's; where jax's case uses
-axis_index_groups or a dtype the runtime lacks (complex64), the transform leaves that collective to XLA with a
-warning and the value is still checked.
+  (split/concat/vmap positions): collectives over vmap axes, the transform applied inside the vmap;
+- axis_index_groups on every collective that takes them (pmap_test.py's ReplicaGroups cases, and groups of every
+  shape), with the errors for groups that do not split the axis;
+- tests/ragged_collective_test.py, RaggedCollectiveTest (XLA:CPU cannot run it: against the lax contract in
+  numpy);
+- shard_map_test.py's reduced/unreduced cases (an FSDP gradient among them), on the JAX releases that have them.
+Their shapes, dtypes, axes and expected values (numpy closed forms) are jax's; where jax's case uses a dtype the
+runtime lacks (complex64), the transform leaves that collective to XLA with a warning and the value is still
+checked. The later sections also compare each result with the untransformed program, where XLA:CPU runs it.
 """
 
 import itertools
