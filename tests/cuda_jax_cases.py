@@ -1,8 +1,8 @@
 """jaxcoll under jax.jit(shard_map) on a one-device mesh, compared with the same programs on jax.lax: the six
 collectives, their gradients, a scan of 200 steps, the fused ops, and a lax.ragged_all_to_all through
-jaxcoll.replace_collectives. test_cuda_jax.py runs these checks on the
-CPU device and on a GPU; on a GPU it also runs this file as a program under XLA's command buffers (CUDA graphs)
-on and off, which XLA_FLAGS fixes for the life of a process:
+jaxcoll.replace_collectives. test_cuda_jax.py runs these checks on the CPU device and on a GPU; on a GPU it also
+runs this file as a program under XLA's command buffers (CUDA graphs) on and off, which XLA_FLAGS fixes for the
+life of a process:
 
     python tests/cuda_jax_cases.py --platform cuda     # every check; prints one "ok <check>" line each
 
