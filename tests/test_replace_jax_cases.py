@@ -701,6 +701,41 @@ def test_fsdp_gradient_in_the_block_compiles_to_jaxcoll_alone():
 
 
 @needs_unreduced
+def test_psum_of_a_value_reduced_over_another_axis_and_its_gradient():
+    mesh = jax.make_mesh((4, 2), ("x", "y"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    with jax.set_mesh(mesh):
+        a = jax.device_put(np.arange(32.0, dtype=np.float32).reshape(8, 4), P("x", "y"))
+
+        @jax.shard_map(out_specs=P(reduced={"y"}))
+        def f(v):
+            return lax.psum(jnp.sum(lax.all_gather(v, "y", axis=1, tiled=True, to="reduced")), "x")
+        g = replace_collectives(f)
+        np.testing.assert_array_equal(jax.jit(g)(a), jax.jit(f)(a))
+        np.testing.assert_array_equal(jax.jit(jax.grad(g))(a), jax.jit(jax.grad(f))(a))
+        _fully_replaced(g)
+        assert xla_collectives(jax.jit(jax.grad(g)).lower(a).compile().as_text()) == []
+
+
+@needs_unreduced
+def test_psum_of_an_unreduced_shard_map_input_from_a_matmul():
+    # The matmul's partial sums stay unreduced out of it (out_sharding), into a shard_map that sums them.
+    mesh = jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,), devices=jax.devices()[:2])
+    with jax.set_mesh(mesh):
+        a = jax.device_put(np.arange(8.0, dtype=np.float32).reshape(2, 4), P(None, "x"))
+        b = jax.device_put(np.arange(24.0, dtype=np.float32).reshape(4, 6), P("x", None))
+        total = jax.shard_map(lambda z: lax.psum(z, "x"), in_specs=P(unreduced={"x"}), out_specs=P())
+
+        def loss(reduce):
+            return lambda u, v: reduce(jnp.einsum("ab,bc->ac", u, v, out_sharding=P(unreduced={"x"}))).sum()
+        replaced = replace_collectives(total)
+        np.testing.assert_array_equal(jax.jit(loss(replaced))(a, b), np.sum(np.asarray(a) @ np.asarray(b)))
+        expected = jax.jit(jax.grad(loss(total), argnums=(0, 1)))(a, b)
+        got = jax.jit(jax.grad(loss(replaced), argnums=(0, 1)))(a, b)
+        jax.tree.map(np.testing.assert_array_equal, got, expected)
+        assert [e.primitive for e in replaced.report.replaced] == ["unreduced_psum"]
+
+
+@needs_unreduced
 def test_an_unreduced_value_jaxcoll_cannot_type_as_jax_falls_back_naming_it():
     # jax's own collectives refuse unreduced operands but for the forms above, so no lax program reaches this
     # check today: the replacement is asked directly, for a ppermute of a value unreduced over its axis.
