@@ -88,6 +88,35 @@ def varying_over(aval, axes):
                        manual_axis_type=aval.mat.update(varying=aval.mat.varying | frozenset(axes)))
 
 
+def unreduced_axes(aval) -> frozenset:
+    """The mesh axes over which `aval` is unreduced: each device holds a partial sum, and the value is the sum of
+    the pieces (jax >= 0.10; empty without manual-axis typing). No public API: the aval's `mat` holds them."""
+    mat = getattr(aval, "mat", None)
+    return frozenset(getattr(mat, "unreduced", ())) if mat is not None else frozenset()
+
+
+def reduced_axes(aval) -> frozenset:
+    """The mesh axes over which `aval` is reduced (the same value on every device, whose cotangent is
+    unreduced). No public API, as for unreduced_axes."""
+    mat = getattr(aval, "mat", None)
+    return frozenset(getattr(mat, "reduced", ())) if mat is not None else frozenset()
+
+
+def lax_abstract_eval(name: str, aval, **params):
+    """(result type, effects) of jax.lax's collective primitive `name` on `aval`: jaxcoll's counterparts of jax's
+    reduced/unreduced collectives type their results with jax's own rule, so they type them as jax does. Public:
+    none (those primitives are not exported; Primitive.abstract_eval is the rule def_effectful_abstract_eval
+    registered)."""
+    return lax_collective_primitives()[name].abstract_eval(aval, **params)
+
+
+def preduced(x, axes: tuple):
+    """jax.lax's invariant -> reduced cast (no data moves): the transpose of a psum of unreduced values. Public:
+    none (jax._src.lax.parallel.preduced; jax.lax does not export it)."""
+    from jax._src.lax import parallel
+    return parallel.preduced(x, axes)
+
+
 def result_like(like, shape: tuple, dtype):
     """The declared type of a jax.ffi.ffi_call result of `shape` and `dtype` that varies over the mesh axes `like`
     varies over (under shard_map(check_vma=True) ffi_call types its results from the declared ones). Public API:

@@ -56,19 +56,19 @@ def schedules(processes: np.ndarray, hosts, nranks: int, collective: Collective,
 
 
 def emit(ctx, value, aval, out_aval, collective: Collective, *, axes: tuple, op: str, api_name: str,
-         processes: np.ndarray, hosts, algorithm="auto", root: int = 0, perm=()):
+         processes: np.ndarray, hosts, algorithm="auto", root: int = 0, perm=(), axis_index_groups=None):
     """The phases of `collective` on block-leading `value` (wire dtype), giving `out_aval`; `root` and `perm` are a
-    broadcast's and a ppermute's parameters."""
+    broadcast's and a ppermute's parameters, `axis_index_groups` lax's (lowering/groups.py)."""
     from jaxcoll.lowering import custom_call
     if algorithm != "auto":
         raise ValueError(f"{api_name}: algorithm={algorithm!r} names one plan for the whole group, but the group "
                          "spans GPU hosts, where jaxcoll runs host-local plans and network steps (algorithm='auto')")
     check_network_steps(api_name)
-    nranks = groups.lowered_group_size(ctx, axes)
+    nranks = groups.lowered_group_size(ctx, axes, axis_index_groups)
     plan_of = schedules(processes, hosts, nranks, collective, api_name, root=root, perm=perm)
     ngroups = len(plan_of)
-    rank, group = groups.rank_and_group(ctx, axes)
-    devices = groups.device_ids(ctx, axes)
+    rank, group = groups.rank_and_group(ctx, axes, axis_index_groups)
+    devices = groups.device_ids(ctx, axes, axis_index_groups)
     dtype = aval.dtype
     total = math.prod(aval.shape)
     flat = _jax.reshape_hlo(ctx, value, aval.update(shape=(total,)))

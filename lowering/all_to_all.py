@@ -19,45 +19,49 @@ API = "jaxcoll.all_to_all"
 all_to_all_p = Primitive("jaxcoll_all_to_all")
 
 
-def bind(x, *, axes: tuple, split_axis: int, concat_axis: int, algorithm):
+def bind(x, *, axes: tuple, split_axis: int, concat_axis: int, algorithm, axis_index_groups: tuple | None = None):
     return all_to_all_p.bind(groups.pvary_missing(x, axes), axes=axes, split_axis=split_axis,
-                             concat_axis=concat_axis, algorithm=algorithm)
+                             concat_axis=concat_axis, algorithm=algorithm, axis_index_groups=axis_index_groups)
 
 
-def _abstract_eval(aval, *, axes, split_axis, concat_axis, algorithm):
+def _abstract_eval(aval, *, axes, split_axis, concat_axis, algorithm, axis_index_groups):
     del algorithm
     groups.axis_names(axes, API)
     groups.check_varying(API, axes, aval)
-    n = groups.group_size(axes)
+    n = groups.group_size(axes, axis_index_groups)
     shape = list(aval.shape)
     shape[split_axis] //= n
     shape[concat_axis] *= n
     return aval.update(shape=tuple(shape), weak_type=False), groups.named_axis_effects(axes)
 
 
-def _lowering(ctx, x, *, axes, split_axis, concat_axis, algorithm):
+def _lowering(ctx, x, *, axes, split_axis, concat_axis, algorithm, axis_index_groups):
     aval, = ctx.avals_in
-    n = groups.lowered_group_size(ctx, axes)
+    n = groups.lowered_group_size(ctx, axes, axis_index_groups)
     # Input block p goes to rank p; output block p came from rank p. Both lie along the leading dimension.
     x = Blocks(ctx, x, aval).split(split_axis, n).moveaxis(split_axis, 0)
-    y = emit(x, x.shape, Collective.ALL_TO_ALL, axes=axes, algorithm=algorithm, api_name=API)
+    y = emit(x, x.shape, Collective.ALL_TO_ALL, axes=axes, algorithm=algorithm, api_name=API,
+             axis_index_groups=axis_index_groups)
     y = y.moveaxis(0, concat_axis).merge(concat_axis)
     return [y.value]
 
 
-def _transpose(ct, x, *, axes, split_axis, concat_axis, algorithm):
+def _transpose(ct, x, *, axes, split_axis, concat_axis, algorithm, axis_index_groups):
     return (all_to_all_p.bind(ct, axes=axes, split_axis=concat_axis, concat_axis=split_axis,
-                              algorithm=algorithm if isinstance(algorithm, str) else "auto"),)
+                              algorithm=algorithm if isinstance(algorithm, str) else "auto",
+                              axis_index_groups=axis_index_groups),)
 
 
-def _batcher(axis_data, vals_in, dims_in, *, axes, split_axis, concat_axis, algorithm):
+def _batcher(axis_data, vals_in, dims_in, *, axes, split_axis, concat_axis, algorithm, axis_index_groups):
     (x,), (d,) = vals_in, dims_in
     if axis_data.name not in axes:
         if d is not None:
             split_axis += d <= split_axis
             concat_axis += d <= concat_axis
         return all_to_all_p.bind(x, axes=axes, split_axis=split_axis, concat_axis=concat_axis,
-                                 algorithm=algorithm), d
+                                 algorithm=algorithm, axis_index_groups=axis_index_groups), d
+    if axis_index_groups is not None:
+        raise NotImplementedError(f"{API}: axis_index_groups over a vmap axis (nor does lax support it)")
     if axes != (axis_data.name,):
         raise NotImplementedError(f"{API} over axes={axes} that mix a vmap axis with other axes")
     # Over the vmapped axis alone nothing is communicated; jax.lax's batching rule computes it locally.

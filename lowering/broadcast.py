@@ -39,7 +39,7 @@ def _lowering(ctx, x, *, axes, root, algorithm):
 
 def _transpose(ct, x, *, axes, root, algorithm):
     from jaxcoll.lowering.all_reduce import all_reduce_p
-    total = all_reduce_p.bind(ct, axes=axes, op="sum", algorithm="auto")
+    total = all_reduce_p.bind(ct, axes=axes, op="sum", algorithm="auto", axis_index_groups=None)
     if _jax.check_vma():
         from jaxcoll.lowering import pvary
         total = pvary.bind(total, axes=axes)

@@ -45,11 +45,12 @@ def _ensure_runtime():
 
 
 def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm, op: str = "sum",
-         api_name: str, **params) -> Blocks:
-    """The custom call for `collective` on block-leading `x`, giving a value of `out_shape` (same dtype)."""
+         api_name: str, axis_index_groups: tuple | None = None, **params) -> Blocks:
+    """The custom call for `collective` on block-leading `x`, giving a value of `out_shape` (same dtype); over the
+    groups `axis_index_groups` splits the axes into, where given (lowering/groups.py)."""
     ctx = x.ctx
     out_aval = x.aval.update(shape=tuple(out_shape))
-    nranks = groups.lowered_group_size(ctx, axes)
+    nranks = groups.lowered_group_size(ctx, axes, axis_index_groups)
     if nranks == 1 and not lower_single_rank_groups:
         return _single_rank(x, out_aval, collective, **params)
     _ensure_runtime()
@@ -59,7 +60,7 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
     if aval.dtype == np.bool_:  # bool travels as one byte holding 0 or 1
         wire_aval, wire_out = aval.update(dtype=np.dtype(np.uint8)), out_aval.update(dtype=np.dtype(np.uint8))
         value = _jax.convert_hlo(ctx, value, aval, wire_aval)
-    processes = groups.process_map(ctx, axes)
+    processes = groups.process_map(ctx, axes, axis_index_groups)
     hosts = None
     if processes is not None:
         # Groups span processes: the job's processes must know each other before the program runs.
@@ -72,14 +73,14 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
         from jaxcoll.lowering import across_hosts
         result = across_hosts.emit(ctx, value, wire_aval, wire_out, collective, axes=axes, op=op,
                                    api_name=api_name, processes=processes, hosts=hosts, algorithm=algorithm,
-                                   **params)
+                                   axis_index_groups=axis_index_groups, **params)
     else:
         nbytes = math.prod(aval.shape) * wire_aval.dtype.itemsize
         plan = plans.choose(api_name, collective, nranks, nbytes, wire_aval.dtype, algorithm,
                             processes=groups.process_layout(processes, nranks),
                             hosts=groups.host_layout(processes, hosts, nranks),
                             platform="cpu" if set(ctx.module_context.platforms) == {"cpu"} else "gpu", **params)
-        rank, group = groups.rank_and_group(ctx, axes)
+        rank, group = groups.rank_and_group(ctx, axes, axis_index_groups)
         result = call(ctx, value, wire_aval, wire_out, plan, rank, group, processes, op)
     if wire_out is not out_aval:
         result = _jax.convert_hlo(ctx, result, wire_out, out_aval)

@@ -5,6 +5,10 @@ device's *rank* is its position along A, linearized row-major in the order A is 
 `lax.axis_index` and `lax.all_gather` use for a tuple of axes); its *group* is its position along the other
 axes, linearized row-major in mesh order. Both are computed on the device, in the lowered program, because in
 an SPMD program every device sees the same attributes (docs/plan-ir.md, "The custom call").
+
+`axis_index_groups` (lax's argument) splits each of those groups further: index group g lists positions along
+A, and the device at position `axis_index_groups[g][i]` is rank i of its own group. The runtime sees no
+difference: a group is a group, keyed by its number, with its own communicator and a plan for its size.
 """
 
 from __future__ import annotations
@@ -74,10 +78,50 @@ def check_ppermute_order(ctx, axes: tuple, api_name: str) -> None:
             f"by turning off the check: jax.config.update('jax_raise_on_ppermute_sort_diff', False)")
 
 
-def group_size(axes: tuple) -> int:
-    """Number of ranks in each group of a collective over `axes` (trace time)."""
+def group_size(axes: tuple, axis_index_groups: tuple | None = None) -> int:
+    """Number of ranks in each group of a collective over `axes`, split by `axis_index_groups` (trace time)."""
+    if axis_index_groups is not None:
+        return len(axis_index_groups[0])
     env = _jax.axis_env()
     return math.prod(env.axis_size(name) for name in axes)
+
+
+def index_groups(api_name: str, axis_index_groups, axes: tuple) -> tuple[tuple[int, ...], ...] | None:
+    """`axis_index_groups` as a tuple of tuples of ints, checked to split the positions along `axes` into groups
+    of one size (jaxcoll runs one plan for every group of a call); ValueError naming the argument and the value
+    otherwise. lax checks only that the groups cover the indices of their union once; a partition of fewer
+    positions than the axes have, or groups of unequal size, are left to XLA's compiler there."""
+    if axis_index_groups is None:
+        return None
+    try:
+        value = tuple(tuple(map(_index, g)) for g in axis_index_groups)
+    except TypeError:
+        raise ValueError(f"{api_name}: axis_index_groups={axis_index_groups!r} must be a sequence of groups, each a "
+                         f"sequence of int axis indices") from None
+    n = group_size(axes)
+    bad = lambda why: ValueError(f"{api_name}: axis_index_groups={value!r} {why}")  # noqa: E731
+    if not value or not all(value):
+        raise bad("must hold at least one group, and no empty group")
+    flat = [i for g in value for i in g]
+    outside = sorted({i for i in flat if not 0 <= i < n})
+    if outside:
+        raise bad(f"has indices {outside} outside axis_name={axes}, whose indices are 0..{n - 1}")
+    repeated = sorted({i for i in flat if flat.count(i) > 1})
+    if repeated:
+        raise bad(f"has groups that overlap: indices {repeated} appear more than once")
+    missing = sorted(set(range(n)) - set(flat))
+    if missing:
+        raise bad(f"does not cover axis_name={axes} of size {n}: indices {missing} are in no group")
+    sizes = sorted({len(g) for g in value})
+    if len(sizes) > 1:
+        raise bad(f"has groups of unequal sizes {sizes}; every group must have the same size")
+    return value
+
+
+def _index(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(value)
+    return int(value)
 
 
 def check_varying(api_name: str, axes: tuple, aval) -> None:
@@ -113,9 +157,20 @@ def _mesh_shape(ctx) -> dict:
     return dict(zip(mesh.axis_names, mesh.axis_sizes))
 
 
-def lowered_group_size(ctx, axes: tuple) -> int:
+def lowered_group_size(ctx, axes: tuple, axis_index_groups: tuple | None = None) -> int:
+    if axis_index_groups is not None:
+        return len(axis_index_groups[0])
     shape = _mesh_shape(ctx)
     return math.prod(shape[a] for a in axes)
+
+
+def _positions(axis_index_groups: tuple, nranks: int) -> tuple[np.ndarray, np.ndarray]:
+    """(which index group, position in it) of each position along the axes."""
+    which, position = np.empty(nranks, np.int32), np.empty(nranks, np.int32)
+    for g, members in enumerate(axis_index_groups):
+        for i, member in enumerate(members):
+            which[member], position[member] = g, i
+    return which, position
 
 
 def _s32(value: int) -> ir.Value:
@@ -133,7 +188,7 @@ def _linear_index(ctx, names: tuple, sizes: tuple) -> ir.Value:
     return index
 
 
-def process_map(ctx, axes: tuple) -> np.ndarray | None:
+def process_map(ctx, axes: tuple, axis_index_groups: tuple | None = None) -> np.ndarray | None:
     """Which process hosts each rank of each group: int32 [group * nranks + rank] -> jax process index, with rank
     and group numbered as `rank_and_group` numbers them; None when the whole mesh is in this process (the
     runtime then keeps every group in-process, as in a single-process program)."""
@@ -148,18 +203,20 @@ def process_map(ctx, axes: tuple) -> np.ndarray | None:
             f"devices to know which process hosts each rank, but shard_map was given an abstract mesh "
             f"({mesh}); pass a concrete mesh (jax.make_mesh or jax.sharding.Mesh)")
     out = np.empty(devices.size, np.int32)
-    for at, _, index in _mesh_positions(mesh, axes):
+    for at, _, index in _mesh_positions(mesh, axes, axis_index_groups):
         out[index] = devices[at].process_index
     return None if (out == out[0]).all() else out
 
 
-def _mesh_positions(mesh, axes: tuple):
+def _mesh_positions(mesh, axes: tuple, axis_index_groups: tuple | None = None):
     """(mesh coordinates, row-major position, group * nranks + rank) of every device of a concrete mesh, with rank
     and group numbered as `rank_and_group` numbers them."""
     names = tuple(mesh.axis_names)
     shape = dict(zip(names, mesh.devices.shape))
     others = tuple(a for a in names if a not in axes)
     nranks = math.prod(shape[a] for a in axes)
+    if axis_index_groups is not None:
+        which, position = _positions(axis_index_groups, nranks)
     for flat, coords in enumerate(np.ndindex(*mesh.devices.shape)):
         at = dict(zip(names, coords))
         rank = group = 0
@@ -167,16 +224,20 @@ def _mesh_positions(mesh, axes: tuple):
             rank = rank * shape[a] + at[a]
         for a in others:
             group = group * shape[a] + at[a]
-        yield coords, flat, group * nranks + rank
+        if axis_index_groups is not None:
+            rank, group = int(position[rank]), group * len(axis_index_groups) + int(which[rank])
+            yield coords, flat, group * len(axis_index_groups[0]) + rank
+        else:
+            yield coords, flat, group * nranks + rank
 
 
-def device_ids(ctx, axes: tuple) -> np.ndarray:
+def device_ids(ctx, axes: tuple, axis_index_groups: tuple | None = None) -> np.ndarray:
     """Each rank's device as XLA numbers the program's devices: int64 [group * nranks + rank] -> the device's
     position in the mesh's devices (row-major), which is its partition id, and so its flattened id in XLA's
     replica groups, in a jit over that mesh (one replica)."""
     mesh = ctx.module_context.axis_context.mesh
     out = np.empty(mesh.devices.size, np.int64)
-    for _, flat, index in _mesh_positions(mesh, axes):
+    for _, flat, index in _mesh_positions(mesh, axes, axis_index_groups):
         out[index] = flat
     return out
 
@@ -184,7 +245,11 @@ def device_ids(ctx, axes: tuple) -> np.ndarray:
 def lookup(ctx, table: np.ndarray, rank: ir.Value, group: ir.Value, nranks: int) -> ir.Value:
     """table[group * nranks + rank] as an s32 scalar of the lowered program (a per-device value from a constant
     table indexed by the device's rank and group)."""
-    index = hlo.add(hlo.multiply(group, _s32(nranks)), rank)
+    return _pick(table, hlo.add(hlo.multiply(group, _s32(nranks)), rank))
+
+
+def _pick(table: np.ndarray, index: ir.Value) -> ir.Value:
+    """table[index] as an s32 scalar of the lowered program."""
     constant = _jax.ir_constant(np.asarray(table, np.int32))
     picked = hlo.dynamic_slice(constant, [index], ir.DenseI64ArrayAttr.get([1]))
     return hlo.reshape(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)), picked)
@@ -219,10 +284,14 @@ def host_layout(processes: np.ndarray | None, hosts, nranks: int) -> tuple[int, 
     return layout if layout is not None and len(set(layout)) > 1 else None
 
 
-def rank_and_group(ctx, axes: tuple) -> tuple[ir.Value, ir.Value]:
-    """(rank, group) s32 scalars of this device for a collective over `axes`."""
+def rank_and_group(ctx, axes: tuple, axis_index_groups: tuple | None = None) -> tuple[ir.Value, ir.Value]:
+    """(rank, group) s32 scalars of this device for a collective over `axes`, split by `axis_index_groups`."""
     shape = _mesh_shape(ctx)
     others = tuple(a for a in shape if a not in axes)
     rank = _linear_index(ctx, axes, tuple(shape[a] for a in axes))
     group = _linear_index(ctx, others, tuple(shape[a] for a in others))
+    if axis_index_groups is not None:
+        which, position = _positions(axis_index_groups, math.prod(shape[a] for a in axes))
+        group = hlo.add(hlo.multiply(group, _s32(len(axis_index_groups))), _pick(which, rank))
+        rank = _pick(position, rank)
     return rank, group

@@ -37,7 +37,7 @@ def _abstract_eval(aval, *, axes, algorithm):
 
 def _transpose(ct, x, *, axes, algorithm):
     from jaxcoll.lowering.all_reduce import all_reduce_p
-    return (all_reduce_p.bind(ct, axes=axes, op="sum", algorithm=algorithm),)
+    return (all_reduce_p.bind(ct, axes=axes, op="sum", algorithm=algorithm, axis_index_groups=None),)
 
 
 def _batcher(vals_in, dims_in, *, axes, algorithm):

@@ -1,7 +1,8 @@
 """jaxcoll under jax.jit(shard_map) on a one-device mesh, compared with the same programs on jax.lax: the six
-collectives, their gradients, a scan of 200 steps and the fused ops. test_cuda_jax.py runs these checks on the
-CPU device and on a GPU; on a GPU it also runs this file as a program under XLA's command buffers (CUDA graphs)
-on and off, which XLA_FLAGS fixes for the life of a process:
+collectives, their gradients, a scan of 200 steps, the fused ops, and a lax.ragged_all_to_all through
+jaxcoll.replace_collectives. test_cuda_jax.py runs these checks on the CPU device and on a GPU; on a GPU it also
+runs this file as a program under XLA's command buffers (CUDA graphs) on and off, which XLA_FLAGS fixes for the
+life of a process:
 
     python tests/cuda_jax_cases.py --platform cuda     # every check; prints one "ok <check>" line each
 
@@ -196,7 +197,30 @@ def check_fused(device) -> str:
     return "3 fused ops x chunks 1, 2, values and grads"
 
 
-CHECKS = {"collectives": check_collectives, "gradients": check_gradients, "scan": check_scan, "fused": check_fused}
+def check_ragged(device) -> str:
+    """lax.ragged_all_to_all through jaxcoll.replace_collectives (its blocks through jaxcoll's all_to_all, on this
+    device's executor): two slices of one rank to itself, written at their offsets and nothing else touched, as the
+    lax contract (numpy) says and, where XLA runs it (XLA:GPU; XLA:CPU has no ragged-all-to-all), as XLA's."""
+    mesh = mesh_of(device)
+    operand, output = small_ints((1, 6, 66)), np.full((1, 8, 66), -1, np.float32)
+    slices = [np.array([v], np.int32) for v in ([0, 3], [2, 3], [1, 4], [2, 3])]
+    want = output.copy()
+    want[0, 1:3], want[0, 4:7] = operand[0, 0:2], operand[0, 3:6]
+
+    def body(a, o, io, ss, oo, rs):
+        return lax.ragged_all_to_all(a[0], o[0], io[0], ss[0], oo[0], rs[0], axis_name=AXIS)[None]
+    program = on_mesh(mesh, body, nargs=6)
+    f = jax.jit(jaxcoll.replace_collectives(program))
+    args = [sharded(mesh, a) for a in (operand, output, *slices)]
+    assert_lowers_to_jaxcoll(f, *args, what="ragged_all_to_all")
+    assert_same(f(*args), want, "ragged_all_to_all against the lax contract")
+    if device.platform != "cpu":
+        assert_same(f(*args), program(*args), "ragged_all_to_all against XLA's")
+    return "ragged_all_to_all through replace_collectives" + (", as XLA's" if device.platform != "cpu" else "")
+
+
+CHECKS = {"collectives": check_collectives, "gradients": check_gradients, "scan": check_scan, "fused": check_fused,
+          "ragged": check_ragged}
 
 
 def main(argv=None) -> None:

@@ -322,6 +322,75 @@ def case_replace() -> str:
            f"hosts {jaxcoll.distributed.world().hosts}"
 
 
+def case_replace_groups_ragged_unreduced() -> str:
+    """Through jaxcoll.replace_collectives, across the processes: collectives over axis_index_groups whose groups
+    span the processes (strided, and listed out of order), as XLA's (gloo); a ragged_all_to_all, against the lax
+    contract in numpy (XLA:CPU has none); an FSDP gradient through jax's reduced all_gather and unreduced
+    reduce_scatter, as XLA's. Nothing left to XLA."""
+    mesh = mesh_1d()
+    n = mesh.devices.size
+    rng = np.random.default_rng(5)
+    x = put(small_ints(rng, (n * 2, 8), np.float32), mesh)
+    strided = [list(range(g, n, 2)) for g in range(2)]
+    paired = [[p, p + n // 2] for p in reversed(range(n // 2))]
+
+    def grouped(v):
+        return (lax.psum(v, "i", axis_index_groups=strided) + lax.all_gather(v, "i", axis_index_groups=paired,
+                                                                              tiled=True)[:2]
+                + lax.psum_scatter(jnp.tile(v, (2, 1)), "i", axis_index_groups=paired, tiled=True)
+                + lax.all_to_all(v, "i", 0, 0, axis_index_groups=paired, tiled=True))
+    spec = P("i")
+    program = jax.shard_map(grouped, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    transformed = jaxcoll.replace_collectives(program)
+    got, want = local_values(jax.jit(transformed)(x)), local_values(jax.jit(program)(x))
+    for index, value in got.items():
+        np.testing.assert_array_equal(value, want[index], err_msg=f"axis_index_groups at {index}")
+    reports = [transformed.report]
+
+    # ragged: rank r sends (r + d) % 3 rows to rank d, packed in its operand, placed from row 1 at d in sender order.
+    sizes = np.array([[(r + d) % 3 for d in range(n)] for r in range(n)], np.int32)
+    input_offsets = np.cumsum(sizes, axis=1) - sizes
+    output_offsets = 1 + np.cumsum(sizes, axis=0) - sizes
+    operand = small_ints(rng, (n, 2 * n, 2), np.float32)
+    output = np.full((n, 3 * n, 2), -1, np.float32)
+    expected = output.copy()
+    for r in range(n):
+        for d in range(n):
+            expected[d, output_offsets[r, d]:output_offsets[r, d] + sizes[r, d]] = \
+                operand[r, input_offsets[r, d]:input_offsets[r, d] + sizes[r, d]]
+
+    def ragged(a, o, io, ss, oo, rs):
+        return lax.ragged_all_to_all(a[0], o[0], io[0], ss[0], oo[0], rs[0], axis_name="i")[None]
+    ragged = jaxcoll.replace_collectives(jax.shard_map(ragged, mesh=mesh, in_specs=(spec,) * 6, out_specs=spec))
+    arguments = [put(a, mesh) for a in (operand, output, input_offsets.astype(np.int32), sizes,
+                                         output_offsets.astype(np.int32), sizes.T.copy())]
+    for index, value in local_values(jax.jit(ragged)(*arguments)).items():
+        np.testing.assert_array_equal(value, expected[index[0][0]:index[0][1]], err_msg=f"ragged at {index}")
+    reports.append(ragged.report)
+
+    checked = ["axis_index_groups", "ragged_all_to_all"]
+    from jaxcoll import _jax
+    if "all_gather_reduced" in _jax.lax_collective_primitives():
+        explicit = Mesh(np.array(jax.devices()), ("i",), axis_types=(jax.sharding.AxisType.Explicit,))
+
+        def fsdp(w, batch):
+            return lax.psum((jnp.tanh(batch @ lax.all_gather(w, "i", to="reduced", tiled=True)) ** 2).sum(), "i")
+        loss = jax.shard_map(fsdp, mesh=explicit, in_specs=(spec, spec), out_specs=P())
+        w, batch = put(small_ints(rng, (4 * n, 3), np.float32) / 4, explicit), \
+            put(small_ints(rng, (n, 4 * n), np.float32) / 4, explicit)
+        replaced = jaxcoll.replace_collectives(loss)
+        got, want = jax.jit(jax.grad(replaced))(w, batch), jax.jit(jax.grad(loss))(w, batch)
+        for index, value in local_values(got).items():
+            np.testing.assert_allclose(value, local_values(want)[index], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"FSDP gradient at {index}")
+        reports.append(replaced.report)
+        checked.append("reduced/unreduced")
+    for report in reports:
+        assert report.entries and not report.left_to_xla, report
+    return f"{', '.join(checked)} across {NPROCESSES} processes as XLA's and numpy, hosts " \
+           f"{jaxcoll.distributed.world().hosts}"
+
+
 def case_large() -> str:
     """A call larger than the segments first made: the data segment grows, results stay right."""
     mesh = mesh_1d()

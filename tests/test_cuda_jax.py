@@ -4,7 +4,7 @@ told to emit the custom call even for a one-rank group: registration, lowering, 
 execute stages, the executor kernel and XLA's CUDA graphs are exercised end to end on the single-rank path.
 
 The checks (tests/cuda_jax_cases.py: the six collectives, gradients, a scan of 200 steps, the fused ops, each
-against jax.lax) run on the CPU device everywhere and on the GPU where there is one; on the GPU they also run in
+against jax.lax; a replaced ragged_all_to_all against the lax contract) run on the CPU device everywhere and on the GPU where there is one; on the GPU they also run in
 a process of their own with XLA's command buffers (CUDA graphs) forced on, and with them off. The GPU tests skip
 with the reason where jax has no GPU backend or jaxcoll no CUDA executor."""
 
@@ -77,6 +77,11 @@ def test_a_scan_of_200_steps_equals_jax_lax(single_rank_calls, platform):
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_the_fused_ops_equal_their_jax_lax_compositions(single_rank_calls, platform):
     cases.check_fused(device_of(platform))
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_a_replaced_ragged_all_to_all_equals_the_lax_contract(single_rank_calls, platform):
+    cases.check_ragged(device_of(platform))
 
 
 # XLA_FLAGS for XLA's command buffers (CUDA graphs): forced on for custom calls down to one-op sequences (XLA

@@ -80,7 +80,8 @@ def test_calls_shared_with_helper_threads_give_the_same_results():
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-@pytest.mark.parametrize("case", ["algorithms", "dtypes", "synthesized", "large", "replace", "compressed"])
+@pytest.mark.parametrize("case", ["algorithms", "dtypes", "synthesized", "large", "replace",
+                                  "replace_groups_ragged_unreduced", "compressed"])
 def test_across_two_processes(case, transport):
     assert_all_ok(job(case, **TRANSPORTS[transport]), case)
 

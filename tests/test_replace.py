@@ -20,7 +20,7 @@ import jaxcoll
 from jaxcoll import algorithms
 from jaxcoll.plan import Collective
 from jaxcoll.replace import ReplacementError, ReplacementWarning, replace_collectives, replacing_collectives
-from replace_cases import (CASES, every_collective, first_rank, gathered_row, ints, jaxcoll_calls, ragged_exchange,
+from replace_cases import (CASES, every_collective, first_rank, gathered_row, ints, jaxcoll_calls, point_to_point,
                            skip_reason, spmd, xla_collectives, xla_reference)
 from sharded import MESH_AXES, mesh, put, small_ints
 
@@ -373,23 +373,19 @@ def test_report_lists_what_was_replaced_and_what_was_left_and_prints_as_a_table(
 
 # -- strict, and falling back to XLA ------------------------------------------------------------------------------
 
-def _index_groups(v):
-    return lax.psum(v, "i", axis_index_groups=[[0, 1, 2, 3], [4, 5, 6, 7]])
-
-
-def test_axis_index_groups_fall_back_to_xla_with_a_warning_naming_them():
+def test_axis_index_groups_run_on_jaxcoll():
     x = ints((8, 4), "1d8")
-    with pytest.warns(ReplacementWarning, match=r"lax\.psum .*axis_index_groups="):
-        expected, got, report = both(_index_groups, "1d8", x, check_vma=False)
+    expected, got, report = both(lambda v: lax.psum(v, "i", axis_index_groups=[[0, 2, 4, 6], [1, 3, 5, 7]]), "1d8",
+                                 x, check_vma=False, strict=True)
     np.testing.assert_array_equal(got, expected)
-    left, = report.left_to_xla
-    assert left.collective == "psum" and "axis_index_groups" in left.reason
+    assert report.replaced and not report.left_to_xla
 
 
-def test_strict_refuses_axis_index_groups_naming_the_collective_argument_and_value():
+def test_groups_that_do_not_split_the_axis_are_an_error_even_when_not_strict():
     x = ints((8, 4), "1d8")
-    with pytest.raises(ReplacementError, match=r"lax\.psum.*axis_index_groups=\(\(0, 1, 2, 3\), \(4, 5, 6, 7\)\)"):
-        jax.jit(replace_collectives(spmd(_index_groups, "1d8", check_vma=False), strict=True))(x)
+    fn = spmd(lambda v: lax.psum(v, "i", axis_index_groups=[[0, 1], [2, 3]]), "1d8", check_vma=False)
+    with pytest.raises(ValueError, match=r"lax\.psum: axis_index_groups=\(\(0, 1\), \(2, 3\)\) does not cover"):
+        jax.jit(replace_collectives(fn)).trace(x)
 
 
 def test_a_dtype_the_runtime_lacks_falls_back_or_is_refused_when_strict():
@@ -431,13 +427,13 @@ def test_jaxcoll_collective_inside_a_shard_map_that_leaves_axes_automatic():
 
 def test_a_collective_jaxcoll_lacks_runs_on_xla_with_a_warning_or_is_refused_when_strict():
     x = ints((8, 8), "1d8")
-    transformed = replace_collectives(spmd(ragged_exchange, "1d8"))
-    with pytest.warns(ReplacementWarning, match="ragged_all_to_all.*left to XLA: primitive='ragged_all_to_all'"):
-        jax.jit(transformed).lower(x)
-    left, = transformed.report.left_to_xla
-    assert left.collective == "ragged_all_to_all" and "no ragged" in left.reason
-    with pytest.raises(ReplacementError, match="ragged_all_to_all.* cannot run on jaxcoll"):
-        jax.jit(replace_collectives(spmd(ragged_exchange, "1d8"), strict=True)).lower(x)
+    transformed = replace_collectives(spmd(point_to_point, "1d8"))
+    with pytest.warns(ReplacementWarning, match="left to XLA: primitive='p(send|recv)'"):
+        jax.jit(transformed).trace(x)
+    assert [e.collective for e in transformed.report.left_to_xla] == ["psend", "precv"]
+    assert "point-to-point" in transformed.report.left_to_xla[0].reason
+    with pytest.raises(ReplacementError, match="psend.* cannot run on jaxcoll"):
+        jax.jit(replace_collectives(spmd(point_to_point, "1d8"), strict=True)).trace(x)
 
 
 def _equation(closed, name):

@@ -21,9 +21,9 @@ from jax.sharding import PartitionSpec as P
 from jaxcoll import _jax
 from jaxcoll.replace import ReplacementError, ReplacementWarning, replace_collectives, replacing_collectives
 from jaxcoll.replace.lowering import primitives
-from replace_cases import (CASES, every_collective, first_rank, gathered_row, ints, jaxcoll_calls, ragged_exchange,
+from replace_cases import (CASES, every_collective, first_rank, gathered_row, ints, jaxcoll_calls, point_to_point,
                            skip_reason, spmd, xla_collectives, xla_reference)
-from sharded import MESH_AXES, mesh, small_ints
+from sharded import MESH_AXES, mesh, put, small_ints
 
 
 def compiled(program, *args) -> str:
@@ -248,21 +248,29 @@ def test_transforms_traced_in_the_block_take_its_options():
 
 # -- what jaxcoll cannot run -------------------------------------------------------------------------------------
 
-def _index_groups(v):
-    return lax.psum(v, "i", axis_index_groups=[[0, 1, 2, 3], [4, 5, 6, 7]])
+def test_axis_index_groups_compile_to_jaxcoll_in_the_block():
+    x = ints((8, 4), "1d8")
+    program = jit_spmd(lambda v: lax.psum(v, "i", axis_index_groups=[[0, 2, 4, 6], [1, 3, 5, 7]]), "1d8",
+                       check_vma=False)
+    expected = program(x)
+    with replacing_collectives(strict=True) as report:
+        got, text = program(x), compiled(program, x)
+    np.testing.assert_array_equal(got, expected)
+    assert xla_collectives(text) == [] and jaxcoll_calls(text) == {"jaxcoll_all_reduce"}
+    assert report.replaced and not report.left_to_xla
 
 
 def test_what_jaxcoll_cannot_run_falls_back_to_xla_with_a_warning_and_a_report_row():
-    x = ints((8, 4), "1d8")
-    program = jit_spmd(_index_groups, "1d8", check_vma=False)
+    x = put(np.arange(8 * 4).reshape(8, 4).astype(np.complex64), "1d8")
+    program = jit_spmd(lambda v: lax.psum(v, "i"), "1d8")
     expected = program(x)
-    with pytest.warns(ReplacementWarning, match=r"lax\.psum .*axis_index_groups="):
+    with pytest.warns(ReplacementWarning, match=r"lax\.psum .*dtype='complex64'"):
         with replacing_collectives() as report:
             got, text = program(x), compiled(program, x)
     np.testing.assert_array_equal(got, expected)
     assert xla_collectives(text) == ["all-reduce"]
     left, = report.left_to_xla
-    assert left.collective == "psum" and "axis_index_groups" in left.reason
+    assert left.collective == "psum" and "complex64" in left.reason
 
 
 def test_a_dtype_the_runtime_lacks_falls_back_and_strict_refuses_it_naming_it():
@@ -282,13 +290,13 @@ def test_a_dtype_the_runtime_lacks_falls_back_and_strict_refuses_it_naming_it():
 
 def test_a_collective_jaxcoll_lacks_keeps_jaxs_lowering_with_a_warning():
     x = ints((8, 8), "1d8")
-    program = jit_spmd(ragged_exchange, "1d8")
-    with pytest.warns(ReplacementWarning, match="ragged_all_to_all.*left to XLA: primitive='ragged_all_to_all'"):
+    program = jit_spmd(point_to_point, "1d8")
+    with pytest.warns(ReplacementWarning, match="psend.*left to XLA: primitive='psend'"):
         with replacing_collectives() as report:
-            program.lower(x)
-    left, = report.left_to_xla
-    assert left.collective == "ragged_all_to_all"
-    with pytest.raises(ReplacementError, match="ragged_all_to_all.* cannot run on jaxcoll"):
+            with pytest.raises(NotImplementedError, match="psend is currently only implemented on GPU"):
+                program.lower(x)  # jax's own rule, which XLA:CPU lacks
+    assert report.left_to_xla[0].collective == "psend"
+    with pytest.raises(ReplacementError, match="psend.* cannot run on jaxcoll"):
         with replacing_collectives(strict=True):
             program.lower(x)
 

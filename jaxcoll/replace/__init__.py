@@ -1,6 +1,7 @@
 """Existing JAX programs on jaxcoll without editing them: `replace_collectives(f)` runs every jax.lax collective
-of f (psum, pmean, pmax, pmin, all_gather, psum_scatter, all_to_all, ppermute, pbroadcast), wherever it is in
-the traced program and in its gradient, as jaxcoll's collectives. docs/replace.md describes it.
+of f (psum, pmean, pmax, pmin, all_gather, psum_scatter, all_to_all, ragged_all_to_all, ppermute, pbroadcast; with
+axis_index_groups, and jax's reduced/unreduced forms), wherever it is in the traced program and in its gradient,
+as jaxcoll's collectives. docs/replace.md describes it.
 
 `with replacing_collectives():` does the same to every program JAX lowers inside the block.
 

@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from jaxcoll import exact
+from jaxcoll import _jax, exact
+from jaxcoll.exact.ragged_all_to_all import check_typing as check_ragged_typing
 from jaxcoll.exact.arguments import check_algorithm
 from jaxcoll.lowering import groups, pvary
 from jaxcoll.lowering.dtypes import check_dtype
@@ -47,13 +48,17 @@ class Unsupported(Exception):
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """collective: the jax.lax name (the key of `collectives=` and `algorithm=`); jaxcoll: what runs it;
-    axes: the equation's axis names from its parameters; run(x, params, algorithm): one operand's result."""
+    axes: the equation's axis names from its parameters; run(x, params, algorithm): one operand's result, or,
+    where `together`, run(operands, params, algorithm): the list of results of operands that are one call's
+    arguments (ragged_all_to_all's operand, output, offsets and sizes) rather than a pytree's leaves."""
 
     collective: str
     jaxcoll: str
     axes: Callable[[dict], tuple]
     run: Callable
     op: str | None = None  # the reduction, for the dtype check; None: data movement only
+    together: bool = False
+    unreduced: bool = False  # jax's unreduced form: its operands are unreduced over its axes
 
 
 def _names(value) -> tuple:
@@ -61,28 +66,35 @@ def _names(value) -> tuple:
 
 
 def _reduction(op):
-    return lambda x, p, algorithm: exact.all_reduce(x, _names(p["axes"]), op=op, algorithm=algorithm)
+    return lambda x, p, algorithm: exact.all_reduce(x, _names(p["axes"]), op=op, algorithm=algorithm,
+                                                    axis_index_groups=p.get("axis_index_groups"))
 
 
-def _all_gather(invariant: bool):
+def _all_gather(to: str):
     def run(x, p, algorithm):
-        # invariant: lax.all_gather(..., to="invarying"), which only the exact all_gather has (no public jaxcoll
-        # function types its result invariant).
+        # to="invarying" and to="reduced": lax.all_gather's typed forms, which only the exact all_gather has (no
+        # public jaxcoll function types its result invariant or reduced).
         return exact.all_gather(x, _names(p["axis_name"]), axis=p["all_gather_dimension"], tiled=p["tiled"],
-                                algorithm=algorithm, invariant=invariant)
+                                algorithm=algorithm, invariant=to == "invarying", reduced=to == "reduced",
+                                axis_index_groups=p.get("axis_index_groups"))
     return run
 
 
 def _psum_scatter(x, p, algorithm):
     return exact.reduce_scatter(x, _names(p["axis_name"]), scatter_dimension=p["scatter_dimension"],
-                                tiled=p["tiled"], algorithm=algorithm)
+                                tiled=p["tiled"], algorithm=algorithm, axis_index_groups=p.get("axis_index_groups"))
 
 
 def _all_to_all(x, p, algorithm):
     # The primitive always has the tiled shape contract (lax.all_to_all adds and drops the unit dimensions of
     # its untiled form around it): jaxcoll's tiled form has the same one.
     return exact.all_to_all(x, _names(p["axis_name"]), p["split_axis"], p["concat_axis"], tiled=True,
-                            algorithm=algorithm)
+                            algorithm=algorithm, axis_index_groups=p.get("axis_index_groups"))
+
+
+def _ragged_all_to_all(operands, p, algorithm):
+    return [exact.ragged_all_to_all(*operands, _names(p["axis_name"]), algorithm=algorithm,
+                                    axis_index_groups=p.get("axis_index_groups"))]
 
 
 def _ppermute(x, p, algorithm):
@@ -104,16 +116,25 @@ _AXIS_NAME = lambda p: _names(p["axis_name"])  # noqa: E731
 
 # jaxpr primitive name -> rule. Names as jax 0.10.2 to 0.12 write them: lax.psum binds psum_invariant under
 # shard_map(check_vma=True) and psum otherwise; lax.all_gather(to="invarying") binds all_gather_invariant;
-# lax.psum_scatter binds reduce_scatter; pvary is the invariant->varying cast whose transpose is a psum.
+# lax.psum_scatter binds reduce_scatter; pvary is the invariant->varying cast whose transpose is a psum. jax's
+# reduced/unreduced collectives: lax.psum and lax.psum_scatter of a value unreduced over their axes bind
+# unreduced_psum and unreduced_reduce_scatter, lax.all_gather(to="reduced") all_gather_reduced (the exact
+# collectives choose the same forms from the same types).
 RULES = {
     "psum": Rule("psum", "jaxcoll.all_reduce", _AXES, _reduction("sum"), op="sum"),
     "psum_invariant": Rule("psum", "jaxcoll.all_reduce", _AXES, _reduction("sum"), op="sum"),
     "pmax": Rule("pmax", "jaxcoll.all_reduce(op='max')", _AXES, _reduction("max"), op="max"),
     "pmin": Rule("pmin", "jaxcoll.all_reduce(op='min')", _AXES, _reduction("min"), op="min"),
-    "all_gather": Rule("all_gather", "jaxcoll.all_gather", _AXIS_NAME, _all_gather(False)),
-    "all_gather_invariant": Rule("all_gather", "jaxcoll.all_gather", _AXIS_NAME, _all_gather(True)),
+    "unreduced_psum": Rule("psum", "jaxcoll.all_reduce", _AXES, _reduction("sum"), op="sum", unreduced=True),
+    "all_gather": Rule("all_gather", "jaxcoll.all_gather", _AXIS_NAME, _all_gather("varying")),
+    "all_gather_invariant": Rule("all_gather", "jaxcoll.all_gather", _AXIS_NAME, _all_gather("invarying")),
+    "all_gather_reduced": Rule("all_gather", "jaxcoll.all_gather", _AXIS_NAME, _all_gather("reduced")),
     "reduce_scatter": Rule("psum_scatter", "jaxcoll.reduce_scatter", _AXIS_NAME, _psum_scatter, op="sum"),
+    "unreduced_reduce_scatter": Rule("psum_scatter", "jaxcoll.reduce_scatter", _AXIS_NAME, _psum_scatter,
+                                     op="sum", unreduced=True),
     "all_to_all": Rule("all_to_all", "jaxcoll.all_to_all", _AXIS_NAME, _all_to_all),
+    "ragged_all_to_all": Rule("ragged_all_to_all", "jaxcoll.ragged_all_to_all", _AXIS_NAME, _ragged_all_to_all,
+                              together=True),
     "ppermute": Rule("ppermute", "jaxcoll.ppermute", _AXIS_NAME, _ppermute),
     "pbroadcast": Rule("pbroadcast", "jaxcoll.broadcast", _AXIS_NAME, _pbroadcast),
     "pvary": Rule("psum", "jaxcoll pvary (transpose: jaxcoll.all_reduce)", _AXES, _pvary),
@@ -122,12 +143,8 @@ RULES = {
 
 # jax.lax collectives jaxcoll has no counterpart for: they run on XLA, with a warning (an error when strict).
 UNSUPPORTED = {
-    "ragged_all_to_all": "jaxcoll has no ragged all_to_all",
     "psend": "jaxcoll has no point-to-point send (psend/precv); ppermute is its exchange",
     "precv": "jaxcoll has no point-to-point receive (psend/precv); ppermute is its exchange",
-    "all_gather_reduced": "jaxcoll has no all_gather to a reduced (unreduced-typed) value",
-    "unreduced_psum": "jaxcoll has no psum of unreduced-typed values",
-    "unreduced_reduce_scatter": "jaxcoll has no reduce_scatter of unreduced-typed values",
     "unreduced_pmax": "jaxcoll has no pmax of unreduced-typed values",
     "unreduced_pmin": "jaxcoll has no pmin of unreduced-typed values",
     "pbroadcast_dynamic": "jaxcoll's broadcast has a static root, not one computed at run time",
@@ -153,7 +170,7 @@ def replacement(options: Options, primitive: str, params: dict, avals, where: st
     `options.strict`). `record` gets the report's Entry either way; `where` says where the call is;
     `platforms`, where known (at lowering), those the program is lowered for; `api` the name messages give.
     """
-    aval = avals[0] if avals else None
+    aval = avals[0] if avals and hasattr(avals[0], "shape") else None  # precv's operand is a token
     entry = dict(primitive=primitive, where=where, shape=tuple(aval.shape) if aval is not None else (),
                  dtype=np.dtype(aval.dtype).name if aval is not None else "")
     if primitive in UNSUPPORTED:
@@ -175,6 +192,8 @@ def replacement(options: Options, primitive: str, params: dict, avals, where: st
         return None
     record(Entry(**entry, replaced=True, jaxcoll=rule.jaxcoll,
                  algorithm=algorithm if isinstance(algorithm, str) else (algorithm.name or "plan")))
+    if rule.together:
+        return lambda *operands: rule.run(operands, params, algorithm)
     return lambda *operands: [rule.run(x, params, algorithm) for x in operands]
 
 
@@ -194,11 +213,6 @@ def check(rule: Rule, params: dict, avals, algorithm, platforms: tuple = ()) -> 
     other = [p for p in platforms if p not in PLATFORMS]
     if other:
         raise Unsupported("platform", other[0], f"jaxcoll's runtime runs on {' and '.join(PLATFORMS)} devices")
-    index_groups = params.get("axis_index_groups")
-    if index_groups is not None:
-        raise Unsupported("axis_index_groups", index_groups,
-                          "jaxcoll's groups are the combinations of the mesh's other axes; it cannot form "
-                          "arbitrary groups of one axis")
     axes = rule.axes(params)
     if not axes:
         raise Unsupported("axis_name", axes, "a collective over no axes has no group to run in")
@@ -210,12 +224,27 @@ def check(rule: Rule, params: dict, avals, algorithm, platforms: tuple = ()) -> 
     if any(a in mesh_axes for a in axes) and not all(a in mesh_axes for a in axes):
         raise Unsupported("axis_name", axes, "it mixes vmap axes with mesh axes, which jaxcoll's batching rules "
                                              "do not split")
-    for x in avals:
+    for x in avals if not rule.unreduced else ():
+        for kind, over in (("unreduced", _jax.unreduced_axes(x)), ("reduced", _jax.reduced_axes(x))):
+            if over & set(axes):
+                raise Unsupported("x", f"{kind} over {', '.join(map(str, sorted(over & set(axes), key=str)))}",
+                                  f"jaxcoll's {rule.jaxcoll} would not keep jax's type for a value {kind} over "
+                                  f"its axes")
+    # Bad groups are the program's error, not a reason to fall back: lax leaves those it does not check (groups
+    # of unequal size, or not covering the axis) to XLA's compiler; jaxcoll names them while tracing.
+    groups.index_groups(f"lax.{rule.collective}", params.get("axis_index_groups"), axes)
+    data = avals[:2] if rule.together else avals  # ragged_all_to_all: its offsets and sizes are not moved as they are
+    for x in data:
         try:
             check_dtype(rule.jaxcoll, x.dtype, rule.op)
         except TypeError as e:
             raise Unsupported("dtype", np.dtype(x.dtype).name, str(e)) from None
-    check_algorithm_of(rule, params, avals, algorithm)
+    if rule.run is _ragged_all_to_all:
+        try:
+            check_ragged_typing(avals, axes)
+        except ValueError as e:
+            raise Unsupported("output", f"varying over {sorted(_jax.varying_axes(avals[1]))}", str(e)) from None
+    check_algorithm_of(rule, params, data[:1] if rule.together else avals, algorithm)
 
 
 def check_algorithm_of(rule: Rule, params: dict, avals, algorithm) -> None:
@@ -228,7 +257,7 @@ def check_algorithm_of(rule: Rule, params: dict, avals, algorithm) -> None:
         extra["root"] = params["source"]
     if rule.collective == "ppermute":
         extra["perm"] = params["perm"]
-    n = groups.group_size(rule.axes(params))
+    n = groups.group_size(rule.axes(params), params.get("axis_index_groups"))
     for x in avals:
         try:
             check_algorithm(rule.jaxcoll, collective, n, x, algorithm, **extra)

@@ -20,6 +20,7 @@ COLLECTIVES = {
     "all_gather": Collective.ALL_GATHER,
     "psum_scatter": Collective.REDUCE_SCATTER,
     "all_to_all": Collective.ALL_TO_ALL,
+    "ragged_all_to_all": Collective.ALL_TO_ALL,
     "ppermute": Collective.PPERMUTE,
     "pbroadcast": Collective.BROADCAST,
 }

@@ -34,11 +34,11 @@ def replace_collectives(f=None, *, collectives=UNSET, algorithm=UNSET, strict=UN
       f: the function (any pytrees of arrays in and out; other arguments pass through unchanged).
       collectives: "all" (default) or the jax.lax names to replace, from "psum" (which covers pmean and the
         psums of a backward pass), "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute",
-        "pbroadcast". The others stay XLA's.
+        "pbroadcast", "ragged_all_to_all". The others stay XLA's.
       algorithm: None ("auto" everywhere), an algorithm name (used by every collective that has an algorithm
         of that name; "auto" for the others), or a dict from collective name to an algorithm name or a
         `jaxcoll.plan.Plan`.
-      strict: a collective jaxcoll cannot run (axis_index_groups, a dtype the runtime lacks, a Plan that does
+      strict: a collective jaxcoll cannot run (a dtype the runtime lacks, a Plan that does
         not fit the call) raises ReplacementError naming the collective, the argument and the value, instead
         of running on XLA with a ReplacementWarning.
       report: print the report (a table of what was replaced and what was left to XLA, and why) each time the
