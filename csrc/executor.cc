@@ -73,10 +73,13 @@ Status lead_call(Communicator& comm, Rendezvous* rv, const Plan& plan, int32_t r
     }
     auto group = std::make_shared<GroupRun>(std::move(views), ranks, plan, b, site, deadline, block, rv->bell(),
                                             comm, /*whole_group=*/true);
-    if (!solo_call(plan, b) && helpers.schedule) {
-      const int n = std::min<int>(helpers.count, plan.nranks - 1);
-      for (int h = 0; h < n; ++h)
-        helpers.schedule([group, start = (h + 1) * plan.nranks / (n + 1)] { group->help(start); });
+    if (!solo_call(plan, b)) {
+      rv->share(group);
+      if (helpers.schedule) {
+        const int n = std::min<int>(helpers.count, plan.nranks - 1);
+        for (int h = 0; h < n; ++h)
+          helpers.schedule([group, start = (h + 1) * plan.nranks / (n + 1)] { group->help(start); });
+      }
     }
     st = group->lead();
     if (!st.ok()) comm.fail(st.message());
@@ -182,7 +185,7 @@ Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_
 
   switch (rv->arrive(rank, prog.semaphores, rb, copy_out, std::move(completion), deadline)) {
     case Rendezvous::Arrival::kPending:
-      if (rv->wait_finished(rank, std::min(deadline, Clock::now() + sync_wait())) || !rv->defer(rank)) {
+      if (rv->wait_finished(rank, std::min(deadline, Clock::now() + sync_wait()), deadline) || !rv->defer(rank)) {
         const Status st = rv->status();
         rv->release();
         return st;
