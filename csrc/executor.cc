@@ -58,6 +58,13 @@ bool solo_call(const Plan& plan, const CallBuffers& b) {
   return plan.nranks == 1 || call_traffic_bytes(plan, b.input_elements / plan.in_blocks, b.dtype) <= solo_bytes();
 }
 
+// Calls that read and write at least this many bytes in all are offered to the ranks waiting on their own threads
+// as well as to the pool's helpers. Such a call takes milliseconds, so eight threads sharing two cores cost nothing
+// next to the share of the cores they win from other work; in a smaller call each step is short, every signal
+// wakes every sleeping helper, and the leader with one pool thread per core was faster (all_gather of 64 KiB per
+// rank, 16 calls a launch: 0.27 ms a call that way, 0.42 ms with the waiting ranks helping, on a busy machine).
+constexpr int64_t kRankHelpersBytes = int64_t{32} << 20;
+
 // The leader: run the call for every rank, settle the copies owed, recycle the rendezvous and complete the ranks
 // that arrived first (through the helpers' scheduler, so their programs continue in parallel).
 Status lead_call(Communicator& comm, Rendezvous* rv, const Plan& plan, int32_t rank, const CallBuffers& b,
@@ -74,7 +81,7 @@ Status lead_call(Communicator& comm, Rendezvous* rv, const Plan& plan, int32_t r
     auto group = std::make_shared<GroupRun>(std::move(views), ranks, plan, b, site, deadline, block, rv->bell(),
                                             comm, /*whole_group=*/true);
     if (!solo_call(plan, b)) {
-      rv->share(group);
+      if (call_traffic_bytes(plan, block, b.dtype) >= kRankHelpersBytes) rv->share(group);
       if (helpers.schedule) {
         const int n = std::min<int>(helpers.count, plan.nranks - 1);
         for (int h = 0; h < n; ++h)
