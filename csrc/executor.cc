@@ -59,10 +59,11 @@ bool solo_call(const Plan& plan, const CallBuffers& b) {
 }
 
 // Calls that read and write at least this many bytes in all are offered to the ranks waiting on their own threads
-// as well as to the pool's helpers. Such a call takes milliseconds, so eight threads sharing two cores cost nothing
-// next to the share of the cores they win from other work; in a smaller call each step is short, every signal
-// wakes every sleeping helper, and the leader with one pool thread per core was faster (all_gather of 64 KiB per
-// rank, 16 calls a launch: 0.27 ms a call that way, 0.42 ms with the waiting ranks helping, on a busy machine).
+// as well as to the pool's helpers. Such a call takes milliseconds, so eight threads sharing two cores cost little
+// next to the share of the cores they win from other work. A smaller call's steps are short and every signal wakes
+// every sleeping helper; offering those to the ranks too gave all_gather of 64 KiB per rank 0.42 ms a call against
+// 0.27 ms in one run, within the old code's own spread on that busy machine (0.27-0.43 ms over three runs), so
+// they stay as they were.
 constexpr int64_t kRankHelpersBytes = int64_t{32} << 20;
 
 // The leader: run the call for every rank, settle the copies owed, recycle the rendezvous and complete the ranks

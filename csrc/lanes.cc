@@ -372,8 +372,10 @@ bool GroupRun::pass(int32_t start, bool& whole) {
     claimed_[r].store(false, std::memory_order_release);
   }
   const bool last = busy_.fetch_sub(1, std::memory_order_seq_cst) == 1;
-  if (progressed && active_.load(std::memory_order_relaxed) > 0) bell_.ring();  // others may now move
-  if (progressed || last) quiet_.ring();  // a leader whose pass skipped held ranks waits for this
+  if (active_.load(std::memory_order_relaxed) > 0) {  // no helpers (a solo call): nobody to tell
+    if (progressed) bell_.ring();                      // others may now move
+    if (progressed || last) quiet_.ring();             // a leader whose pass skipped held ranks waits for this
+  }
   return progressed;
 }
 
