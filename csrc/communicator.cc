@@ -42,6 +42,8 @@ void Rendezvous::reset(int64_t run_id, uint64_t iteration) {
   arrived_ = 0;
   deadline_ = Clock::time_point::max();
   status_ = {};
+  shared_.reset();
+  sharing_.store(false, std::memory_order_relaxed);
   holders_.store(0, std::memory_order_relaxed);
   for (int32_t r = 0; r < nranks_; ++r) {
     slots_[r].arrived = false;
@@ -75,11 +77,36 @@ Rendezvous::Arrival Rendezvous::arrive(int32_t rank, int32_t nsemaphores, const 
   return Arrival::kLeader;
 }
 
-bool Rendezvous::wait_finished(int32_t rank, Clock::time_point until) {
+bool Rendezvous::wait_finished(int32_t rank, Clock::time_point until, Clock::time_point deadline) {
   std::atomic<int>& h = slots_[rank].handoff;
-  wait_for(finished_, [&] { return h.load(std::memory_order_acquire) != kWaiting; },
-           [&] { return owner_.failed(); }, until);
+  bool helped = false;
+  for (;;) {
+    const WaitResult w = wait_for(
+        finished_,
+        [&] {
+          return h.load(std::memory_order_acquire) != kWaiting ||
+                 (!helped && sharing_.load(std::memory_order_acquire));
+        },
+        [&] { return owner_.failed(); }, helped ? deadline : until);
+    if (w != WaitResult::kReady || helped || h.load(std::memory_order_acquire) != kWaiting) break;
+    helped = true;
+    std::shared_ptr<GroupRun> group;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      group = shared_;
+    }
+    if (group) group->help(rank);  // returns at once if the call is over
+  }
   return h.load(std::memory_order_acquire) == kDone;
+}
+
+void Rendezvous::share(std::shared_ptr<GroupRun> group) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shared_ = std::move(group);
+  }
+  sharing_.store(true, std::memory_order_release);
+  finished_.ring();
 }
 
 bool Rendezvous::defer(int32_t rank) {
@@ -92,6 +119,7 @@ std::vector<Completion> Rendezvous::finish(int32_t leader, const Status& status)
   std::vector<Completion> owed;
   bool woke = false;
   std::lock_guard<std::mutex> lock(mu_);
+  shared_.reset();  // it refers to the leader's frame
   for (int32_t r = 0; r < nranks_; ++r) {
     RankSlot& s = slots_[r];
     if (r == leader || !s.completion) continue;  // no completion: it was called already (abort_gathering)

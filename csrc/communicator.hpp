@@ -115,8 +115,14 @@ class Rendezvous {
                  Completion completion, Clock::time_point deadline);
 
   // A pending rank waits on its own thread until `until` for the leader to finish the call; true if it did (the
-  // call's status is then status()).
-  bool wait_finished(int32_t rank, Clock::time_point until);
+  // call's status is then status()). If the leader shares the call (share) before `until`, the rank helps run it
+  // on this thread and then waits for the finish until `deadline`: every rank has arrived, so the wait is only as
+  // long as the call itself.
+  bool wait_finished(int32_t rank, Clock::time_point until, Clock::time_point deadline);
+  // The leader offers the running call to the ranks still waiting on their own threads (XLA's device threads:
+  // on a machine shared with other work, a call run by eight threads gets the share of the cores XLA's own
+  // collectives get, and one run by the leader and a pool thread a quarter of it).
+  void share(std::shared_ptr<GroupRun> group);
   // A pending rank stops waiting: its completion will be called. False if the leader finished it first.
   bool defer(int32_t rank);
   const Status& status() const { return status_; }
@@ -151,7 +157,9 @@ class Rendezvous {
   int32_t nranks_;
   std::unique_ptr<RankSlot[]> slots_;
   Doorbell bell_;      // rung by every signal
-  Doorbell finished_;  // rung when the leader has finished the call
+  Doorbell finished_;  // rung when the leader has finished the call, and when it shares it
+  std::shared_ptr<GroupRun> shared_;  // the running call, while the leader offers it (guarded by mu_)
+  std::atomic<bool> sharing_{false};
   Status status_;
   std::atomic<int32_t> holders_{0};  // ranks not yet done with the rendezvous
   std::mutex mu_;  // guards phase_, arrived_, deadline_ and the slots' completions

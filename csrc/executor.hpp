@@ -1,7 +1,8 @@
 // The CPU executor of a group whose ranks are all in this process. The last rank of a group to arrive at a call
 // (the leader) runs every rank's lanes (lanes.hpp); the ranks before it publish their buffers and return pending
-// (see communicator.hpp for why no rank waits for its peers). Larger calls are shared with helper threads (XLA's
-// intra-op pool). Groups that span processes run in spanning.hpp.
+// (see communicator.hpp for why no rank waits for its peers). Larger calls are shared with helper threads: the
+// ranks still waiting on their own device threads and XLA's intra-op pool. Groups that span processes run in
+// spanning.hpp.
 #pragma once
 
 #include <cstdint>

@@ -323,20 +323,21 @@ void GroupRun::help(int32_t start) {
   while (!closed_.load(std::memory_order_seq_cst) && remaining_.load(std::memory_order_acquire) > 0 &&
          !failure_.failed()) {
     const uint32_t seen = bell_.word.load(std::memory_order_seq_cst);
-    if (pass(start)) continue;
+    bool whole = false;
+    if (pass(start, whole)) continue;
     if (wait_for(bell_, [&] { return changed(seen); }, [&] { return gone(); }, deadline_) !=
         WaitResult::kReady)
       break;
   }
   active_.fetch_sub(1, std::memory_order_seq_cst);
-  left_.ring();  // the group's own bell: the rendezvous may be recycled by now
+  quiet_.ring();  // the group's own bell: the rendezvous may be recycled by now
 }
 
 Status GroupRun::lead() {
   Status st = drive();
   closed_.store(true, std::memory_order_seq_cst);
   bell_.ring();  // wakes helpers sleeping on a signal
-  wait_for(left_, [&] { return active_.load(std::memory_order_seq_cst) == 0; }, [] { return false; },
+  wait_for(quiet_, [&] { return active_.load(std::memory_order_seq_cst) == 0; }, [] { return false; },
            Clock::time_point::max());
   return st;
 }
@@ -346,23 +347,35 @@ bool GroupRun::changed(uint32_t seen) const {
          remaining_.load(std::memory_order_acquire) == 0;
 }
 
-bool GroupRun::pass(int32_t start) {
+// A pass proves that nothing can move only from what this thread saw itself: a rank another thread held was
+// judged by that thread, possibly from a semaphore read before a signal this thread had just sent (the helper reads
+// "not yet", the leader signals and passes again, skips the held rank and finds nothing else to do, the helper
+// releases it with nothing done). `whole` says this pass claimed every rank still running. Each advance that moved
+// something bumps epoch_ before its rank is released, so a thread that later claims the rank sees the bump.
+bool GroupRun::pass(int32_t start, bool& whole) {
   bool progressed = false;
+  whole = true;
   const int32_t n = static_cast<int32_t>(runs_.size());
   busy_.fetch_add(1, std::memory_order_seq_cst);
   for (int32_t i = 0; i < n; ++i) {
     const int32_t r = (start + i) % n;
-    if (claimed_[r].exchange(true, std::memory_order_acquire)) continue;
+    if (claimed_[r].exchange(true, std::memory_order_acquire)) {
+      whole = false;
+      continue;
+    }
     RankRun& run = *runs_[r];
     if (!run.done() && run.advance()) {
       progressed = true;
       if (run.done()) remaining_.fetch_sub(1, std::memory_order_acq_rel);
+      epoch_.fetch_add(1, std::memory_order_seq_cst);
     }
     claimed_[r].store(false, std::memory_order_release);
   }
-  if (progressed) epoch_.fetch_add(1, std::memory_order_seq_cst);
-  busy_.fetch_sub(1, std::memory_order_seq_cst);
-  if (progressed && active_.load(std::memory_order_relaxed) > 0) bell_.ring();  // others may now move
+  const bool last = busy_.fetch_sub(1, std::memory_order_seq_cst) == 1;
+  if (active_.load(std::memory_order_relaxed) > 0) {  // no helpers (a solo call): nobody to tell
+    if (progressed) bell_.ring();                      // others may now move
+    if (progressed || last) quiet_.ring();             // a leader whose pass skipped held ranks waits for this
+  }
   return progressed;
 }
 
@@ -371,14 +384,28 @@ Status GroupRun::drive() {
     if (failure_.failed()) return Status::Error(failure_.failure());
     const uint32_t seen = bell_.word.load(std::memory_order_seq_cst);
     const uint64_t epoch = epoch_.load(std::memory_order_seq_cst);
-    if (pass(0)) continue;
-    // Nothing moved in a full pass while nobody else was working: every lane of every rank is blocked.
-    if (whole_group_ && busy_.load(std::memory_order_seq_cst) == 0 &&
-        epoch_.load(std::memory_order_seq_cst) == epoch)
+    bool whole = false;
+    if (pass(0, whole)) continue;
+    if (whole_group_ && whole) {
+      // Every rank was found blocked by this thread, and no advance anywhere moved since before it looked:
+      // every lane of every rank is blocked.
+      if (epoch_.load(std::memory_order_seq_cst) != epoch) continue;
       return blocked("deadlocks: every lane of every rank is blocked, so a semaphore is never signalled: ",
                      "jaxcoll: every lane of every rank is blocked at a barrier (malformed plan)");
-    const WaitResult w = wait_for(bell_, [&] { return changed(seen); }, [&] { return gone(); },
-                                  deadline_);
+    }
+    WaitResult w;
+    if (whole_group_) {
+      // Every signal comes from a pass here: wait until a helper moves something or every helper is out of its
+      // pass, then look at every rank again.
+      w = wait_for(quiet_,
+                   [&] {
+                     return changed(seen) || busy_.load(std::memory_order_seq_cst) == 0 ||
+                            epoch_.load(std::memory_order_seq_cst) != epoch;
+                   },
+                   [&] { return gone(); }, deadline_);
+    } else {
+      w = wait_for(bell_, [&] { return changed(seen); }, [&] { return gone(); }, deadline_);
+    }
     if (w == WaitResult::kAborted) return Status::Error(failure_.failure());
     if (w == WaitResult::kTimeout)
       return blocked("timed out: the semaphore was never signalled: ",

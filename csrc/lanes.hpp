@@ -124,7 +124,7 @@ class GroupRun {
  private:
   bool changed(uint32_t seen) const;
   bool gone();
-  bool pass(int32_t start);
+  bool pass(int32_t start, bool& whole);
   Status drive();
   Status blocked(const std::string& why, const std::string& at_barrier);
 
@@ -137,9 +137,10 @@ class GroupRun {
   std::atomic<int32_t> remaining_{0};
   std::atomic<int32_t> active_{0};  // helpers inside help()
   std::atomic<int32_t> busy_{0};    // threads inside pass()
-  std::atomic<uint64_t> epoch_{0};  // passes that moved something
+  std::atomic<uint64_t> epoch_{0};  // advances that moved something
   std::atomic<bool> closed_{false};
-  Doorbell left_;  // rung by each helper as it leaves
+  Doorbell quiet_;  // rung as a helper leaves help(), and at the end of a pass that moved something or was the
+                    // last one running
   const Clock::time_point deadline_;
 };
 

@@ -398,6 +398,31 @@ def test_a_failed_rank_releases_its_peers_promptly():
         run(plan, [np.ones(2, np.int32)] * 2, timeout_s=0.2)
 
 
+def chained_lanes(n: int, lanes: int) -> Plan:
+    """Rank r copies its input to its output after rank r-1 has, then releases its other lanes, which only wait:
+    a plan without barriers whose ranks spend their passes scanning many blocked lanes, so that a helper thread
+    often holds a rank while the leader signals it."""
+    ranks = []
+    for r in range(n):
+        first = ([Step(Op.WAIT, sem=0)] if r else []) + [Step(Op.COPY, (ref(r, IN, 0),), (ref(r, OUT, 0),))]
+        first += ([Step(Op.SIGNAL, peer=r + 1, sem=0)] if r < n - 1 else []) + [Step(Op.SIGNAL, peer=r, sem=1)] * (lanes - 1)
+        ranks.append(RankProgram(1, 1, 0, 2, (Lane(tuple(first)),) + (Lane((Step(Op.WAIT, sem=1),)),) * (lanes - 1)))
+    return validate(Plan(Collective.CUSTOM, n, tuple(ranks), in_blocks=1, out_blocks=1, name="chain"))
+
+
+@pytest.mark.parametrize("plan", [chained_lanes(8, 64), chained_lanes(2, 1000), ring_all_reduce(8)],
+                         ids=["chain8", "chain2", "ring8"])
+def test_plans_without_barriers_never_report_a_deadlock_while_helpers_hold_ranks(plan):
+    """A pass that skipped a rank another thread held proves nothing about it: that thread may have read the rank's
+    semaphores before a signal this one sent. Many calls, each shared with helper threads, must all finish."""
+    xs = [np.full(32, r + 1.0, np.float32) for r in range(plan.nranks)]
+    want = sum(xs) if plan.collective == Collective.ALL_REDUCE else None
+    for _ in range(300):
+        outs = run(plan, xs)
+        for r, y in enumerate(outs):
+            np.testing.assert_array_equal(y, xs[r] if want is None else want)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Through XLA: the FFI target inside jax.jit(jax.shard_map) on 8 CPU devices
 # ---------------------------------------------------------------------------------------------------------------
