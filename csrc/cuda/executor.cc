@@ -286,10 +286,8 @@ Status Launcher::create(const Plan& plan, const PlanImage& im, const CallShape& 
   p.unpack_span = reinterpret_cast<const Span*>(base + sections[9].at);
   p.error = error;
   p.layout = layout;
-  p.block = shape.block;
   p.timeout_ns = uint64_t(std::max(o.timeout_s, 1e-3) * 1e9);
   p.nranks = im.nranks;
-  p.k = im.chunk_factor;
   p.max_semaphores = im.max_semaphores;
   p.max_lanes = im.max_lanes;
   p.first_rank = o.first_rank;

@@ -103,9 +103,8 @@ struct KernelParams {
   char* const* slots;          // [nranks] each rank's slot, as addressed from the launching device
   ErrorRecord* error;          // host-mapped, shared by every rank of the group
   SlotLayout layout;
-  int64_t block;               // elements per buffer block
   uint64_t timeout_ns;
-  int32_t nranks, k, max_semaphores, max_lanes;
+  int32_t nranks, max_semaphores, max_lanes;
   int32_t first_rank, launch_ranks;
   int32_t blocks_per_lane;
   int32_t protocol;            // Protocol::kLL or kBulk
