@@ -12,7 +12,7 @@ import pytest
 
 from jaxcoll.launch import launch
 from jaxcoll.sim import machine
-from jaxcoll.tune import choice, file
+from jaxcoll.tune import choice, file, run
 
 CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tune_cases.py")
 TRANSPORTS = {"shm": ({}, "2x4"), "tcp": ({"JAXCOLL_TRANSPORT": "tcp"}, "2x4/2hosts")}
@@ -82,7 +82,9 @@ def test_jaxcoll_tune_writes_a_file_auto_can_use(processes, transport, layout, t
     assert {c["collective"] for c in entry["cells"]} == {"all_reduce", "all_gather"}
     for c in entry["cells"]:
         assert c["choice"] in c["seconds"] and c["default"] in c["seconds"]
-        assert min(c["seconds"].values()) == c["seconds"][c["choice"]]  # the fastest measured median
+        # The model's pick where it measured within CLOSE of the best median, else the best or a steadier one
+        # near it (jaxcoll.tune.run.decide): never a plan measured slower than that.
+        assert c["seconds"][c["choice"]] <= (1 + run.CLOSE) * min(c["seconds"].values())
 
 
 def test_jaxcoll_tune_names_bad_arguments():
