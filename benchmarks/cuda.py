@@ -326,12 +326,17 @@ def tune_cells(n: int, sizes: Sizes):
     return cells
 
 
+def cell_elements(plan: Plan, nbytes: int) -> int:
+    """Float32 input elements a rank of a tune cell of `nbytes` a rank: whole blocks of the plan, one at least."""
+    return max(plan.in_blocks, nbytes // 4 // plan.in_blocks * plan.in_blocks)
+
+
 def measure_cells(timer, n: int, sizes: Sizes, iters: int) -> list[tuple]:
     """(name, plan, per-rank input bytes, fitted?, protocol, seconds) of every tune cell, timed as a CUDA graph
     with the protocol auto takes (packets up to 64 KiB a rank)."""
     out = []
     for name, plan, nbytes, fitted in tune_cells(n, sizes):
-        ins = max(plan.in_blocks, nbytes // 4 // plan.in_blocks * plan.in_blocks)
+        ins = cell_elements(plan, nbytes)
         outs = ins // plan.in_blocks * plan.out_blocks
         r = timer.plan(plan, ins, outs, iters=iters, graph=True, protocol="auto")
         out.append((name, plan, ins * 4, fitted, r["protocol"], r["seconds_per_call"]))
@@ -349,7 +354,7 @@ def recorded_cells(path: str, n: int, sizes: Sizes) -> list[tuple]:
             times[cells[0], cells[1]] = (cells[2], float(cells[4]) * 1e-6)
     out, missing = [], []
     for name, plan, nbytes, fitted in tune_cells(n, sizes):
-        ins = max(plan.in_blocks, nbytes // 4 // plan.in_blocks * plan.in_blocks)
+        ins = cell_elements(plan, nbytes)
         key = (name, size_label(nbytes))
         if key in times:
             out.append((name, plan, ins * 4, fitted, *times[key]))

@@ -10,6 +10,7 @@ is a kernel the host does not wait for, no call is timed.
 from __future__ import annotations
 
 import dataclasses
+import io
 
 import numpy as np
 
@@ -48,17 +49,9 @@ class Stats(tuple):
 
     def __str__(self) -> str:
         from rich.console import Console
-        console = Console(width=120, record=True, file=_Discard())
+        console = Console(width=120, file=io.StringIO())
         console.print(self)
-        return console.export_text().rstrip()
-
-
-class _Discard:
-    def write(self, _):
-        pass
-
-    def flush(self):
-        pass
+        return console.file.getvalue().rstrip()
 
 
 def stats(reset: bool = False) -> Stats:
