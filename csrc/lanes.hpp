@@ -98,6 +98,7 @@ struct CallBuffers {
 int64_t call_traffic_bytes(const Plan& plan, int64_t block, DType dtype);
 
 class RankRun;
+struct TracedCall;
 
 // The lanes of `ranks` (every rank of the group in one process, or the ranks this process hosts), run by the
 // thread that calls lead() and by any helpers that join with help(). A rank is the unit of work: whoever claims it
@@ -129,6 +130,7 @@ class GroupRun {
   Status blocked(const std::string& why, const std::string& at_barrier);
 
   std::vector<PeerView> views_;
+  std::unique_ptr<TracedCall> traced_;  // set when the call is traced (jaxcoll.trace)
   Doorbell& bell_;
   CallFailure& failure_;
   bool whole_group_;
