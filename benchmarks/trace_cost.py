@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 
 
-def child(sizes: list[int], steps: int, launches: int, devices: int) -> dict:
+def child(sizes: list[int], steps: int, launches: int, devices: int, algorithm: str) -> dict:
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
     import tempfile
 
@@ -41,7 +41,7 @@ def child(sizes: list[int], steps: int, launches: int, devices: int) -> dict:
     for nbytes in sizes:
         def body(x):
             def one(c, _):
-                return c * 0.5 + jaxcoll.all_reduce(c, "i", algorithm="two_shot") * (0.5 / devices), None
+                return c * 0.5 + jaxcoll.all_reduce(c, "i", algorithm=algorithm) * (0.5 / devices), None
             return lax.scan(one, x, None, length=steps)[0]
         f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
         x = jax.device_put(jnp.ones(devices * (nbytes // 4), jnp.float32), NamedSharding(mesh, P("i")))
@@ -75,11 +75,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50, help="all_reduce calls per launch (a scan)")
     p.add_argument("--launches", type=int, default=20, help="timed launches per process and mode")
     p.add_argument("--devices", type=int, default=8)
+    p.add_argument("--algorithm", default="ring",
+                   help="the all_reduce plan (ring: 42 steps a rank on 8 ranks, the most events a call)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     if args.child:
-        print(json.dumps(child(sizes, args.steps, args.launches, args.devices)))
+        print(json.dumps(child(sizes, args.steps, args.launches, args.devices, args.algorithm)))
         return
     sides = {"this": str(HERE)} | ({"against": str(Path(args.against).resolve())} if args.against else {})
     results: dict = {}
@@ -88,7 +90,8 @@ def main() -> None:
             env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCOLL_")}
             env["PYTHONPATH"] = root
             cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--sizes", args.sizes,
-                   "--steps", str(args.steps), "--launches", str(args.launches), "--devices", str(args.devices)]
+                   "--steps", str(args.steps), "--launches", str(args.launches), "--devices", str(args.devices),
+                   "--algorithm", args.algorithm]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=1800)
             if proc.returncode:
                 sys.exit(f"{side} run failed:\n{proc.stderr[-3000:]}")
@@ -96,7 +99,7 @@ def main() -> None:
                 for mode, seconds in modes.items():
                     results.setdefault((side, mode, int(nbytes)), []).append(seconds)
             print(f"run {run + 1}/{args.runs} {side} done", file=sys.stderr, flush=True)
-    print(f"all_reduce (two_shot), {args.devices} CPU devices, {os.cpu_count()} cores, a scan of {args.steps} calls "
+    print(f"all_reduce ({args.algorithm}), {args.devices} CPU devices, {os.cpu_count()} cores, a scan of {args.steps} calls "
           f"a launch; per call: median over {args.runs} runs of each run's median over {args.launches} launches "
           f"(range of the run medians)")
     print(f"{'size a rank':>12} {'side':>8} {'tracing':>8} {'us a call':>10}  range")

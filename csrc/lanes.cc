@@ -53,7 +53,8 @@ struct LaneState {
 // What a traced call's events share (jaxcoll.trace): its number, and who signals each semaphore, found once per
 // call so that a wait's event can say from whom its signal comes.
 struct TracedCall {
-  explicit TracedCall(const Plan& plan) : call(next_traced_call()) {
+  TracedCall(const Plan& plan, const CallSite& site)
+      : call(next_traced_call()), callsite(site.callsite), group(site.group) {
     from.resize(plan.nranks);
     for (int32_t r = 0; r < plan.nranks; ++r) from[r].assign(plan.ranks[r].semaphores, -1);
     for (int32_t r = 0; r < plan.nranks; ++r) {
@@ -70,6 +71,8 @@ struct TracedCall {
     }
   }
   int64_t call;
+  int64_t callsite;
+  int32_t group;
   std::vector<std::vector<int32_t>> from;  // [rank][semaphore]: the signalling rank, -2 several, -1 none
 };
 
@@ -377,7 +380,7 @@ GroupRun::GroupRun(std::vector<PeerView> views, const std::vector<int32_t>& rank
                    Doorbell& bell, CallFailure& failure, bool whole_group)
     : views_(std::move(views)), bell_(bell), failure_(failure), whole_group_(whole_group),
       claimed_(std::make_unique<std::atomic<bool>[]>(ranks.size())), deadline_(deadline) {
-  if (tracing()) traced_ = std::make_unique<TracedCall>(plan);
+  if (tracing()) traced_ = std::make_unique<TracedCall>(plan, site);
   runs_.reserve(ranks.size());
   for (int32_t r : ranks) {
     runs_.push_back(std::make_unique<RankRun>(views_.data(), failure, plan, r, b, site, block, traced_.get()));
@@ -386,6 +389,12 @@ GroupRun::GroupRun(std::vector<PeerView> views, const std::vector<int32_t>& rank
 }
 
 GroupRun::~GroupRun() = default;
+
+void GroupRun::trace_arrival(int32_t rank, int64_t arrived_ns) {
+  if (!traced_ || !arrived_ns) return;
+  record_trace_event({arrived_ns, trace_now_ns(), traced_->callsite, traced_->call, 0, traced_->group, rank,
+                      kTraceArrival, -1, kTraceArrival, -1, -1, 0, 0});
+}
 
 // A sleeping runner wakes at least every 50 ms (wait_for) and asks this: polling there is what notices a peer
 // process that has gone while every lane here waits for its signals.

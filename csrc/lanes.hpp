@@ -121,6 +121,9 @@ class GroupRun {
   // The leader's part: run until every rank is done, then wait for the helpers inside to leave.
   Status lead();
   int32_t nruns() const { return static_cast<int32_t>(runs_.size()); }
+  // A traced call: `rank` arrived at `arrived_ns` and waited for its peers until now, when the call starts (an
+  // event of the rank's "arrival" track). Does nothing when the call is not traced or arrived_ns is 0.
+  void trace_arrival(int32_t rank, int64_t arrived_ns);
 
  private:
   bool changed(uint32_t seen) const;

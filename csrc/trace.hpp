@@ -36,6 +36,9 @@ struct TraceEvent {
 static_assert(sizeof(TraceEvent) == 80, "TraceEvent's layout is read by jaxcoll/observe/trace.py");
 
 inline constexpr int32_t kTraceUnfinished = 1;
+// The op and lane of an arrival event: from a rank's arrival at its call until the call starts (its peers'
+// arrival), on a track of its own.
+inline constexpr int32_t kTraceArrival = -1;
 
 // Whether calls starting now are traced: one relaxed load.
 bool tracing();

@@ -42,7 +42,11 @@ def load(path) -> dict:
 
 
 def steps_of(doc: dict) -> list[dict]:
-    return [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    return [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] != "wait for peers"]
+
+
+def arrivals_of(doc: dict) -> list[dict]:
+    return [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] == "wait for peers"]
 
 
 def by_call(events: list[dict]) -> dict:
@@ -81,6 +85,8 @@ def assert_trace_event_schema(doc: dict):
     for e in steps_of(doc):
         assert named[e["pid"], 0, "process_name"] == f"rank {e['pid']}"
         assert named[e["pid"], e["tid"], "thread_name"] == f"lane {e['tid']}"
+    for e in arrivals_of(doc):
+        assert named[e["pid"], e["tid"], "thread_name"] == "arrival" and e["tid"] == -1
 
 
 def assert_waits_end_after_their_signals(events: list[dict]):
@@ -159,6 +165,11 @@ def test_a_jit_program_traces_every_step_of_each_call(tmp_path):
     assert {e["cat"] for e in events} == {"all_reduce"} and {e["args"]["plan"] for e in events} == {"ring"}
     assert_each_call_runs_the_plan_once(events, plan, calls=2)
     assert_waits_end_after_their_signals(events)
+    # Each rank waits once a call for its peers to arrive, and the call's steps start after the last arrived.
+    arrivals = by_call(arrivals_of(doc))
+    for key, evs in by_call(events).items():
+        assert sorted(e["pid"] for e in arrivals[key]) == list(range(8))
+        assert max(a["ts"] for a in arrivals[key]) <= min(e["ts"] for e in evs)
 
 
 def test_a_200_step_scan_traces_200_calls_of_the_plan(tmp_path):

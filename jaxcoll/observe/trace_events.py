@@ -3,7 +3,9 @@
 
 One "X" (complete) event per step: pid is the rank (`group * 10000 + rank` for a call site's later groups), tid
 the lane, ts and dur in microseconds of the host's monotonic clock (CLOCK_MONOTONIC, shared by every process of a
-host); "M" events name the tracks "rank r" and "lane l". `otherData` says which process wrote the file and pairs
+host); "M" events name the tracks "rank r" and "lane l". In a group inside one process, each rank also has an
+"arrival" track (tid -1): one "wait for peers" event a call, from the rank's arrival until the last of its peers
+arrived and the call started, so the rank that arrives last (the slow one) is the one whose wait is shortest. `otherData` says which process wrote the file and pairs
 the monotonic clock with the wall clock, so that files written on different hosts can be put on one time axis
 (`load` does; its accuracy is that of the hosts' clock synchronisation, NTP: milliseconds). No JAX here.
 """
@@ -23,7 +25,9 @@ EVENT = np.dtype([("start_ns", "<i8"), ("end_ns", "<i8"), ("callsite", "<i8"), (
                   ("group", "<i4"), ("rank", "<i4"), ("lane", "<i4"), ("step", "<i4"), ("op", "<i4"),
                   ("peer", "<i4"), ("sem", "<i4"), ("count", "<i4"), ("flags", "<i4"), ("reserved", "<i4")])
 UNFINISHED = 1  # kTraceUnfinished: the step had not ended when its call failed
-OP_NAMES = {code: op.value for op, code in OP_CODES.items()}
+ARRIVAL = -1  # kTraceArrival: the op and lane of a rank's wait for its peers to arrive
+ARRIVAL_NAME, ARRIVAL_TRACK = "wait for peers", "arrival"
+OP_NAMES = {code: op.value for op, code in OP_CODES.items()} | {ARRIVAL: ARRIVAL_NAME}
 GROUP_STRIDE = 10000  # pid = group * GROUP_STRIDE + rank
 
 
@@ -51,14 +55,16 @@ def to_json(events: np.ndarray, other: dict) -> dict:
         (start, end, callsite, call, nbytes, group, rank, lane, step, op, peer, sem, count, flags, _) = e
         collective, plan = names[callsite]
         name = OP_NAMES.get(op, f"op {op}")
-        args = {"callsite": callsite, "call": call, "plan": plan, "step": step}
+        args = {"callsite": callsite, "call": call, "plan": plan}
+        if op != ARRIVAL:
+            args["step"] = step
         if name == "wait":
             args.update(sem=sem, signal=count)
             if peer != -1:
                 args["from"] = peer if peer >= 0 else "several ranks"
         elif name == "signal":
             args.update(to=peer, sem=sem)
-        elif name not in ("barrier",):
+        elif name not in ("barrier", ARRIVAL_NAME):
             args.update(bytes=nbytes, **({"peer": peer} if peer >= 0 else {}))
         if flags & UNFINISHED:
             args["unfinished"] = True
@@ -71,7 +77,8 @@ def to_json(events: np.ndarray, other: dict) -> dict:
         meta.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": track_name(pid)}})
         meta.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
     for pid, lane in sorted(tracks):
-        meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": lane, "args": {"name": f"lane {lane}"}})
+        meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": lane,
+                     "args": {"name": ARRIVAL_TRACK if lane == ARRIVAL else f"lane {lane}"}})
     return {"traceEvents": meta + out, "displayTimeUnit": "ns", "otherData": other}
 
 
