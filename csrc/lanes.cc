@@ -475,8 +475,10 @@ Status GroupRun::drive() {
     if (pass(0, whole)) continue;
     if (whole_group_ && whole) {
       // Every rank was found blocked by this thread, and no advance anywhere moved since before it looked:
-      // every lane of every rank is blocked.
-      if (epoch_.load(std::memory_order_seq_cst) != epoch) continue;
+      // every lane of every rank is blocked. Unless the ranks are all done: a helper that finished the last rank
+      // between this thread's reads of remaining_ and epoch_ left both changed before the epoch was read.
+      if (epoch_.load(std::memory_order_seq_cst) != epoch || remaining_.load(std::memory_order_acquire) == 0)
+        continue;
       return blocked("deadlocks: every lane of every rank is blocked, so a semaphore is never signalled: ",
                      "jaxcoll: every lane of every rank is blocked at a barrier (malformed plan)");
     }
