@@ -237,6 +237,22 @@ def test_jaxcoll_trace_in_the_environment_traces_the_whole_run(tmp_path):
     assert_each_call_runs_the_plan_once(steps_of(doc), plan_of(Collective.ALL_GATHER, "ring", 3), calls=4)
 
 
+def test_a_run_that_dies_of_a_timeout_still_writes_its_trace_at_exit(tmp_path):
+    code = ("import numpy as np, jaxcoll\n"
+            "from jaxcoll import runtime\n"
+            "from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step\n"
+            "put = lambda r: Step(Op.PUT, (ChunkRef(r, Buffer.INPUT, 0),), (ChunkRef(r, Buffer.OUTPUT, 0),))\n"
+            "plan = Plan(Collective.CUSTOM, 2, (RankProgram(1, 1, 0, 1, (Lane((put(0), Step(Op.WAIT, sem=0))),)),\n"
+            "            RankProgram(1, 1, 0, 0, (Lane((put(1),)),))), in_blocks=1, out_blocks=1)\n"
+            "runtime.run_plan(plan, [np.ones(4, np.float32)] * 2, timeout_s=0.3)\n")
+    out = run_python(code, tmp_path, JAXCOLL_TRACE=str(tmp_path / "run.json"))
+    assert out.returncode != 0 and "never signalled" in out.stderr
+    events = steps_of(load(tmp_path / "run.json"))
+    assert [(e["pid"], e["name"], e["args"].get("unfinished", False)) for e in sorted(
+        events, key=lambda e: (e["pid"], e["args"]["step"]))] == [(0, "put", False), (0, "wait", True),
+                                                                  (1, "put", False)]
+
+
 def test_a_two_process_job_writes_one_file_per_process_with_its_ranks_steps(tmp_path):
     path = tmp_path / "job.json"
     results = launch(2, [str(HERE / "trace_cases.py"), str(path)], local_devices=2, timeout_s=240,
