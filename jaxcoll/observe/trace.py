@@ -37,9 +37,10 @@ def _open_tracer() -> int:
     global _open
     native = _native()
     with _lock:
+        since = native.trace_clock_ns()[0]  # before the switch: every event it lets through starts after this
         _open += 1
         native.open_tracer()
-        return native.trace_clock_ns()[0]
+        return since
 
 
 def _close_tracer(since_ns: int) -> tuple[np.ndarray, int]:
