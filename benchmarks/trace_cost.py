@@ -2,7 +2,8 @@
 with tracing off in another checkout (the code before the trace hooks), so that "off costs nothing" is measured.
 
 Each run is a process that times a jitted scan of `--steps` all_reduce calls per launch, and reports the median
-seconds per call over `--launches` launches, alternating launches with tracing off and on. With --against, runs
+seconds per call over `--launches` launches, alternating launches with tracing off and on (the garbage collector run before each, so a traced launch's
+file writing does not land in the next launch). With --against, runs
 alternate between this checkout and the other one (same interpreter, PYTHONPATH switched), `--runs` each; the
 table gives, per side, mode and size, the median over runs of each run's median and the range of the run medians.
 The machine's other work moves single runs: compare the medians, and read the ranges as the noise.
@@ -13,6 +14,7 @@ The machine's other work moves single runs: compare the medians, and read the ra
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -51,6 +53,7 @@ def child(sizes: list[int], steps: int, launches: int, devices: int, algorithm: 
         with tempfile.TemporaryDirectory() as tmp:
             for i in range(launches):
                 for mode in ("off", "on") if traceable else ("off",):
+                    gc.collect()  # a traced launch leaves objects behind (its file's events): not the next one's
                     t0 = time.perf_counter()
                     if mode == "on":
                         with jaxcoll.trace(os.path.join(tmp, "t.json")):

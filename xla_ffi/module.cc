@@ -172,7 +172,8 @@ NB_MODULE(_jaxcoll, m) {
   }, nb::arg("clear") = false,
         "(events, dropped): every traced step so far as packed csrc/trace.hpp TraceEvents, and how many were "
         "overwritten in full buffers; `clear` forgets them.");
-  m.def("trace_event_size", [] { return sizeof(jaxcoll::TraceEvent); });
+  m.def("trace_event_size", [] { return sizeof(jaxcoll::TraceEvent); },
+        "Bytes of one event of trace_events (jaxcoll/observe/trace_events.py's EVENT reads them).");
 
   m.def("default_timeout_s", &jaxcoll::default_timeout_s,
         "The timeout of a call in seconds: JAXCOLL_TIMEOUT, default 300 (read once).");

@@ -29,6 +29,9 @@ _open = 0  # tracers open in this process (blocks and the whole-run one): events
 
 def _native():
     from jaxcoll import runtime  # loads the native module, which holds the events
+    if runtime._jaxcoll.trace_event_size() != trace_events.EVENT.itemsize:
+        raise ImportError(f"jaxcoll's native module records {runtime._jaxcoll.trace_event_size()}-byte trace events, "
+                          f"jaxcoll.observe.trace_events reads {trace_events.EVENT.itemsize}: rebuild the module")
     return runtime._jaxcoll
 
 
