@@ -2,11 +2,11 @@
 with tracing off in another checkout (the code before the trace hooks), so that "off costs nothing" is measured.
 
 Each run is a process that times a jitted scan of `--steps` all_reduce calls per launch, and reports the median
-seconds per call over `--launches` launches, alternating launches with tracing off and on (the garbage collector run before each, so a traced launch's
-file writing does not land in the next launch). With --against, runs
-alternate between this checkout and the other one (same interpreter, PYTHONPATH switched), `--runs` each; the
-table gives, per side, mode and size, the median over runs of each run's median and the range of the run medians.
-The machine's other work moves single runs: compare the medians, and read the ranges as the noise.
+seconds per call over `--launches` launches, alternating launches with tracing off and on (the garbage collector run
+before each, so a traced launch's file writing does not land in the next launch). With --against, runs alternate
+between this checkout and the other one (same interpreter, PYTHONPATH switched), `--runs` each; the table gives, per
+side, mode and size, the median over runs of each run's median and the range of the run medians. The machine's other
+work moves single runs: compare the medians, and read the ranges as the noise.
 
     python benchmarks/trace_cost.py [--against /path/to/other/checkout] [--sizes 4K,256K] [--runs 5]
 """
@@ -103,9 +103,9 @@ def main() -> None:
                 for mode, seconds in modes.items():
                     results.setdefault((side, mode, int(nbytes)), []).append(seconds)
             print(f"run {run + 1}/{args.runs} {side} done", file=sys.stderr, flush=True)
-    print(f"all_reduce ({args.algorithm}), {args.devices} CPU devices, {os.cpu_count()} cores, a scan of {args.steps} calls "
-          f"a launch; per call: median over {args.runs} runs of each run's median over {args.launches} launches "
-          f"(range of the run medians)")
+    print(f"all_reduce ({args.algorithm}), {args.devices} CPU devices, {os.cpu_count()} cores, a scan of "
+          f"{args.steps} calls a launch; per call: median over {args.runs} runs of each run's median over "
+          f"{args.launches} launches (range of the run medians)")
     print(f"{'size a rank':>12} {'side':>8} {'tracing':>8} {'us a call':>10}  range")
     for nbytes in sizes:
         for (side, mode, n), v in sorted(results.items()):

@@ -1,13 +1,14 @@
 """The trace file of `jaxcoll.trace`: the runtime's step events (csrc/trace.hpp) as Chrome/Perfetto trace-event JSON
 (https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU), and read back.
 
-One "X" (complete) event per step: pid is the rank (`group * 10000 + rank` for a call site's later groups), tid
-the lane, ts and dur in microseconds of the host's monotonic clock (CLOCK_MONOTONIC, shared by every process of a
-host); "M" events name the tracks "rank r" and "lane l". In a group inside one process, each rank also has an
-"arrival" track (tid -1): one "wait for peers" event a call, from the rank's arrival until the last of its peers
-arrived and the call started, so the rank that arrives last (the slow one) is the one whose wait is shortest. `otherData` says which process wrote the file and pairs
-the monotonic clock with the wall clock, so that files written on different hosts can be put on one time axis
-(`load` does; its accuracy is that of the hosts' clock synchronisation, NTP: milliseconds). No JAX here.
+One "X" (complete) event per step: pid is the rank (`group * 10000 + rank` for a call site's later groups), tid the
+lane, ts and dur in microseconds of the host's monotonic clock (CLOCK_MONOTONIC, shared by every process of a host);
+"M" events name the tracks "rank r" and "lane l". In a group inside one process, each rank also has an "arrival"
+track (tid -1): one "wait for peers" event a call, from the rank's arrival until the last of its peers arrived and
+the call started, so the rank that arrives last (the slow one) is the one whose wait is shortest. `otherData` says
+which process wrote the file and pairs the monotonic clock with the wall clock, so that files written on different
+hosts can be put on one time axis (`load` does; its accuracy is that of the hosts' clock synchronisation, NTP:
+milliseconds). No JAX here.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def to_json(events: np.ndarray, other: dict) -> dict:
         names[callsite] = (site.collective, site.plan) if site else ("run_plan" if callsite < 0 else "?", "?")
     out = []
     tracks = set()
-    for e in events.tolist():
-        (start, end, callsite, call, nbytes, group, rank, lane, step, op, peer, sem, count, flags, _) = e
+    columns = [events[name].tolist() for name in EVENT.names]  # far faster than a structured array's tolist
+    for (start, end, callsite, call, nbytes, group, rank, lane, step, op, peer, sem, count, flags, _) in zip(*columns):
         collective, plan = names[callsite]
         name = OP_NAMES.get(op, f"op {op}")
         args = {"callsite": callsite, "call": call, "plan": plan}
