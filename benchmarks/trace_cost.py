@@ -1,12 +1,13 @@
 """What jaxcoll.trace costs: the time of an all_reduce call with tracing off, with tracing on, and (with --against)
 with tracing off in another checkout (the code before the trace hooks), so that "off costs nothing" is measured.
 
-Each run is a process that times a jitted scan of `--steps` all_reduce calls per launch, and reports the median
-seconds per call over `--launches` launches, alternating launches with tracing off and on (the garbage collector run
-before each, so a traced launch's file writing does not land in the next launch). With --against, runs alternate
-between this checkout and the other one (same interpreter, PYTHONPATH switched), `--runs` each; the table gives, per
-side, mode and size, the median over runs of each run's median and the range of the run medians. The machine's other
-work moves single runs: compare the medians, and read the ranges as the noise.
+Each run is a process that times a jitted scan of `--steps` all_reduce calls per launch and reports the median
+seconds per call over `--launches` launches (the garbage collector run before each). A round runs three processes in
+turn: this checkout untraced ("this"), the other checkout untraced ("against", with --against), and this checkout
+alternating launches with tracing off and on ("alternating"; a traced launch writes its file after it, which
+disturbs the next launch, so its "off" is not the untraced baseline). The table gives, per side, mode and size, the
+median over runs of each run's median and the range of the run medians. The machine's other work moves single runs:
+compare the medians, and read the ranges as the noise.
 
     python benchmarks/trace_cost.py [--against /path/to/other/checkout] [--sizes 4K,256K] [--runs 5]
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 
 
-def child(sizes: list[int], steps: int, launches: int, devices: int, algorithm: str) -> dict:
+def child(sizes: list[int], steps: int, launches: int, devices: int, algorithm: str, traced: bool) -> dict:
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
     import tempfile
 
@@ -37,7 +38,7 @@ def child(sizes: list[int], steps: int, launches: int, devices: int, algorithm: 
 
     import jaxcoll
 
-    traceable = hasattr(jaxcoll, "trace")
+    traceable = traced and hasattr(jaxcoll, "trace")
     mesh = jax.make_mesh((devices,), ("i",))
     out = {}
     for nbytes in sizes:
@@ -81,20 +82,25 @@ def main() -> None:
     p.add_argument("--algorithm", default="ring",
                    help="the all_reduce plan (ring: 42 steps a rank on 8 ranks, the most events a call)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--traced", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     if args.child:
-        print(json.dumps(child(sizes, args.steps, args.launches, args.devices, args.algorithm)))
+        print(json.dumps(child(sizes, args.steps, args.launches, args.devices, args.algorithm, args.traced)))
         return
-    sides = {"this": str(HERE)} | ({"against": str(Path(args.against).resolve())} if args.against else {})
+    # (checkout, whether its launches alternate with traced ones): "this" and "against" run every launch untraced,
+    # the same way, so that they compare the code; "alternating" compares tracing on and off in one process.
+    sides = {"this": (str(HERE), False), "alternating": (str(HERE), True)}
+    if args.against:
+        sides["against"] = (str(Path(args.against).resolve()), False)
     results: dict = {}
     for run in range(args.runs):
-        for side, root in sides.items():
+        for side, (root, traced) in sides.items():
             env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCOLL_")}
             env["PYTHONPATH"] = root
             cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--sizes", args.sizes,
                    "--steps", str(args.steps), "--launches", str(args.launches), "--devices", str(args.devices),
-                   "--algorithm", args.algorithm]
+                   "--algorithm", args.algorithm] + (["--traced"] if traced else [])
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=1800)
             if proc.returncode:  # reported, and left out of the table
                 print(f"run {run + 1} {side} failed:\n{proc.stderr[-1500:]}", file=sys.stderr, flush=True)
@@ -106,11 +112,11 @@ def main() -> None:
     print(f"all_reduce ({args.algorithm}), {args.devices} CPU devices, {os.cpu_count()} cores, a scan of "
           f"{args.steps} calls a launch; per call: median over {args.runs} runs of each run's median over "
           f"{args.launches} launches (range of the run medians)")
-    print(f"{'size a rank':>12} {'side':>8} {'tracing':>8} {'us a call':>10}  range")
+    print(f"{'size a rank':>12} {'side':>12} {'tracing':>8} {'us a call':>10}  range")
     for nbytes in sizes:
         for (side, mode, n), v in sorted(results.items()):
             if n == nbytes:
-                print(f"{format_size(nbytes):>12} {side:>8} {mode:>8} {statistics.median(v) * 1e6:>10.1f}  "
+                print(f"{format_size(nbytes):>12} {side:>12} {mode:>8} {statistics.median(v) * 1e6:>10.1f}  "
                       f"{min(v) * 1e6:.1f}-{max(v) * 1e6:.1f}")
 
 
