@@ -25,7 +25,7 @@ def all_reduce(x, axis_name, *, op="sum", algorithm="auto", compression=None, co
       compress_axes: None (compress over all of `axis_name`), or the axis or axes of `axis_name` that are slow
         (e.g. the hosts of ("host", "local")): the sum is exact over the other axes and compressed only across
         these (exact reduce_scatter over the others, compressed all_reduce of the 1/L chunk, exact all_gather;
-        `jaxcoll.compress.hierarchical`). Needs a "bf16", "fp8" or "int8" compression and algorithm="auto".
+        `jaxcoll.compress.two_level`). Needs a "bf16", "fp8" or "int8" compression and algorithm="auto".
 
     Returns:
       The same shapes and dtypes as `x`, invariant over `axis_name` under `shard_map(check_vma=True)` (as
