@@ -27,6 +27,15 @@ def _scheme(api_name: str, compression, algorithm, *, sparse_ok: bool):
     return fmt
 
 
+def no_index_groups(api_name: str, axis_index_groups, **asked) -> None:
+    """The compressed collectives (and adasum) run over whole axes: `axis_index_groups` with them is refused,
+    naming what was asked for (`asked`: the keywords that chose this entry, e.g. compression="int8")."""
+    if axis_index_groups is not None:
+        chosen = ", ".join(f"{k}={v!r}" for k, v in asked.items() if v is not None)
+        raise ValueError(f"{api_name}: axis_index_groups={axis_index_groups!r} applies to the exact collectives "
+                         f"only; it cannot be combined with {chosen}")
+
+
 def compressed_axes(api_name: str, axes: tuple, compress_axes, compression, algorithm) -> tuple | None:
     """`compress_axes` as a tuple of the axes of `axes` that are compressed, or None for all of them (the flat
     path). The rest of `axes` are summed exactly (two_level.py)."""
