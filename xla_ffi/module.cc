@@ -25,7 +25,7 @@
 #include "csrc/topk.hpp"
 #include "csrc/trace.hpp"
 #include "csrc/world.hpp"
-#include "xla_ffi/codec.hpp"
+#include "xla_ffi/codec_handlers.hpp"
 #include "xla_ffi/handler.hpp"
 #include "xla_ffi/sparse.hpp"
 #ifdef JAXCOLL_WITH_CUDA
