@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import jaxcoll
 from jaxcoll import algorithms, runtime
 from jaxcoll.launch import launch
+from jaxcoll.observe import trace_events
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
 
 MESH = jax.make_mesh((8,), ("i",))
@@ -83,7 +84,7 @@ def assert_trace_event_schema(doc: dict):
     named = {(e["pid"], e.get("tid"), e["name"]): e["args"]["name"] for e in doc["traceEvents"]
              if e["ph"] == "M" and "name" in e["args"]}
     for e in steps_of(doc):
-        assert named[e["pid"], 0, "process_name"] == f"rank {e['pid']}"
+        assert named[e["pid"], 0, "process_name"] == trace_events.track_name(e["pid"])
         assert named[e["pid"], e["tid"], "thread_name"] == f"lane {e['tid']}"
     for e in arrivals_of(doc):
         assert named[e["pid"], e["tid"], "thread_name"] == "arrival" and e["tid"] == -1
@@ -170,6 +171,24 @@ def test_a_jit_program_traces_every_step_of_each_call(tmp_path):
     for key, evs in by_call(events).items():
         assert sorted(e["pid"] for e in arrivals[key]) == list(range(8))
         assert max(a["ts"] for a in arrivals[key]) <= min(e["ts"] for e in evs)
+
+
+def test_each_group_of_axis_index_groups_has_tracks_of_its_own(tmp_path):
+    plan = plan_of(Collective.ALL_REDUCE, "ring", 4)
+    groups = [[0, 2, 4, 6], [1, 3, 5, 7]]
+    f = jax.jit(jax.shard_map(lambda x: jaxcoll.all_reduce(x, "i", axis_index_groups=groups, algorithm=plan),
+                              mesh=MESH, in_specs=P("i"), out_specs=P("i")))
+    x = sharded(jnp.arange(8 * 16, dtype=jnp.float32))
+    jax.block_until_ready(f(x))
+    with jaxcoll.trace(tmp_path / "t.json"):
+        jax.block_until_ready(f(x))
+    doc = load(tmp_path / "t.json")
+    names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
+    assert names == {r: f"rank {r}" for r in range(4)} | {10000 + r: f"group 1, rank {r}" for r in range(4)}
+    events = steps_of(doc)
+    for group in (0, 1):
+        mine = [dict(e, pid=e["pid"] - 10000 * group) for e in events if e["pid"] // 10000 == group]
+        assert_each_call_runs_the_plan_once(mine, plan, calls=1)
 
 
 def test_a_200_step_scan_traces_200_calls_of_the_plan(tmp_path):
