@@ -272,15 +272,20 @@ def test_a_run_that_dies_of_a_timeout_still_writes_its_trace_at_exit(tmp_path):
                                                                   (1, "put", False)]
 
 
-def test_a_two_process_job_writes_one_file_per_process_with_its_ranks_steps(tmp_path):
+# shm: the processes share this host's memory; tcp: each counts as a host of its own, so a rank of the other
+# process is reached over the network transport (the all_to_all's reads of it are in flight together).
+@pytest.mark.parametrize("collective, name, transport", [("all_reduce", "ring", "shm"),
+                                                         ("all_to_all", "hierarchical", "tcp")])
+def test_a_two_process_job_writes_one_file_per_process_with_its_ranks_steps(tmp_path, collective, name, transport):
     path = tmp_path / "job.json"
-    results = launch(2, [str(HERE / "trace_cases.py"), str(path)], local_devices=2, timeout_s=240,
-                     env={"JAXCOLL_TIMEOUT": "100"})
+    env = {"JAXCOLL_TIMEOUT": "100"} | ({"JAXCOLL_TRANSPORT": "tcp"} if transport == "tcp" else {})
+    results = launch(2, [str(HERE / "trace_cases.py"), str(path), collective, name], local_devices=2,
+                     timeout_s=240, env=env)
     for r in results:
         assert r.returncode == 0, f"process {r.process}:\n{r.stderr[-4000:]}"
         # jaxcoll.stats() in each process counts the calls it ran: the warm-up and the traced ones.
         assert "stats calls 4" in r.stdout, r.stdout[-2000:]
-    plan = plan_of(Collective.ALL_REDUCE, "ring", 4)
+    plan = algorithms.select(collective, 4, 1024, np.float32, name, processes=(0, 0, 1, 1))
     for p in range(2):
         doc = load(tmp_path / f"job.p{p}.json")
         assert_trace_event_schema(doc)
