@@ -96,6 +96,33 @@ def worker(args) -> None:
     }), flush=True)
 
 
+def wake_latencies(paths) -> list[float]:
+    """Seconds from each cross-process signal's end to the end of the wait it satisfied (the k-th wait on a rank's
+    semaphore needs its k-th signal), over every traced call. The n-th traced call of each process is one call of
+    the job; one host, so the files share a clock."""
+    from jaxcoll.observe import trace_events
+
+    events = trace_events.load(paths)
+    order: dict[int, list[int]] = defaultdict(list)
+    for e in events:
+        order[e["args"]["file"]].append(e["args"]["call"])
+    index = {f: {c: i for i, c in enumerate(sorted(set(calls)))} for f, calls in order.items()}
+    signals: dict[tuple, list[tuple[float, int]]] = defaultdict(list)
+    for e in events:
+        if e["name"] == "signal":
+            key = (index[e["args"]["file"]][e["args"]["call"]], e["args"]["to"], e["args"]["sem"])
+            signals[key].append((e["ts"] + e["dur"], e["args"]["file"]))
+    out = []
+    for e in events:
+        a = e["args"]
+        if e["name"] != "wait":
+            continue
+        sent = sorted(signals[index[a["file"]][a["call"]], e["pid"], a["sem"]])
+        if len(sent) >= a["signal"] and sent[a["signal"] - 1][1] != a["file"]:
+            out.append(max(0.0, e["ts"] + e["dur"] - sent[a["signal"] - 1][0]) / 1e6)
+    return out
+
+
 def report(results: list[dict], args) -> list[str]:
     """The tables, as markdown lines."""
     r0 = results[0]
@@ -153,6 +180,8 @@ def main() -> None:
         env = {"JAXCOLL_TRANSPORT": "tcp"} if args.transport == "tcp" else {}
         results = launch.launch(args.processes, [__file__, *sys.argv[1:], "--worker", "--out", out],
                                 local_devices=args.devices // args.processes, env=env, timeout_s=1800)
+        traces = sorted(pathlib.Path(out).glob("trace.p*.json"))
+        wakes = wake_latencies(traces) if not [r for r in results if r.returncode] else []
     failed = [r for r in results if r.returncode != 0]
     for r in failed:
         print(f"process {r.process} exited with {r.returncode}:\n{r.stderr[-3000:]}", file=sys.stderr)
@@ -160,6 +189,10 @@ def main() -> None:
         raise SystemExit(1)
     measured = [json.loads(r.stdout.strip().splitlines()[-1]) for r in results]
     lines = report(measured, args)
+    if wakes:
+        lines += ["", f"A wait for a signal from another process ends {statistics.median(wakes) * 1e3:.2f} ms after the "
+                  f"signal (median of {len(wakes)} waits; 90th percentile "
+                  f"{sorted(wakes)[int(0.9 * (len(wakes) - 1))] * 1e3:.2f} ms, most {max(wakes) * 1e3:.2f} ms)."]
     print("\n".join(lines))
     if args.markdown:
         with open(args.markdown, "w") as f:
