@@ -17,7 +17,7 @@
 #include "csrc/communicator.hpp"
 #include "csrc/executor.hpp"
 #include "csrc/plan.hpp"
-#include "csrc/spanning.hpp"
+#include "csrc/cross_process.hpp"
 #include "csrc/world.hpp"
 #include "xla_ffi/dtypes.hpp"
 #include "xla/ffi/api/ffi.h"

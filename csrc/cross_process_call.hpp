@@ -25,7 +25,7 @@
 #include "csrc/net.hpp"
 #include "csrc/plan.hpp"
 #include "csrc/shared_memory.hpp"
-#include "csrc/spanning.hpp"
+#include "csrc/cross_process.hpp"
 #include "csrc/world.hpp"
 
 namespace jaxcoll {

@@ -1,4 +1,4 @@
-#include "csrc/spanning.hpp"
+#include "csrc/cross_process.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -19,7 +19,7 @@
 #include "csrc/memory.hpp"
 #include "csrc/net.hpp"
 #include "csrc/shared_memory.hpp"
-#include "csrc/spanning_call.hpp"
+#include "csrc/cross_process_call.hpp"
 #include "csrc/workers.hpp"
 #include "csrc/world.hpp"
 

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "csrc/spanning_call.hpp"
+#include "csrc/cross_process_call.hpp"
 
 namespace jaxcoll {
 
