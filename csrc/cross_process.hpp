@@ -36,7 +36,7 @@
 
 namespace jaxcoll {
 
-class SpanningCommunicator;
+class CrossProcessCommunicator;
 
 // The communicator of (callsite, group) for a plan whose ranks live in the processes `processes[r]` (job process
 // indices, world.hpp); created on first use. `fingerprint` identifies the plan and reduction: a peer process whose
@@ -44,21 +44,21 @@ class SpanningCommunicator;
 // and `dtype` are the call site's shape, which every process must share. The compiled calls that run the
 // call site own it (and each call in flight): when the last owner drops it, its segments are unmapped and this
 // process's unlinked, so recompiling a program does not grow /dev/shm.
-std::shared_ptr<SpanningCommunicator> spanning_communicator_for(int64_t callsite, int32_t group, const Plan& plan,
+std::shared_ptr<CrossProcessCommunicator> cross_process_communicator_for(int64_t callsite, int32_t group, const Plan& plan,
                                                                const std::vector<int32_t>& processes,
                                                                uint64_t fingerprint, int64_t elements, DType dtype,
                                                                Status& status);
 
 // Rank `rank`'s part of a call of a spanning group (rank must be hosted here). Like execute_rank: returns OK with
 // `pending` set when `completion` will be called later with the call's status.
-Status execute_spanning_rank(SpanningCommunicator& comm, int64_t run_id, const Plan& plan, int32_t rank,
+Status execute_cross_process_rank(CrossProcessCommunicator& comm, int64_t run_id, const Plan& plan, int32_t rank,
                              const CallBuffers& buffers, const CallSite& site, double timeout_s,
                              Completion completion, bool& pending);
 
 // Route the network transport's messages (net.hpp) to the spanning calls they name; before listening.
 void serve_network();
 
-// A fingerprint of a plan's words and the call's reduction (FNV-1a), for spanning_communicator_for.
+// A fingerprint of a plan's words and the call's reduction (FNV-1a), for cross_process_communicator_for.
 uint64_t plan_fingerprint(const int32_t* words, size_t nwords, int32_t reduce_op);
 
 }  // namespace jaxcoll

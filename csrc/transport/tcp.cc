@@ -1,10 +1,16 @@
-// The network transport's side of a spanning call (spanning_call.hpp): a network peer's ranks as messages, its
-// publication of a call found in the mailbox, and the handler of every message from network peers (net.hpp).
+// The TCP transport: peer processes on other hosts (or every peer, with JAXCOLL_TRANSPORT=tcp), over the job's
+// connections (net.hpp). A peer's ranks are messages naming the call: reads, writes and signals (NetRanks); what
+// the peer did with a call (published, done, failed) comes as messages too, into the call site's mailbox
+// (cross_process_call.hpp), which the handler of every message from network peers (on_message) fills.
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "csrc/cross_process_call.hpp"
+#include "csrc/net.hpp"
+#include "csrc/transport.hpp"
+#include "csrc/world.hpp"
 
 namespace jaxcoll {
 
@@ -74,78 +80,167 @@ class NetRanks : public RemoteRanks {
   NetMessage base_;
 };
 
-}  // namespace
-
-std::unique_ptr<RemoteRanks> net_ranks(int32_t process, std::string who, std::string stalled, int64_t callsite,
-                                       int32_t group, int64_t run_id, uint64_t iteration,
-                                       Clock::time_point deadline) {
-  return std::make_unique<NetRanks>(process, std::move(who), std::move(stalled), callsite, group, run_id, iteration,
-                                    deadline);
+// A message about a call to a network peer; it names the call by the peer's launch id once matched (`run_id`:
+// they differ where launches crossed), so the peer finds it as its own.
+NetMessage call_message(const CrossProcessCall& call, uint32_t type, int64_t run_id) {
+  const CrossProcessCommunicator& c = call.comm_;
+  NetMessage m;
+  m.type = type;
+  m.callsite = c.callsite_;
+  m.group = c.group_;
+  m.run_id = run_id;
+  m.iteration = call.iteration_;
+  m.block = call.block_;
+  m.dtype = static_cast<int32_t>(call.dtype_);
+  m.fingerprint = c.fingerprint_;
+  m.elements = c.elements_;
+  return m;
 }
 
-Status find_network_peer(SpanCall& call, size_t i, bool& found) {
-  SpanningCommunicator& c = call.comm_;
-  const int32_t p = c.peers_[i];
-  NetMessage m;
-  {
-    std::lock_guard<std::mutex> lock(c.mailbox_->mu);
-    auto it = c.mailbox_->published.find({p, call.run_id_, call.iteration_});
-    found = it != c.mailbox_->published.end();
-    if (!found) {
-      // The peer's one publication of another launch at this call's count (kCrossedAfter); this process holds
-      // no call of that launch (it holds only this one).
-      auto other = c.mailbox_->published.end();
-      int32_t others = 0;
-      for (auto o = c.mailbox_->published.begin(); o != c.mailbox_->published.end(); ++o)
-        if (std::get<0>(o->first) == p && std::get<2>(o->first) == call.iteration_ &&
-            !c.mailbox_->done.count(o->first) && !c.mailbox_->failed.count(o->first)) {
-          other = o;
-          ++others;
+// A peer process reached over its connection.
+class TcpLink : public PeerLink {
+ public:
+  explicit TcpLink(int32_t process) : process_(process) {}
+  std::unique_ptr<PeerCall> join(CrossProcessCall& call, size_t peer) override;
+  bool alive() const override { return net_alive(process_); }
+  // Queued messages on the wire; a broken connection takes none, and nothing queued to it can matter any more.
+  bool flush(Clock::time_point deadline) override { return net_flush(process_, deadline) || !net_alive(process_); }
+
+ private:
+  const int32_t process_;
+};
+
+// One call through a network peer: its publication of the call, found in the mailbox, and its ranks as messages.
+class TcpCall : public PeerCall {
+ public:
+  TcpCall(CrossProcessCall& call, size_t peer) : call_(call), i_(peer), process_(call.comm_.peers_[peer]) {}
+
+  // Find the peer's publication of the call in the mailbox; checks its plan and shapes as shm.cc does.
+  Status find(bool& found) override {
+    CrossProcessCommunicator& c = call_.comm_;
+    CrossProcessCall& call = call_;
+    const size_t i = i_;
+    const int32_t p = c.peers_[i];
+    found = false;
+    NetMessage m;
+    {
+      std::lock_guard<std::mutex> lock(c.mailbox_->mu);
+      auto it = c.mailbox_->published.find({p, call.run_id_, call.iteration_});
+      found = it != c.mailbox_->published.end();
+      if (!found) {
+        // The peer's one publication of another launch at this call's count (kCrossedAfter); this process holds
+        // no call of that launch (it holds only this one).
+        auto other = c.mailbox_->published.end();
+        int32_t others = 0;
+        for (auto o = c.mailbox_->published.begin(); o != c.mailbox_->published.end(); ++o)
+          if (std::get<0>(o->first) == p && std::get<2>(o->first) == call.iteration_ &&
+              !c.mailbox_->done.count(o->first) && !c.mailbox_->failed.count(o->first)) {
+            other = o;
+            ++others;
+          }
+        if (others == 1 && call.crossed(i, std::get<1>(other->first))) {
+          it = other;
+          found = true;
+        } else if (others != 1) {
+          call.crossed(i, call.run_id_);
         }
-      if (others == 1 && call.crossed(i, std::get<1>(other->first))) {
-        it = other;
-        found = true;
-      } else if (others != 1) {
-        call.crossed(i, call.run_id_);
+      }
+      if (found) {
+        m = it->second;
+        call.peer_run_id_[i] = m.run_id;
+      } else if (auto f = c.mailbox_->sites.find(p); f != c.mailbox_->sites.end()) {
+        // Another plan or shape at this call site runs in another executable, whose launches never match ours:
+        // refuse it from any publication rather than wait for this one.
+        m = f->second;
+      } else {
+        return {};
       }
     }
-    if (found) {
-      m = it->second;
-      call.peer_run_id_[i] = m.run_id;
-    } else if (auto f = c.mailbox_->sites.find(p); f != c.mailbox_->sites.end()) {
-      // Another plan or shape at this call site runs in another executable, whose launches never match ours:
-      // refuse it from any publication rather than wait for this one.
-      m = f->second;
-    } else {
-      return {};
+    if (std::string why = c.shape_differs(p, m.elements, m.dtype); !why.empty()) return Status::Error(why);
+    if (m.fingerprint != c.fingerprint_)
+      return Status::Error(call.site_.describe() + ": " + c.describe_process(p) +
+                           " runs a different plan at this call site (plan fingerprint " + std::to_string(m.fingerprint) +
+                           ", this process " + std::to_string(c.fingerprint_) +
+                           "); every process must run the same program with the same jaxcoll version");
+    if (!found) return {};
+    if (m.block != call.block_ || m.dtype != static_cast<int32_t>(call.dtype_)) {
+      found = false;
+      return Status::Error(call.site_.describe() + ": " + c.describe_process(p) + " called with " +
+                           std::to_string(m.block) + "-element blocks of " + dtype_name(static_cast<DType>(m.dtype)) +
+                           ", this process with " + std::to_string(call.block_) + " of " + dtype_name(call.dtype_) +
+                           "; every rank must pass the same shape");
     }
+    return {};
   }
-  if (std::string why = c.shape_differs(p, m.elements, m.dtype); !why.empty()) return Status::Error(why);
-  if (m.fingerprint != c.fingerprint_)
-    return Status::Error(call.site_.describe() + ": " + c.describe_process(p) +
-                         " runs a different plan at this call site (plan fingerprint " + std::to_string(m.fingerprint) +
-                         ", this process " + std::to_string(c.fingerprint_) +
-                         "); every process must run the same program with the same jaxcoll version");
-  if (!found) return {};
-  if (m.block != call.block_ || m.dtype != static_cast<int32_t>(call.dtype_))
-    return Status::Error(call.site_.describe() + ": " + c.describe_process(p) + " called with " +
-                         std::to_string(m.block) + "-element blocks of " + dtype_name(static_cast<DType>(m.dtype)) +
-                         ", this process with " + std::to_string(call.block_) + " of " + dtype_name(call.dtype_) +
-                         "; every rank must pass the same shape");
-  call.peer_slot_[i] = kOverNetwork;
-  return {};
+
+  void address(std::vector<PeerView>& views) override {
+    CrossProcessCommunicator& c = call_.comm_;
+    ranks_ = std::make_unique<NetRanks>(process_, c.describe_process(process_),
+                                        call_.site_.describe() + ": " + c.describe_stalled(process_), c.callsite_,
+                                        c.group_, call_.peer_run_id_[i_], call_.iteration_, call_.deadline_);
+    for (int32_t r : c.ranks_of(process_)) views[r].remote = ranks_.get();
+  }
+
+  void wake() override {}  // a message wakes the peer's worker (on_message rings its slot's doorbell)
+  void tell(Event event, const std::string& why) override {
+    if (event == Event::kPublished) {  // under this process's launch id: the peer matches it with its own
+      net_send(process_, call_message(call_, NetMessage::kPublish, call_.run_id_), nullptr);
+      return;
+    }
+    NetMessage m = call_message(call_, event == Event::kDone ? NetMessage::kDone : NetMessage::kFailed,
+                                call_.peer_run_id_[i_]);
+    m.bytes = why.size();
+    net_send(process_, m, why.empty() ? nullptr : why.data());
+  }
+
+  std::string failure() override {
+    Mailbox& box = *call_.comm_.mailbox_;
+    std::lock_guard<std::mutex> lock(box.mu);
+    auto it = box.failed.find({process_, call_.run_id_, call_.iteration_});
+    return it == box.failed.end() ? std::string() : it->second;
+  }
+  bool done() override {
+    Mailbox& box = *call_.comm_.mailbox_;
+    std::lock_guard<std::mutex> lock(box.mu);
+    return box.done.count({process_, call_.run_id_, call_.iteration_}) != 0;
+  }
+  // What the peer said of this call is spent. (Its publication is under its launch id; what it said since, under
+  // this process's. Where launches crossed, its publication under this launch id is of another call, which a
+  // later call here is matched with.)
+  void finish(bool) override {
+    Mailbox& box = *call_.comm_.mailbox_;
+    std::lock_guard<std::mutex> lock(box.mu);
+    box.published.erase({process_, call_.peer_run_id_[i_], call_.iteration_});
+    box.done.erase({process_, call_.run_id_, call_.iteration_});
+  }
+
+ private:
+  CrossProcessCall& call_;
+  const size_t i_;
+  const int32_t process_;
+  std::unique_ptr<NetRanks> ranks_;  // once addressed: the peer's ranks, as the call's lanes reach them
+};
+
+std::unique_ptr<PeerCall> TcpLink::join(CrossProcessCall& call, size_t peer) {
+  return std::make_unique<TcpCall>(call, peer);
 }
 
-namespace {
+// Every process of the job has a connection to every process of another host (jaxcoll.distributed), and to every
+// other process with JAXCOLL_TRANSPORT=tcp (each then on a host of its own).
+bool reaches_any(const World&, int32_t, int32_t) { return true; }
 
-std::shared_ptr<SpanningCommunicator> find_communicator(int64_t callsite, int32_t group) {
+std::unique_ptr<PeerLink> tcp_link(CrossProcessCommunicator& comm, size_t peer) {
+  return std::make_unique<TcpLink>(comm.peers_[peer]);
+}
+
+std::shared_ptr<CrossProcessCommunicator> find_communicator(int64_t callsite, int32_t group) {
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
   auto it = reg.comms.find({callsite, group});
   return it == reg.comms.end() ? nullptr : it->second.lock();
 }
 
-std::shared_ptr<SpanCall> find_call(SpanningCommunicator& c, int64_t run_id, uint64_t iteration) {
+std::shared_ptr<CrossProcessCall> find_call(CrossProcessCommunicator& c, int64_t run_id, uint64_t iteration) {
   std::lock_guard<std::mutex> lock(c.mu_);
   for (auto& a : c.active_)
     if (a->run_id_ == run_id && a->iteration_ == iteration) return a;
@@ -154,8 +249,8 @@ std::shared_ptr<SpanCall> find_call(SpanningCommunicator& c, int64_t run_id, uin
 
 // The local chunk a signal, put or get from a network peer addresses, or an error naming what is wrong.
 struct Addressed {
-  std::shared_ptr<SpanningCommunicator> comm;
-  std::shared_ptr<SpanCall> call;
+  std::shared_ptr<CrossProcessCommunicator> comm;
+  std::shared_ptr<CrossProcessCall> call;
   const PeerView* view = nullptr;
   void* at = nullptr;  // put, get: the chunk's first byte
   size_t bytes = 0;    // put, get: the chunk's bytes
@@ -164,7 +259,7 @@ struct Addressed {
 bool address(const NetMessage& m, Addressed& a) {
   // Signals, puts and gets come only after the sender found this process's publication of the call.
   a.comm = find_communicator(m.callsite, m.group);
-  SpanningCommunicator* c = a.comm.get();
+  CrossProcessCommunicator* c = a.comm.get();
   a.call = c ? find_call(*c, m.run_id, m.iteration) : nullptr;
   if (!a.call || m.rank < 0 || m.rank >= c->plan_.nranks || c->local_index_[m.rank] < 0) return false;
   a.view = &a.call->local_views_[c->local_index_[m.rank]];
@@ -228,6 +323,8 @@ void on_message(const NetMessage& m, std::vector<char>& payload, bool placed) {
 }
 
 }  // namespace
+
+extern const Transport tcp_transport{"tcp", reaches_any, /*maps_segments=*/false, tcp_link};
 
 void serve_network() { net_set_handler(on_message, place); }
 
