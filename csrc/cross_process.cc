@@ -285,10 +285,11 @@ uint64_t plan_fingerprint(const int32_t* words, size_t nwords, int32_t reduce_op
   return h;
 }
 
-std::shared_ptr<CrossProcessCommunicator> cross_process_communicator_for(int64_t callsite, int32_t group, const Plan& plan,
-                                                               const std::vector<int32_t>& processes,
-                                                               uint64_t fingerprint, int64_t elements, DType dtype,
-                                                               Status& status) {
+std::shared_ptr<CrossProcessCommunicator> cross_process_communicator_for(int64_t callsite, int32_t group,
+                                                                         const Plan& plan,
+                                                                         const std::vector<int32_t>& processes,
+                                                                         uint64_t fingerprint, int64_t elements,
+                                                                         DType dtype, Status& status) {
   const World* w = world();
   if (!w) {
     status = Status::Error("jaxcoll callsite " + std::to_string(callsite) +
@@ -320,8 +321,8 @@ std::shared_ptr<CrossProcessCommunicator> cross_process_communicator_for(int64_t
 }
 
 Status execute_cross_process_rank(CrossProcessCommunicator& c, int64_t run_id, const Plan& plan, int32_t rank,
-                             const CallBuffers& b, const CallSite& site, double timeout_s, Completion completion,
-                             bool& pending) {
+                                  const CallBuffers& b, const CallSite& site, double timeout_s, Completion completion,
+                                  bool& pending) {
   pending = false;
   if (c.failed())
     return Status::Error(site.describe() + ": an earlier call of this collective failed and left its peers in an "

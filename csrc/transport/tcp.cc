@@ -159,8 +159,8 @@ class TcpCall : public PeerCall {
     if (std::string why = c.shape_differs(p, m.elements, m.dtype); !why.empty()) return Status::Error(why);
     if (m.fingerprint != c.fingerprint_)
       return Status::Error(call.site_.describe() + ": " + c.describe_process(p) +
-                           " runs a different plan at this call site (plan fingerprint " + std::to_string(m.fingerprint) +
-                           ", this process " + std::to_string(c.fingerprint_) +
+                           " runs a different plan at this call site (plan fingerprint " +
+                           std::to_string(m.fingerprint) + ", this process " + std::to_string(c.fingerprint_) +
                            "); every process must run the same program with the same jaxcoll version");
     if (!found) return {};
     if (m.block != call.block_ || m.dtype != static_cast<int32_t>(call.dtype_)) {
