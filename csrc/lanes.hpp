@@ -97,7 +97,7 @@ struct CallBuffers {
 // Bytes every rank's data steps of one call read and write together, for blocks of `block` elements.
 int64_t call_traffic_bytes(const Plan& plan, int64_t block, DType dtype);
 
-class RankRun;
+class RankInterpreter;
 
 // The lanes of `ranks` (every rank of the group in one process, or the ranks this process hosts), run by the
 // thread that calls lead() and by any helpers that join with help(). A rank is the unit of work: whoever claims it
@@ -132,7 +132,7 @@ class GroupRun {
   Doorbell& bell_;
   CallFailure& failure_;
   bool whole_group_;
-  std::vector<std::unique_ptr<RankRun>> runs_;
+  std::vector<std::unique_ptr<RankInterpreter>> runs_;
   std::unique_ptr<std::atomic<bool>[]> claimed_;
   std::atomic<int32_t> remaining_{0};
   std::atomic<int32_t> active_{0};  // helpers inside help()
