@@ -14,12 +14,12 @@
 #include <thread>
 #include <tuple>
 
+#include "csrc/cross_process_call.hpp"
 #include "csrc/env.hpp"
 #include "csrc/layout.hpp"
 #include "csrc/memory.hpp"
-#include "csrc/net.hpp"
 #include "csrc/shared_memory.hpp"
-#include "csrc/cross_process_call.hpp"
+#include "csrc/transport.hpp"
 #include "csrc/workers.hpp"
 #include "csrc/world.hpp"
 
@@ -39,25 +39,7 @@ int helpers_per_call(const World& w) {
   return n;
 }
 
-struct Mailboxes {
-  std::mutex mu;
-  std::map<std::pair<int64_t, int32_t>, std::shared_ptr<Mailbox>> boxes;
-};
-
-Mailboxes& mailboxes() {
-  static Mailboxes* m = new Mailboxes();  // leaked on purpose: the network threads outlive statics
-  return *m;
-}
-
 }  // namespace
-
-std::shared_ptr<Mailbox> mailbox(int64_t callsite, int32_t group) {
-  Mailboxes& m = mailboxes();
-  std::lock_guard<std::mutex> lock(m.mu);
-  auto& box = m.boxes[{callsite, group}];
-  if (!box) box = std::make_shared<Mailbox>();
-  return box;
-}
 
 Registry& registry() {
   static Registry* r = new Registry();  // leaked on purpose: the watchdog and network threads outlive statics
@@ -66,16 +48,10 @@ Registry& registry() {
 
 CrossProcessCommunicator::~CrossProcessCommunicator() {
   unwatch(this);
-  {
-    Registry& reg = registry();
-    std::lock_guard<std::mutex> lock(reg.mu);
-    auto it = reg.comms.find({callsite_, group_});
-    if (it != reg.comms.end() && it->second.expired()) reg.comms.erase(it);
-  }
-  Mailboxes& m = mailboxes();
-  std::lock_guard<std::mutex> lock(m.mu);
-  auto it = m.boxes.find({callsite_, group_});
-  if (it != m.boxes.end() && it->second == mailbox_) m.boxes.erase(it);
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto it = reg.comms.find({callsite_, group_});
+  if (it != reg.comms.end() && it->second.expired()) reg.comms.erase(it);
 }
 
 namespace {

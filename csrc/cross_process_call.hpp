@@ -20,12 +20,11 @@
 #include <vector>
 
 #include "csrc/communicator.hpp"
+#include "csrc/cross_process.hpp"
 #include "csrc/layout.hpp"
 #include "csrc/lanes.hpp"
-#include "csrc/net.hpp"
 #include "csrc/plan.hpp"
 #include "csrc/shared_memory.hpp"
-#include "csrc/cross_process.hpp"
 #include "csrc/transport.hpp"
 #include "csrc/world.hpp"
 
@@ -113,23 +112,6 @@ inline std::string rank_list(const std::vector<int32_t>& ranks) {
 }
 
 
-// A call key as processes name it: (process, run id, call of the site within the launch).
-using CallKey = std::tuple<int32_t, int64_t, uint64_t>;
-
-// What peers on other hosts told this process about the calls of one call site: their publications (block,
-// dtype, plan fingerprint), which of those they finished, and their failures. Messages may come before this
-// process has reached the call site at all, so the mailbox lives apart from the communicator.
-struct Mailbox {
-  std::mutex mu;
-  std::map<int32_t, NetMessage> sites;  // per process: its first publication (plan fingerprint, dtype, elements)
-  std::map<CallKey, NetMessage> published;
-  std::set<CallKey> done;
-  std::map<CallKey, std::string> failed;
-};
-
-// The mailbox of (callsite, group), created on first use (by a message, or by the communicator).
-std::shared_ptr<Mailbox> mailbox(int64_t callsite, int32_t group);
-
 class CrossProcessCommunicator;
 
 // Every live spanning communicator of this process, by (callsite, group): the network handler finds calls here.
@@ -161,7 +143,6 @@ class CrossProcessCommunicator : public WatchedCalls, public std::enable_shared_
       links_.push_back(t.link(*this, i));
       maps_segments_ += t.maps_segments;
     }
-    mailbox_ = mailbox(callsite_, group_);
     local_index_.assign(plan_.nranks, -1);
     for (size_t i = 0; i < local_.size(); ++i) local_index_[local_[i]] = static_cast<int32_t>(i);
     // A chunk of a rank's input or output is shared when a step that another process runs names it; then so is
@@ -363,7 +344,6 @@ class CrossProcessCommunicator : public WatchedCalls, public std::enable_shared_
   std::vector<int32_t> peers_;        // other processes hosting ranks of the group, ascending
   std::vector<std::unique_ptr<PeerLink>> links_;  // per peer: its transport (transport.hpp)
   uint32_t maps_segments_ = 0;                     // peers that map this process's segments (and ack its slots)
-  std::shared_ptr<Mailbox> mailbox_;  // what network peers said about this call site's calls
   std::vector<std::vector<uint8_t>> chunks_;  // [rank * 2 + (input 0, output 1)]: per chunk, 1 if shared
 
   std::mutex mu_;  // guards what follows

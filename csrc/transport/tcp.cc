@@ -1,9 +1,12 @@
 // The TCP transport: peer processes on other hosts (or every peer, with JAXCOLL_TRANSPORT=tcp), over the job's
 // connections (net.hpp). A peer's ranks are messages naming the call: reads, writes and signals (NetRanks); what
-// the peer did with a call (published, done, failed) comes as messages too, into the call site's mailbox
-// (cross_process_call.hpp), which the handler of every message from network peers (on_message) fills.
+// the peer did with a call (published, done, failed) comes as messages too, into the call site's mailbox,
+// which the handler of every message from network peers (on_message) fills.
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,40 @@
 namespace jaxcoll {
 
 namespace {
+
+// A call key as processes name it: (process, run id, call of the site within the launch).
+using CallKey = std::tuple<int32_t, int64_t, uint64_t>;
+
+// What peers on other hosts told this process about the calls of one call site: their publications (block,
+// dtype, plan fingerprint), which of those they finished, and their failures. Messages may come before this
+// process has reached the call site at all, so the mailbox lives apart from the communicator.
+struct Mailbox {
+  std::mutex mu;
+  std::map<int32_t, NetMessage> sites;  // per process: its first publication (plan fingerprint, dtype, elements)
+  std::map<CallKey, NetMessage> published;
+  std::set<CallKey> done;
+  std::map<CallKey, std::string> failed;
+};
+
+
+struct Mailboxes {
+  std::mutex mu;
+  std::map<std::pair<int64_t, int32_t>, std::shared_ptr<Mailbox>> boxes;
+};
+
+Mailboxes& mailboxes() {
+  static Mailboxes* m = new Mailboxes();  // leaked on purpose: the network threads outlive statics
+  return *m;
+}
+
+// The mailbox of (callsite, group), created on first use (by a message, or by a link to a network peer).
+std::shared_ptr<Mailbox> mailbox(int64_t callsite, int32_t group) {
+  Mailboxes& m = mailboxes();
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto& box = m.boxes[{callsite, group}];
+  if (!box) box = std::make_shared<Mailbox>();
+  return box;
+}
 
 // The ranks of one network peer in one call: reads, writes and signals become messages naming the call.
 class NetRanks : public RemoteRanks {
@@ -100,20 +137,33 @@ NetMessage call_message(const CrossProcessCall& call, uint32_t type, int64_t run
 // A peer process reached over its connection.
 class TcpLink : public PeerLink {
  public:
-  explicit TcpLink(int32_t process) : process_(process) {}
+  TcpLink(const CrossProcessCommunicator& comm, int32_t process)
+      : callsite_(comm.callsite_), group_(comm.group_), process_(process), box_(mailbox(callsite_, group_)) {}
+  // The call site is gone from this process: what its network peers said of it goes too.
+  ~TcpLink() override {
+    Mailboxes& m = mailboxes();
+    std::lock_guard<std::mutex> lock(m.mu);
+    auto it = m.boxes.find({callsite_, group_});
+    if (it != m.boxes.end() && it->second == box_) m.boxes.erase(it);
+  }
   std::unique_ptr<PeerCall> join(CrossProcessCall& call, size_t peer) override;
   bool alive() const override { return net_alive(process_); }
   // Queued messages on the wire; a broken connection takes none, and nothing queued to it can matter any more.
   bool flush(Clock::time_point deadline) override { return net_flush(process_, deadline) || !net_alive(process_); }
 
  private:
+  friend class TcpCall;
+  const int64_t callsite_;
+  const int32_t group_;
   const int32_t process_;
+  const std::shared_ptr<Mailbox> box_;  // what network peers said about this call site's calls
 };
 
 // One call through a network peer: its publication of the call, found in the mailbox, and its ranks as messages.
 class TcpCall : public PeerCall {
  public:
-  TcpCall(CrossProcessCall& call, size_t peer) : call_(call), i_(peer), process_(call.comm_.peers_[peer]) {}
+  TcpCall(TcpLink& link, CrossProcessCall& call, size_t peer)
+      : box_(*link.box_), call_(call), i_(peer), process_(link.process_) {}
 
   // Find the peer's publication of the call in the mailbox; checks its plan and shapes as shm.cc does.
   Status find(bool& found) override {
@@ -124,17 +174,17 @@ class TcpCall : public PeerCall {
     found = false;
     NetMessage m;
     {
-      std::lock_guard<std::mutex> lock(c.mailbox_->mu);
-      auto it = c.mailbox_->published.find({p, call.run_id_, call.iteration_});
-      found = it != c.mailbox_->published.end();
+      std::lock_guard<std::mutex> lock(box_.mu);
+      auto it = box_.published.find({p, call.run_id_, call.iteration_});
+      found = it != box_.published.end();
       if (!found) {
         // The peer's one publication of another launch at this call's count (kCrossedAfter); this process holds
         // no call of that launch (it holds only this one).
-        auto other = c.mailbox_->published.end();
+        auto other = box_.published.end();
         int32_t others = 0;
-        for (auto o = c.mailbox_->published.begin(); o != c.mailbox_->published.end(); ++o)
+        for (auto o = box_.published.begin(); o != box_.published.end(); ++o)
           if (std::get<0>(o->first) == p && std::get<2>(o->first) == call.iteration_ &&
-              !c.mailbox_->done.count(o->first) && !c.mailbox_->failed.count(o->first)) {
+              !box_.done.count(o->first) && !box_.failed.count(o->first)) {
             other = o;
             ++others;
           }
@@ -148,7 +198,7 @@ class TcpCall : public PeerCall {
       if (found) {
         m = it->second;
         call.peer_run_id_[i] = m.run_id;
-      } else if (auto f = c.mailbox_->sites.find(p); f != c.mailbox_->sites.end()) {
+      } else if (auto f = box_.sites.find(p); f != box_.sites.end()) {
         // Another plan or shape at this call site runs in another executable, whose launches never match ours:
         // refuse it from any publication rather than wait for this one.
         m = f->second;
@@ -194,27 +244,25 @@ class TcpCall : public PeerCall {
   }
 
   std::string failure() override {
-    Mailbox& box = *call_.comm_.mailbox_;
-    std::lock_guard<std::mutex> lock(box.mu);
-    auto it = box.failed.find({process_, call_.run_id_, call_.iteration_});
-    return it == box.failed.end() ? std::string() : it->second;
+    std::lock_guard<std::mutex> lock(box_.mu);
+    auto it = box_.failed.find({process_, call_.run_id_, call_.iteration_});
+    return it == box_.failed.end() ? std::string() : it->second;
   }
   bool done() override {
-    Mailbox& box = *call_.comm_.mailbox_;
-    std::lock_guard<std::mutex> lock(box.mu);
-    return box.done.count({process_, call_.run_id_, call_.iteration_}) != 0;
+    std::lock_guard<std::mutex> lock(box_.mu);
+    return box_.done.count({process_, call_.run_id_, call_.iteration_}) != 0;
   }
   // What the peer said of this call is spent. (Its publication is under its launch id; what it said since, under
   // this process's. Where launches crossed, its publication under this launch id is of another call, which a
   // later call here is matched with.)
   void finish(bool) override {
-    Mailbox& box = *call_.comm_.mailbox_;
-    std::lock_guard<std::mutex> lock(box.mu);
-    box.published.erase({process_, call_.peer_run_id_[i_], call_.iteration_});
-    box.done.erase({process_, call_.run_id_, call_.iteration_});
+    std::lock_guard<std::mutex> lock(box_.mu);
+    box_.published.erase({process_, call_.peer_run_id_[i_], call_.iteration_});
+    box_.done.erase({process_, call_.run_id_, call_.iteration_});
   }
 
  private:
+  Mailbox& box_;
   CrossProcessCall& call_;
   const size_t i_;
   const int32_t process_;
@@ -222,7 +270,7 @@ class TcpCall : public PeerCall {
 };
 
 std::unique_ptr<PeerCall> TcpLink::join(CrossProcessCall& call, size_t peer) {
-  return std::make_unique<TcpCall>(call, peer);
+  return std::make_unique<TcpCall>(*this, call, peer);
 }
 
 // Every process of the job has a connection to every process of another host (jaxcoll.distributed), and to every
@@ -230,7 +278,7 @@ std::unique_ptr<PeerCall> TcpLink::join(CrossProcessCall& call, size_t peer) {
 bool reaches_any(const World&, int32_t, int32_t) { return true; }
 
 std::unique_ptr<PeerLink> tcp_link(CrossProcessCommunicator& comm, size_t peer) {
-  return std::make_unique<TcpLink>(comm.peers_[peer]);
+  return std::make_unique<TcpLink>(comm, comm.peers_[peer]);
 }
 
 std::shared_ptr<CrossProcessCommunicator> find_communicator(int64_t callsite, int32_t group) {
