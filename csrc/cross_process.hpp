@@ -58,7 +58,7 @@ Status execute_cross_process_rank(CrossProcessCommunicator& comm, int64_t run_id
                                   const CallBuffers& buffers, const CallSite& site, double timeout_s,
                                   Completion completion, bool& pending);
 
-// Route the network transport's messages (net.hpp) to the spanning calls they name; before listening.
+// Route the network transport's messages (net.hpp) to the cross-process calls they name (transport/tcp.cc); before listening.
 void serve_network();
 
 // A fingerprint of a plan's words and the call's reduction (FNV-1a), for cross_process_communicator_for.

@@ -114,7 +114,7 @@ inline std::string rank_list(const std::vector<int32_t>& ranks) {
 
 class CrossProcessCommunicator;
 
-// Every live spanning communicator of this process, by (callsite, group): the network handler finds calls here.
+// Every live cross-process communicator of this process, by (callsite, group): the network handler finds calls here.
 // The compiled calls that run a call site own its communicator (cross_process_communicator_for); the registry only
 // finds it, so a call site whose executables XLA has dropped frees its segments and mappings.
 struct Registry {
