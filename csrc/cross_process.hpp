@@ -1,14 +1,14 @@
 // Cross-process groups: groups whose ranks live in several processes of a jax.distributed job (the name says
 // what sets them apart from the groups of communicator.hpp, whose ranks are all threads of one process).
 //
-// Each process hosts some of a group's ranks and runs only their lanes (lanes.hpp); the steps that reach a rank
-// in another process go through that process's transport (transport.hpp): on this host they read and write that
-// rank's buffers in shared memory, as described here; on another host they are messages (transport/tcp.cc). Per call site (callsite, group) every
-// process owns a *directory* segment of call slots; a slot names the call it holds (XLA's run id, which is the
-// same in every process of a launch, and the call's count within the launch), its state, a doorbell, and a data
-// segment holding the semaphores of the process's ranks, their scratch and the buffers peers reach. XLA's
-// buffers are private to a process, so a rank's input is copied into its data segment when a peer process reads
-// it, and its output copied back when a peer process writes it (the plan says which, per rank and buffer).
+// Each process hosts some of a group's ranks and runs only their lanes (lanes.hpp); the steps that reach a rank in
+// another process go through that process's transport (transport.hpp): on this host they read and write that rank's
+// buffers in shared memory, as described here; on another host they are messages (transport/tcp.cc). Per call site
+// (callsite, group) every process owns a *directory* segment of call slots; a slot names the call it holds (XLA's run
+// id, which is the same in every process of a launch, and the call's count within the launch), its state, a doorbell,
+// and a data segment holding the semaphores of the process's ranks, their scratch and the buffers peers reach. XLA's
+// buffers are private to a process, so a rank's input is copied into its data segment when a peer process reads it, and
+// its output copied back when a peer process writes it (the plan says which, per rank and buffer).
 //
 // One call, in each process:
 //   1. Each local rank arrives on its device thread: the first claims a free slot, each stages its input, the
@@ -58,7 +58,8 @@ Status execute_cross_process_rank(CrossProcessCommunicator& comm, int64_t run_id
                                   const CallBuffers& buffers, const CallSite& site, double timeout_s,
                                   Completion completion, bool& pending);
 
-// Route the network transport's messages (net.hpp) to the cross-process calls they name (transport/tcp.cc); before listening.
+// Route the network transport's messages (net.hpp) to the cross-process calls they name (transport/tcp.cc);
+// before listening.
 void serve_network();
 
 // A fingerprint of a plan's words and the call's reduction (FNV-1a), for cross_process_communicator_for.
