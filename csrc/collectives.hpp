@@ -41,7 +41,7 @@ struct CollectiveInfo {
   int32_t (*in_blocks)(int32_t nranks);  // input blocks of a rank in a group of nranks
   int32_t (*out_blocks)(int32_t nranks);
   InPlace in_place;
-  bool reduces;      // applies the call's reduction (reduce_op) to its inputs
+  bool reduces;      // applies the call's reduction (reduce_op) to its inputs (custom: its steps may)
   bool plan_states;  // each plan states its own meaning and blocks (custom): the collective has none of its own
 };
 

@@ -59,7 +59,7 @@ class Definition:
     in_blocks: Callable[[int], int]  # N -> input blocks of a rank
     out_blocks: Callable[[int], int]  # N -> output blocks of a rank
     in_place: InPlace
-    reduces: bool  # applies the call's reduction (reduce_op) to its inputs
+    reduces: bool  # applies the call's reduction (reduce_op) to its inputs (custom: its steps may)
     msccl: str  # MSCCL XML <algo coll=...>
     mscclpp: str  # MSCCL++ execution plan "collective"
     params: tuple[str, ...] = ()  # the Plan fields beyond its kind that its meaning needs: "root", "perm"
@@ -120,23 +120,24 @@ def _ppermute(n, k, root, perm) -> Contributions:
     return lambda r, i: ((source[r], i),) if r in source else (ZERO,)  # lax.ppermute: zeros where none is sent
 
 
-C = Collective
+C, ONE, PER_RANK = Collective, _one_block, _block_per_rank
 TABLE: dict[Collective, Definition] = {d.collective: d for d in (
-    Definition(C.ALL_REDUCE, 0, _one_block, _one_block, InPlace.SAME, True, "allreduce", "allreduce",
-               postcondition=_all_reduce),
-    Definition(C.ALL_GATHER, 1, _one_block, _block_per_rank, InPlace.INPUT_IN_OUTPUT, False, "allgather", "allgather",
-               postcondition=_all_gather),
-    Definition(C.REDUCE_SCATTER, 2, _block_per_rank, _one_block, InPlace.OUTPUT_IN_INPUT, True, "reducescatter", "reducescatter",
-               postcondition=_reduce_scatter),
-    Definition(C.ALL_TO_ALL, 3, _block_per_rank, _block_per_rank, InPlace.SAME, False, "alltoall", "alltoall",
-               postcondition=_all_to_all),
-    Definition(C.BROADCAST, 4, _one_block, _one_block, InPlace.SAME, False, "broadcast", "broadcast", ("root",),
-               postcondition=_broadcast),
-    Definition(C.PPERMUTE, 5, _one_block, _one_block, InPlace.SAME, False, "ppermute", "sendrecv", ("perm",),
-               postcondition=_ppermute),
-    Definition(C.CUSTOM, 6, _one_block, _one_block, InPlace.SAME, True, "custom", "custom"),
+    Definition(C.ALL_REDUCE, code=0, in_blocks=ONE, out_blocks=ONE, in_place=InPlace.SAME, reduces=True,
+               msccl="allreduce", mscclpp="allreduce", postcondition=_all_reduce),
+    Definition(C.ALL_GATHER, code=1, in_blocks=ONE, out_blocks=PER_RANK, in_place=InPlace.INPUT_IN_OUTPUT,
+               reduces=False, msccl="allgather", mscclpp="allgather", postcondition=_all_gather),
+    Definition(C.REDUCE_SCATTER, code=2, in_blocks=PER_RANK, out_blocks=ONE, in_place=InPlace.OUTPUT_IN_INPUT,
+               reduces=True, msccl="reducescatter", mscclpp="reducescatter", postcondition=_reduce_scatter),
+    Definition(C.ALL_TO_ALL, code=3, in_blocks=PER_RANK, out_blocks=PER_RANK, in_place=InPlace.SAME,
+               reduces=False, msccl="alltoall", mscclpp="alltoall", postcondition=_all_to_all),
+    Definition(C.BROADCAST, code=4, in_blocks=ONE, out_blocks=ONE, in_place=InPlace.SAME, reduces=False,
+               msccl="broadcast", mscclpp="broadcast", params=("root",), postcondition=_broadcast),
+    Definition(C.PPERMUTE, code=5, in_blocks=ONE, out_blocks=ONE, in_place=InPlace.SAME, reduces=False,
+               msccl="ppermute", mscclpp="sendrecv", params=("perm",), postcondition=_ppermute),
+    Definition(C.CUSTOM, code=6, in_blocks=ONE, out_blocks=ONE, in_place=InPlace.SAME, reduces=True,
+               msccl="custom", mscclpp="custom"),
 )}
-del C
+del C, ONE, PER_RANK
 
 _BY_CODE = {d.code: d for d in TABLE.values()}
 
@@ -159,4 +160,4 @@ def from_code(code: int) -> Collective:
 
 
 # Wire codes by collective (jaxcoll.plan.wire, the network target's attribute).
-CODES = {c: d.code for c, d in TABLE.items()}
+COLLECTIVE_CODES = {c: d.code for c, d in TABLE.items()}

@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from jaxcoll.plan.collectives import CODES, ZERO, Collective, definition
+from jaxcoll.plan.collectives import COLLECTIVE_CODES, ZERO, Collective, definition  # noqa: F401 (re-exported)
 from jaxcoll.plan.errors import PlanError
 
 
@@ -52,10 +52,10 @@ class Op(str, enum.Enum):
         return self not in (Op.SIGNAL, Op.WAIT, Op.BARRIER)
 
 
-# Wire codes: stable integers used by the serialized form and the C++/CUDA executors. Never renumber.
+# Wire codes: stable integers used by the serialized form and the C++/CUDA executors. Never renumber. The
+# collectives' (COLLECTIVE_CODES) are written in their table, jaxcoll.plan.collectives.
 OP_CODES = {op: i for i, op in enumerate(Op)}
 BUFFER_CODES = {buf: i for i, buf in enumerate(Buffer)}
-COLLECTIVE_CODES = CODES  # explicit in the collectives' table (jaxcoll.plan.collectives)
 
 # Steps and refs are the bulk of a plan (a synthesized plan of 16 ranks holds 100k-200k of each): they are slotted
 # (half the objects for the garbage collector to scan, faster field access), and the unchecked constructors set

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxcoll.plan.collectives import from_code
+from jaxcoll.plan.collectives import COLLECTIVE_CODES, from_code
 from jaxcoll.plan.errors import PlanError
-from jaxcoll.plan.ir import (BUFFER_CODES, COLLECTIVE_CODES, OP_CODES, Buffer, ChunkRef, Lane, Op,
-                             Plan, RankProgram, Step)
+from jaxcoll.plan.ir import BUFFER_CODES, OP_CODES, Buffer, ChunkRef, Lane, Op, Plan, RankProgram, Step
 
 MAGIC = 0x4C43584A  # "JXCL" read as a little-endian int32
 VERSION = 1
