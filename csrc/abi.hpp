@@ -57,7 +57,7 @@ inline constexpr const char* kTopkResidualTarget = "jaxcoll_topk_residual";
 inline constexpr std::array<const char*, 4> kSparseTargets = {kTopkSelectTarget, kTopkReduceTarget,
                                                               kTopkResultTarget, kTopkResidualTarget};
 
-// The codec of the quantized collectives (xla_ffi/codec.cc over csrc/codec.hpp): stateless kernels, registered
+// The codec of the quantized collectives (xla_ffi/codec_handlers.cc over csrc/codec.hpp): stateless kernels, registered
 // for platform "cpu" only (other platforms run the jax.numpy formats). The codes' element type names the format.
 inline constexpr const char* kCodecEncodeTarget = "jaxcoll_codec_encode";
 inline constexpr const char* kCodecDecodeTarget = "jaxcoll_codec_decode";

@@ -21,7 +21,7 @@ except ImportError as e:  # optax is an extra: say how to get it rather than a b
     raise ImportError("jaxcoll.optax needs optax: pip install 'jaxcoll[optax]' (or pip install optax)") from e
 
 from jaxcoll.collectives.all_reduce import all_reduce
-from jaxcoll.compress import codec, formats, hierarchical, sparse
+from jaxcoll.compress import codec, formats, sparse, two_level
 from jaxcoll.compress import collectives as compressed
 from jaxcoll.lowering import groups
 
@@ -84,7 +84,7 @@ def compressed_sync(axis_name, compression="int8", *, error_feedback=True, mean=
         if isinstance(compression, sparse.TopK):
             synced, lost = sparse.topk_leaf(flat, axes, compression, API)
         elif outer is not None:
-            synced, lost = hierarchical.sum_and_loss(flat, axes, outer, formats.parse(API, compression),
+            synced, lost = two_level.sum_and_loss(flat, axes, outer, formats.parse(API, compression),
                                                      loss=state.residual is not None)
         else:
             fmt = formats.parse(API, compression)

@@ -605,7 +605,7 @@ def case_gpu_lowering() -> str:
     import json
     import re
 
-    from jaxcoll.lowering import across_hosts
+    from jaxcoll.lowering import host_phases
 
     grid = np.array(jax.devices()).reshape(2, 4)  # row h: the devices of host h's two processes
     mesh = Mesh(grid, ("x", "y"))
@@ -640,7 +640,7 @@ def case_gpu_lowering() -> str:
     lowered("network_missing", lambda v: jaxcoll.all_reduce(v, ("x", "y")), P())
     # The phases as they would lower where the network steps can run (a CUDA build against a jaxlib with the
     # collectives extension), shown here by passing the check.
-    across_hosts.check_network_steps = lambda api_name: None
+    host_phases.check_network_steps = lambda api_name: None
     lowered("all_reduce", lambda v: jaxcoll.all_reduce(v, ("x", "y")), P())
     lowered("reduce_scatter", lambda v: jaxcoll.reduce_scatter(v, ("x", "y"), tiled=True), spec)
     lowered("all_gather_rails", lambda v: jaxcoll.all_gather(v, "x", tiled=True), spec)

@@ -273,3 +273,67 @@ def test_results_are_typed_varying_or_invariant_exactly_as_lax_types_them(mesh_n
                                              out_specs=jax.P(m.axis_names)), put(np.zeros((8 * n, 3)), mesh_name))
                 return types.out
             assert types(ours) == types(theirs), (name, invariant)
+
+
+# axis_index_groups, as lax takes it: each group of positions along the axes runs as a group of its own. Groups
+# that are not contiguous, listed out of order, and over a tuple of axes (positions of the linearized pair).
+INDEX_GROUPS = [("1d8", "i", [[0, 2, 4, 6], [1, 3, 5, 7]]), ("1d8", "i", [[5, 1], [0, 7], [6, 2], [3, 4]]),
+                ("2x4", "y", [[3, 0], [2, 1]]), ("2x4", ("x", "y"), [[0, 5, 2, 7], [4, 1, 6, 3]])]
+
+
+@pytest.mark.parametrize("mesh_name,axis_name,groups", INDEX_GROUPS,
+                         ids=["strided", "pairs_out_of_order", "one_axis_of_two", "a_tuple"])
+def test_the_collectives_over_axis_index_groups_equal_lax_and_numpy(mesh_name, axis_name, groups):
+    k = len(groups[0])
+    x = inputs(mesh_name, (2 * k, 3), [np.float32, np.int32])
+    pairs = {
+        "all_reduce": (lambda v: jaxcoll.all_reduce(v, axis_name, axis_index_groups=groups),
+                       lambda v: lax.psum(v, axis_name, axis_index_groups=groups)),
+        "all_reduce_min": (lambda v: jaxcoll.all_reduce(v, axis_name, op="min", axis_index_groups=groups),
+                           lambda v: lax.pmin(v, axis_name, axis_index_groups=groups)),
+        "all_gather": (lambda v: jaxcoll.all_gather(v, axis_name, axis=1, tiled=True, axis_index_groups=groups),
+                       lambda v: lax.all_gather(v, axis_name, axis=1, tiled=True, axis_index_groups=groups)),
+        "reduce_scatter": (lambda v: jaxcoll.reduce_scatter(v, axis_name, tiled=True, axis_index_groups=groups),
+                           lambda v: lax.psum_scatter(v, axis_name, tiled=True, axis_index_groups=groups)),
+        "all_to_all": (lambda v: jaxcoll.all_to_all(v, axis_name, 0, 1, tiled=True, axis_index_groups=groups),
+                       lambda v: lax.all_to_all(v, axis_name, 0, 1, tiled=True, axis_index_groups=groups)),
+    }
+    for name, (ours, theirs) in pairs.items():
+        got = sharded(per_rank(ours), mesh_name, check_vma=False)(x)
+        want = sharded(per_rank(theirs), mesh_name, check_vma=False)(x)
+        jax.tree.map(lambda g, w: np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=name),
+                     got, want)
+    # The sum, against numpy: each rank holds its group's sum.
+    m = mesh(mesh_name)
+    axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    summed = sharded(per_rank(pairs["all_reduce"][0]), mesh_name, check_vma=False)(x)["float32"]
+    values = np.asarray(x["float32"])
+    for d in range(m.devices.size):  # device d: its coordinates in row-major order over the mesh axes
+        coords = dict(zip(m.axis_names, np.unravel_index(d, m.devices.shape)))
+        index = int(np.ravel_multi_index([coords[a] for a in axes], [m.shape[a] for a in axes]))
+        members = next(g for g in groups if index in g)
+        peers = []
+        for position in members:
+            peer = dict(coords, **dict(zip(axes, np.unravel_index(position, [m.shape[a] for a in axes]))))
+            peers.append(int(np.ravel_multi_index([peer[a] for a in m.axis_names], m.devices.shape)))
+        np.testing.assert_array_equal(np.asarray(summed)[d], values[peers].sum(0))
+
+
+@pytest.mark.parametrize("call", [
+    lambda v: jaxcoll.all_reduce(v, "i", compression="int8", axis_index_groups=[[0, 1], [2, 3]]),
+    lambda v: jaxcoll.all_reduce(v, "i", op="adasum", axis_index_groups=[[0, 1], [2, 3]]),
+    lambda v: jaxcoll.all_gather(v, "i", compression="bf16", axis_index_groups=[[0, 1], [2, 3]]),
+    lambda v: jaxcoll.reduce_scatter(v, "i", compression="fp8", axis_index_groups=[[0, 1], [2, 3]]),
+], ids=["all_reduce_int8", "adasum", "all_gather_bf16", "reduce_scatter_fp8"])
+def test_axis_index_groups_with_compression_is_refused_naming_both(call):
+    x = put(np.zeros((4, 256), np.float32), "1d4")
+    with pytest.raises(ValueError, match=r"axis_index_groups=\[\[0, 1\], \[2, 3\]\].*(compression=|op='adasum')"):
+        sharded(per_rank(call), "1d4")(x)
+
+
+@pytest.mark.parametrize("groups", [[[0, 1, 2], [3]], [[0, 1], [1, 2]], [[0, 1], [2, 5]]],
+                         ids=["unequal_sizes", "overlapping", "not_covering"])
+def test_bad_axis_index_groups_fail_while_tracing_naming_the_argument(groups):
+    x = put(np.zeros((4, 8), np.float32), "1d4")
+    with pytest.raises(ValueError, match=r"axis_index_groups"):
+        sharded(per_rank(lambda v: jaxcoll.all_gather(v, "i", axis_index_groups=groups)), "1d4")(x)

@@ -403,14 +403,14 @@ def test_all_gather_over_index_groups_and_its_gradient_under_check_vma():
 def test_the_plan_is_chosen_for_the_group_size(monkeypatch):
     # One plan per call site serves every group: "auto" (the tuner's choice, else the model's) picks it for the
     # group's size (4), not the axis's (8).
-    from jaxcoll.lowering import plans
+    from jaxcoll.lowering import call_plan
     seen = []
-    choose = plans.choose
+    choose = call_plan.choose
 
     def spy(api_name, collective, nranks, *args, **kw):
         seen.append(nranks)
         return choose(api_name, collective, nranks, *args, **kw)
-    monkeypatch.setattr(plans, "choose", spy)
+    monkeypatch.setattr(call_plan, "choose", spy)
     x = np.arange(N * 4, dtype=np.float32).reshape(N, 4)
     pmap(lambda v: lax.psum(v, "i", axis_index_groups=GROUPS["strided"]))(x)
     assert seen and set(seen) == {4}

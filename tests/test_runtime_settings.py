@@ -15,7 +15,7 @@ import jaxcoll
 from jaxcoll import distributed
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ("csrc", "xla_ffi", "jaxcoll", "lowering", "benchmarks", "examples", "tools")
+SOURCES = ("csrc", "xla_ffi", "jaxcoll", "benchmarks", "examples", "tools")
 NAME = re.compile(r"\bJAXCOLL_[A-Z0-9_]*[A-Z0-9]\b")
 # Names the compiler or CMake sees, not the environment: macros and build options.
 BUILD_NAME = re.compile(r"#\s*(?:define|ifdef|ifndef)\s+(JAXCOLL_\w+)|defined\((JAXCOLL_\w+)\)")

@@ -140,11 +140,11 @@ def network_cases() -> list[tuple[str, object, np.ndarray, np.ndarray]]:
 
 def one_rank_network_call(phase, x: np.ndarray):
     """A jitted function running `phase`'s `jaxcoll_network` call on x, on one device (flattened id 0), with the
-    attributes the lowering gives it (jaxcoll.lowering.across_hosts.network_attributes)."""
+    attributes the lowering gives it (jaxcoll.lowering.host_phases.network_attributes)."""
     import jax
 
     import jaxcoll.runtime  # noqa: F401 - registers the targets
-    from jaxcoll.lowering.across_hosts import network_attributes
+    from jaxcoll.lowering.host_phases import network_attributes
     from jaxcoll.plan.abi import NETWORK_TARGET
 
     call = jax.ffi.ffi_call(NETWORK_TARGET, jax.ShapeDtypeStruct(x.shape, x.dtype))

@@ -24,7 +24,7 @@
 #include "csrc/spanning.hpp"
 #include "csrc/topk.hpp"
 #include "csrc/world.hpp"
-#include "xla_ffi/codec.hpp"
+#include "xla_ffi/codec_handlers.hpp"
 #include "xla_ffi/handler.hpp"
 #include "xla_ffi/sparse.hpp"
 #ifdef JAXCOLL_WITH_CUDA

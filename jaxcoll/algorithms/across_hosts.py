@@ -39,7 +39,7 @@ host boundary once and takes intra-host hops over NVLink/P2P, which is what an i
 the group's intra-host pairs over NVLink/P2P and its inter-host pairs over the NIC by itself, so the one phase
 leaves the transport to it. These phases need no equal number of ranks per host.
 
-Everything here is pure planning, used by the lowering (jaxcoll/lowering/across_hosts.py) and tested without a GPU.
+Everything here is pure planning, used by the lowering (jaxcoll/lowering/host_phases.py) and tested without a GPU.
 """
 
 from __future__ import annotations

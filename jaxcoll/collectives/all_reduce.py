@@ -5,8 +5,11 @@ from __future__ import annotations
 from jaxcoll import exact
 from jaxcoll.compress import collectives as compressed
 
+API = "jaxcoll.all_reduce"
 
-def all_reduce(x, axis_name, *, op="sum", algorithm="auto", compression=None, compress_axes=None):
+
+def all_reduce(x, axis_name, *, op="sum", algorithm="auto", compression=None, compress_axes=None,
+               axis_index_groups=None):
     """Reduce `x` over the ranks of `axis_name` and give every rank the result, like `lax.psum` (op="sum"),
     `lax.pmax` ("max") or `lax.pmin` ("min").
 
@@ -25,7 +28,11 @@ def all_reduce(x, axis_name, *, op="sum", algorithm="auto", compression=None, co
       compress_axes: None (compress over all of `axis_name`), or the axis or axes of `axis_name` that are slow
         (e.g. the hosts of ("host", "local")): the sum is exact over the other axes and compressed only across
         these (exact reduce_scatter over the others, compressed all_reduce of the 1/L chunk, exact all_gather;
-        `jaxcoll.compress.hierarchical`). Needs a "bf16", "fp8" or "int8" compression and algorithm="auto".
+        `jaxcoll.compress.two_level`). Needs a "bf16", "fp8" or "int8" compression and algorithm="auto".
+      axis_index_groups: None (one group: every rank of `axis_name`), or lax's groups: a list of lists of
+        positions along `axis_name` that partition it into groups of one size; each group runs as a group of its
+        own (its own communicator and plan), and N is the group's size.
+        Exact op="sum", "max" and "min" only.
 
     Returns:
       The same shapes and dtypes as `x`, invariant over `axis_name` under `shard_map(check_vma=True)` (as
@@ -34,6 +41,8 @@ def all_reduce(x, axis_name, *, op="sum", algorithm="auto", compression=None, co
       psum's.
     """
     if compression is not None or op == "adasum" or compress_axes is not None:
+        compressed.no_index_groups(API, axis_index_groups, op=op if op == "adasum" else None,
+                                   compression=compression, compress_axes=compress_axes)
         return compressed.all_reduce(x, axis_name, op=op, algorithm=algorithm, compression=compression,
                                      compress_axes=compress_axes)
-    return exact.all_reduce(x, axis_name, op=op, algorithm=algorithm)
+    return exact.all_reduce(x, axis_name, op=op, algorithm=algorithm, axis_index_groups=axis_index_groups)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from jaxcoll import exact
 from jaxcoll.compress import collectives as compressed
 
+API = "jaxcoll.reduce_scatter"
+
 
 def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", algorithm="auto",
-                   compression=None, compress_axes=None):
+                   compression=None, compress_axes=None, axis_index_groups=None):
     """Reduce `x` over the ranks of `axis_name` and leave rank r with slice r of the result along
     `scatter_dimension`, like `lax.psum_scatter` (op="sum").
 
@@ -23,14 +25,19 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, op="sum", 
         block size must divide x.size / N.
       compress_axes: None, or the slow axes of `axis_name`: exact over the others, compressed only across these
         (see `all_reduce`); the pieces are those of lax.psum_scatter over the whole tuple.
+      axis_index_groups: None (one group: every rank of `axis_name`), or lax's groups: a list of lists of
+        positions along `axis_name` that partition it into groups of one size; each group runs as a group of its
+        own (its own communicator and plan), and N is the group's size.
+        Exact op="sum", "max" and "min" only.
 
     Returns:
       The scattered array(s), varying over `axis_name` as lax.psum_scatter's result is. The transpose of
       op="sum" is `all_gather`.
     """
     if compression is not None or compress_axes is not None:
+        compressed.no_index_groups(API, axis_index_groups, compression=compression, compress_axes=compress_axes)
         return compressed.reduce_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled, op=op,
                                          algorithm=algorithm, compression=compression,
                                          compress_axes=compress_axes)
     return exact.reduce_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled, op=op,
-                                algorithm=algorithm)
+                                algorithm=algorithm, axis_index_groups=axis_index_groups)

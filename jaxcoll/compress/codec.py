@@ -1,7 +1,7 @@
 """The codec of the block formats (Int8, Fp8): the encode, decode and decode-and-sum passes of the quantized
 collectives (quantized.py), run by native kernels on CPU and by formats.py's jax.numpy elsewhere.
 
-On CPU each pass is one call of an XLA FFI target (csrc/codec.cc through xla_ffi/codec.cc, registered by
+On CPU each pass is one call of an XLA FFI target (csrc/codec.cc through xla_ffi/codec_handlers.cc, registered by
 jaxcoll.runtime): a loop over blocks that reads its input once and writes its output once, where XLA:CPU ran
 the same formulas as several loops. On other platforms (`lax.platform_dependent`'s default) the jax.numpy
 definitions run, which XLA:GPU fuses well. The two are bitwise equal on CPU, NaNs and signed zeros included:

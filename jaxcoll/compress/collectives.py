@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax import tree_util
 
 from jaxcoll.compress.adasum import adasum
-from jaxcoll.compress import hierarchical, quantized, sparse
+from jaxcoll.compress import quantized, sparse, two_level
 from jaxcoll.compress.formats import Bf16, check_operand, parse
 from jaxcoll.exact.arguments import dimension, split_dimension
 from jaxcoll.lowering import groups
@@ -27,9 +27,18 @@ def _scheme(api_name: str, compression, algorithm, *, sparse_ok: bool):
     return fmt
 
 
+def no_index_groups(api_name: str, axis_index_groups, **asked) -> None:
+    """The compressed collectives (and adasum) run over whole axes: `axis_index_groups` with them is refused,
+    naming what was asked for (`asked`: the keywords that chose this entry, e.g. compression="int8")."""
+    if axis_index_groups is not None:
+        chosen = ", ".join(f"{k}={v!r}" for k, v in asked.items() if v is not None)
+        raise ValueError(f"{api_name}: axis_index_groups={axis_index_groups!r} applies to the exact collectives "
+                         f"only; it cannot be combined with {chosen}")
+
+
 def compressed_axes(api_name: str, axes: tuple, compress_axes, compression, algorithm) -> tuple | None:
     """`compress_axes` as a tuple of the axes of `axes` that are compressed, or None for all of them (the flat
-    path). The rest of `axes` are summed exactly (hierarchical.py)."""
+    path). The rest of `axes` are summed exactly (two_level.py)."""
     if compress_axes is None:
         return None
     if compression is None:
@@ -67,7 +76,7 @@ def all_reduce(x, axis_name, *, op, algorithm, compression, compress_axes=None):
             return sparse.topk_leaf(leaf, axes, scheme, api)[0]
         check_operand(api, scheme, leaf, leaf.size)
         if outer is not None:
-            return hierarchical.all_reduce(leaf, axes, outer, scheme)
+            return two_level.all_reduce(leaf, axes, outer, scheme)
         return quantized.all_reduce(leaf, axes, scheme, algorithm)
 
     return tree_util.tree_map(run, x)
@@ -89,7 +98,7 @@ def reduce_scatter(x, axis_name, *, scatter_dimension, tiled, op, algorithm, com
         dim = split_dimension(api, "scatter_dimension", scatter_dimension, leaf.shape, n, bool(tiled))
         check_operand(api, fmt, leaf, leaf.size // n)
         if outer is not None:
-            return hierarchical.reduce_scatter(leaf, axes, outer, fmt, scatter_dimension=dim, tiled=bool(tiled))
+            return two_level.reduce_scatter(leaf, axes, outer, fmt, scatter_dimension=dim, tiled=bool(tiled))
         return quantized.reduce_scatter(leaf, axes, fmt, scatter_dimension=dim, tiled=bool(tiled),
                                         algorithm=algorithm)
 

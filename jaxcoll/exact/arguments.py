@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcoll.lowering import plans
+from jaxcoll.lowering import call_plan
 from jaxcoll.lowering.dtypes import check_dtype
 
 
@@ -72,4 +72,4 @@ def check_algorithm(api_name: str, collective, nranks: int, x, algorithm, **para
     if isinstance(algorithm, str) and algorithm == "auto":
         return  # always known; what it runs is chosen when the call lowers
     wire = np.dtype(np.uint8) if x.dtype == np.bool_ else np.dtype(x.dtype)
-    plans.choose(api_name, collective, nranks, x.size * wire.itemsize, wire, algorithm, **params)
+    call_plan.choose(api_name, collective, nranks, x.size * wire.itemsize, wire, algorithm, **params)

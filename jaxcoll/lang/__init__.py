@@ -7,8 +7,8 @@ whiteboard; `load_msccl_xml` / `to_msccl_xml` / `to_mscclpp_json` speak the form
 from jaxcoll.lang.check import check
 from jaxcoll.lang.msccl import load_msccl_xml, to_msccl_xml
 from jaxcoll.lang.mscclpp import to_mscclpp_json
-from jaxcoll.lang.program import Chunk, chunk, program
+from jaxcoll.lang.program import Chunk, Program, chunk, program
 from jaxcoll.plan.errors import PlanError
 
-__all__ = ["Chunk", "PlanError", "check", "chunk", "load_msccl_xml", "program", "to_msccl_xml",
+__all__ = ["Chunk", "PlanError", "Program", "check", "chunk", "load_msccl_xml", "program", "to_msccl_xml",
            "to_mscclpp_json"]

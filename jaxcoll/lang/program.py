@@ -39,14 +39,14 @@ from jaxcoll.plan.ir import Buffer, ChunkRef, Collective, Op, Plan, Step, defaul
 _BUFFERS = {"input": "input", "in": "input", "i": "input", "output": "output", "out": "output", "o": "output",
             "scratch": "scratch", "s": "scratch"}
 
-_current: list["program"] = []
+_current: list["Program"] = []
 
 
 @dataclasses.dataclass(frozen=True)
 class Chunk:
     """`size` consecutive chunks of buffer `buffer` on rank `rank`, starting at `index`."""
 
-    prog: "program"
+    prog: "Program"
     rank: int
     buffer: str
     index: int
@@ -96,7 +96,7 @@ def chunk(rank: int, buffer: str, index: int, size: int = 1) -> Chunk:
     return _current[-1]._chunk(rank, buffer, index, size)
 
 
-class program:
+class Program:
     """A collective algorithm being written. Use as a context manager, then call `plan()`.
 
     - `collective`, `nranks`: what it computes and for how many ranks;
@@ -142,7 +142,7 @@ class program:
         self._scratch_sizes: dict[str, int] = {}
         self._plan: Plan | None = None
 
-    def __enter__(self) -> "program":
+    def __enter__(self) -> "Program":
         _current.append(self)
         return self
 
@@ -195,3 +195,7 @@ class program:
             self._plan = compile_program(self, check=check)
         return self._plan
 
+
+
+# The spelling programs are written with, `with program(...)`, like `open`: a context manager read as a verb.
+program = Program

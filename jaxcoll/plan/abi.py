@@ -37,7 +37,7 @@ TOPK_RESULT_TARGET = TARGET_PREFIX + "topk_result"
 TOPK_RESIDUAL_TARGET = TARGET_PREFIX + "topk_residual"
 SPARSE_TARGETS = (TOPK_SELECT_TARGET, TOPK_REDUCE_TARGET, TOPK_RESULT_TARGET, TOPK_RESIDUAL_TARGET)
 
-# The codec of the quantized collectives (jaxcoll.compress.codec, xla_ffi/codec.cc): stateless kernels, registered
+# The codec of the quantized collectives (jaxcoll.compress.codec, xla_ffi/codec_handlers.cc): stateless kernels, registered
 # for platform "cpu" only; their operands and attributes are documented in jaxcoll/compress/codec.py.
 CODEC_ENCODE_TARGET = TARGET_PREFIX + "codec_encode"
 CODEC_DECODE_TARGET = TARGET_PREFIX + "codec_decode"

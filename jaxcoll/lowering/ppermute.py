@@ -8,7 +8,7 @@ from jax.extend.core.primitives import ppermute_p as lax_ppermute_p
 
 from jaxcoll import _jax
 from jaxcoll.lowering import groups
-from jaxcoll.lowering.blocks import Blocks
+from jaxcoll.lowering.lowered_value import LoweredValue
 from jaxcoll.lowering.custom_call import emit
 from jaxcoll.plan import Collective
 
@@ -31,7 +31,7 @@ def _abstract_eval(aval, *, axes, perm, algorithm):
 def _lowering(ctx, x, *, axes, perm, algorithm):
     aval, = ctx.avals_in
     groups.check_ppermute_order(ctx, axes, API)
-    y = emit(Blocks(ctx, x, aval), aval.shape, Collective.PPERMUTE, axes=axes, algorithm=algorithm,
+    y = emit(LoweredValue(ctx, x, aval), aval.shape, Collective.PPERMUTE, axes=axes, algorithm=algorithm,
              api_name=API, perm=perm)
     return [y.value]
 

@@ -10,7 +10,7 @@ from jax.extend.core.primitives import all_to_all_p as lax_all_to_all_p
 
 from jaxcoll import _jax
 from jaxcoll.lowering import groups
-from jaxcoll.lowering.blocks import Blocks
+from jaxcoll.lowering.lowered_value import LoweredValue
 from jaxcoll.lowering.custom_call import emit
 from jaxcoll.plan import Collective
 
@@ -39,7 +39,7 @@ def _lowering(ctx, x, *, axes, split_axis, concat_axis, algorithm, axis_index_gr
     aval, = ctx.avals_in
     n = groups.lowered_group_size(ctx, axes, axis_index_groups)
     # Input block p goes to rank p; output block p came from rank p. Both lie along the leading dimension.
-    x = Blocks(ctx, x, aval).split(split_axis, n).moveaxis(split_axis, 0)
+    x = LoweredValue(ctx, x, aval).split(split_axis, n).moveaxis(split_axis, 0)
     y = emit(x, x.shape, Collective.ALL_TO_ALL, axes=axes, algorithm=algorithm, api_name=API,
              axis_index_groups=axis_index_groups)
     y = y.moveaxis(0, concat_axis).merge(concat_axis)

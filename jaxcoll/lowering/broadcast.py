@@ -10,7 +10,7 @@ from jax.extend.core import Primitive
 
 from jaxcoll import _jax
 from jaxcoll.lowering import groups
-from jaxcoll.lowering.blocks import Blocks
+from jaxcoll.lowering.lowered_value import LoweredValue
 from jaxcoll.lowering.custom_call import emit
 from jaxcoll.plan import Collective
 
@@ -32,7 +32,7 @@ def _abstract_eval(aval, *, axes, root, algorithm):
 
 def _lowering(ctx, x, *, axes, root, algorithm):
     aval, = ctx.avals_in
-    y = emit(Blocks(ctx, x, aval), aval.shape, Collective.BROADCAST, axes=axes, algorithm=algorithm,
+    y = emit(LoweredValue(ctx, x, aval), aval.shape, Collective.BROADCAST, axes=axes, algorithm=algorithm,
              api_name=API, root=root)
     return [y.value]
 

@@ -11,8 +11,8 @@ from jax import lax
 from jax.extend.core import Primitive
 
 from jaxcoll import _jax
-from jaxcoll.lowering import groups, plans
-from jaxcoll.lowering.blocks import Blocks
+from jaxcoll.lowering import call_plan, groups
+from jaxcoll.lowering.lowered_value import LoweredValue
 from jaxcoll.lowering.custom_call import emit
 from jaxcoll.plan import Collective
 
@@ -53,7 +53,7 @@ def _lowering(ctx, x, *, axes, scatter_dimension, tiled, op, algorithm, axis_ind
     out_aval, = ctx.avals_out
     n = groups.lowered_group_size(ctx, axes, axis_index_groups)
     # Input block r is what rank r keeps: bring the blocks to the leading dimension.
-    x = Blocks(ctx, x, aval)
+    x = LoweredValue(ctx, x, aval)
     if tiled:
         x = x.split(scatter_dimension, n)
     x = x.moveaxis(scatter_dimension, 0)
@@ -71,7 +71,7 @@ def _jvp(primals, tangents, *, op, **params):
 def _transpose(ct, x, *, axes, scatter_dimension, tiled, op, algorithm, axis_index_groups):
     from jaxcoll.lowering.all_gather import all_gather_p
     return (all_gather_p.bind(ct, axes=axes, all_gather_dimension=scatter_dimension, tiled=tiled,
-                              algorithm=plans.for_transpose(algorithm, False), axis_index_groups=axis_index_groups),)
+                              algorithm=call_plan.for_transpose(algorithm, False), axis_index_groups=axis_index_groups),)
 
 
 def _batcher(axis_data, vals_in, dims_in, *, axes, scatter_dimension, tiled, op, algorithm, axis_index_groups):
@@ -113,7 +113,7 @@ def _unreduced_abstract_eval(aval, *, axes, scatter_dimension, tiled, algorithm)
 def _unreduced_transpose(ct, x, *, axes, scatter_dimension, tiled, algorithm):
     from jaxcoll.lowering.all_gather import all_gather_reduced_p
     return (all_gather_reduced_p.bind(ct, axes=axes, all_gather_dimension=scatter_dimension, tiled=tiled,
-                                      algorithm=plans.for_transpose(algorithm, False)),)
+                                      algorithm=call_plan.for_transpose(algorithm, False)),)
 
 
 def _unreduced_batcher(axis_data, vals_in, dims_in, **params):

@@ -1,4 +1,4 @@
-"""compress_axes= (hierarchical compression, jaxcoll/compress/hierarchical.py) on a 2x4 mesh: exact over the
+"""compress_axes= (hierarchical compression, jaxcoll/compress/two_level.py) on a 2x4 mesh: exact over the
 other axes, compressed only across compress_axes. Results against numpy (the bound of the outer hop alone, on
 the exact partial sums), pieces where lax.psum_scatter puts them, derivatives equal to lax's, vmap and scan,
 and the trace-time errors."""

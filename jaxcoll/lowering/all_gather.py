@@ -16,8 +16,8 @@ from jax import lax
 from jax.extend.core import Primitive
 
 from jaxcoll import _jax
-from jaxcoll.lowering import groups, plans
-from jaxcoll.lowering.blocks import Blocks
+from jaxcoll.lowering import call_plan, groups
+from jaxcoll.lowering.lowered_value import LoweredValue
 from jaxcoll.lowering.custom_call import emit
 from jaxcoll.plan import Collective
 
@@ -67,7 +67,7 @@ def _lowering(ctx, x, *, axes, all_gather_dimension, tiled, algorithm, axis_inde
     aval, = ctx.avals_in
     n = groups.lowered_group_size(ctx, axes, axis_index_groups)
     # Block r of the output is rank r's whole input: gather along a new leading dimension, then move it.
-    y = emit(Blocks(ctx, x, aval), (n, *aval.shape), Collective.ALL_GATHER, axes=axes, algorithm=algorithm,
+    y = emit(LoweredValue(ctx, x, aval), (n, *aval.shape), Collective.ALL_GATHER, axes=axes, algorithm=algorithm,
              api_name=API, axis_index_groups=axis_index_groups)
     y = y.moveaxis(0, all_gather_dimension)
     if tiled:
@@ -78,7 +78,7 @@ def _lowering(ctx, x, *, axes, all_gather_dimension, tiled, algorithm, axis_inde
 def _transpose(ct, x, *, axes, all_gather_dimension, tiled, algorithm, axis_index_groups):
     from jaxcoll.lowering.reduce_scatter import reduce_scatter_p
     return (reduce_scatter_p.bind(ct, axes=axes, scatter_dimension=all_gather_dimension, tiled=tiled,
-                                  op="sum", algorithm=plans.for_transpose(algorithm, False),
+                                  op="sum", algorithm=call_plan.for_transpose(algorithm, False),
                                   axis_index_groups=axis_index_groups),)
 
 
@@ -103,7 +103,7 @@ def _reduced_abstract_eval(aval, *, axes, all_gather_dimension, tiled, algorithm
 def _reduced_transpose(ct, x, *, axes, all_gather_dimension, tiled, algorithm):
     from jaxcoll.lowering.reduce_scatter import unreduced_reduce_scatter_p
     return (unreduced_reduce_scatter_p.bind(ct, axes=axes, scatter_dimension=all_gather_dimension, tiled=tiled,
-                                            algorithm=plans.for_transpose(algorithm, False)),)
+                                            algorithm=call_plan.for_transpose(algorithm, False)),)
 
 
 def _reduced_batcher(axis_data, vals_in, dims_in, **params):

@@ -16,7 +16,7 @@ from jax.extend.core import Primitive
 
 from jaxcoll import _jax
 from jaxcoll.lowering import groups
-from jaxcoll.lowering.blocks import Blocks
+from jaxcoll.lowering.lowered_value import LoweredValue
 from jaxcoll.lowering.custom_call import emit
 from jaxcoll.plan import Collective
 
@@ -44,7 +44,7 @@ def _abstract_eval(aval, *, axes, op, algorithm, axis_index_groups):
 
 def _lowering(ctx, x, *, axes, op, algorithm, axis_index_groups):
     aval, = ctx.avals_in
-    y = emit(Blocks(ctx, x, aval), aval.shape, Collective.ALL_REDUCE, axes=axes, algorithm=algorithm, op=op,
+    y = emit(LoweredValue(ctx, x, aval), aval.shape, Collective.ALL_REDUCE, axes=axes, algorithm=algorithm, op=op,
              api_name=API, axis_index_groups=axis_index_groups)
     return [y.value]
 

@@ -19,7 +19,7 @@ from jax.extend.mlir.dialects import stablehlo as hlo
 
 from jaxcoll import _jax
 from jaxcoll.algorithms import across_hosts
-from jaxcoll.lowering import groups, plans
+from jaxcoll.lowering import call_plan, groups
 from jaxcoll.plan import Collective
 from jaxcoll.plan.abi import NETWORK_TARGET, REDUCE_OP_CODES
 from jaxcoll.plan.ir import COLLECTIVE_CODES, default_blocks
@@ -92,7 +92,7 @@ def emit(ctx, value, aval, out_aval, collective: Collective, *, axes: tuple, op:
         if phase.transport == across_hosts.IPC:
             sub_rank, sub_group, sub_processes = _sub_tables(subgroups, processes, nranks)
             layout = groups.process_layout(sub_processes, parts)
-            plan = plans.choose(api_name, phase.collective, parts, size * dtype.itemsize, dtype, "auto",
+            plan = call_plan.choose(api_name, phase.collective, parts, size * dtype.itemsize, dtype, "auto",
                                 processes=layout, platform="gpu")
             flat = custom_call.call(ctx, flat, in_aval, result_aval, plan,
                                     groups.lookup(ctx, sub_rank, rank, group, nranks),

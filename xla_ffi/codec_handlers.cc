@@ -1,4 +1,4 @@
-#include "xla_ffi/codec.hpp"
+#include "xla_ffi/codec_handlers.hpp"
 
 #include <optional>
 #include <string>

@@ -18,8 +18,8 @@ import numpy as np
 from jax.extend.mlir import ir
 
 from jaxcoll import _jax
-from jaxcoll.lowering import groups, plans
-from jaxcoll.lowering.blocks import Blocks
+from jaxcoll.lowering import call_plan, groups
+from jaxcoll.lowering.lowered_value import LoweredValue
 from jaxcoll.observe import sites
 from jaxcoll.plan import Collective, encode
 from jaxcoll.plan.abi import REDUCE_OP_CODES, target_name
@@ -44,8 +44,8 @@ def _ensure_runtime():
     import jaxcoll.runtime  # noqa: F401
 
 
-def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm, op: str = "sum",
-         api_name: str, axis_index_groups: tuple | None = None, **params) -> Blocks:
+def emit(x: LoweredValue, out_shape, collective: Collective, *, axes: tuple, algorithm, op: str = "sum",
+         api_name: str, axis_index_groups: tuple | None = None, **params) -> LoweredValue:
     """The custom call for `collective` on block-leading `x`, giving a value of `out_shape` (same dtype); over the
     groups `axis_index_groups` splits the axes into, where given (lowering/groups.py)."""
     ctx = x.ctx
@@ -70,13 +70,13 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
             _spans_hosts(processes.reshape(-1, nranks), hosts):
         # GPUs of several hosts: host-local plans and network steps on XLA's communicator (a plan's steps on the
         # CUDA executor reach one host's GPUs only).
-        from jaxcoll.lowering import across_hosts
-        result = across_hosts.emit(ctx, value, wire_aval, wire_out, collective, axes=axes, op=op,
-                                   api_name=api_name, processes=processes, hosts=hosts, algorithm=algorithm,
-                                   axis_index_groups=axis_index_groups, **params)
+        from jaxcoll.lowering import host_phases
+        result = host_phases.emit(ctx, value, wire_aval, wire_out, collective, axes=axes, op=op,
+                                  api_name=api_name, processes=processes, hosts=hosts, algorithm=algorithm,
+                                  axis_index_groups=axis_index_groups, **params)
     else:
         nbytes = math.prod(aval.shape) * wire_aval.dtype.itemsize
-        plan = plans.choose(api_name, collective, nranks, nbytes, wire_aval.dtype, algorithm,
+        plan = call_plan.choose(api_name, collective, nranks, nbytes, wire_aval.dtype, algorithm,
                             processes=groups.process_layout(processes, nranks),
                             hosts=groups.host_layout(processes, hosts, nranks),
                             platform="cpu" if set(ctx.module_context.platforms) == {"cpu"} else "gpu", **params)
@@ -84,7 +84,7 @@ def emit(x: Blocks, out_shape, collective: Collective, *, axes: tuple, algorithm
         result = call(ctx, value, wire_aval, wire_out, plan, rank, group, processes, op)
     if wire_out is not out_aval:
         result = _jax.convert_hlo(ctx, result, wire_out, out_aval)
-    return Blocks(ctx, result, out_aval)
+    return LoweredValue(ctx, result, out_aval)
 
 
 def _spans_hosts(processes_by_group: np.ndarray, hosts) -> bool:
@@ -122,10 +122,10 @@ def _custom_call(ctx, value, aval, out_aval, plan, rank, group, processes, op):
     ).result
 
 
-def _single_rank(x: Blocks, out_aval, collective: Collective, perm=(), **_) -> Blocks:
+def _single_rank(x: LoweredValue, out_aval, collective: Collective, perm=(), **_) -> LoweredValue:
     """A group of one rank: every collective is the identity on its one block, except a ppermute that does not
     send rank 0 to itself, which gives zeros."""
     if collective is Collective.PPERMUTE and (0, 0) not in tuple(map(tuple, perm)):
         zeros = _jax.full_like_aval(x.ctx, 0, out_aval)
-        return Blocks(x.ctx, zeros, out_aval)
+        return LoweredValue(x.ctx, zeros, out_aval)
     return x.reshape(out_aval.shape)
