@@ -235,7 +235,8 @@ ffi::Error Execute(cudaStream_t stream, Collectives c, ffi::AnyBuffer x, ffi::Re
     case Collective::kBroadcast:
       st = cuda::nccl_broadcast(x.untyped_data(), out->untyped_data(), bytes, root, comm, cu_stream);
       break;
-    case Collective::kCustom:  // refused above
+    default:  // custom is refused above; a collective added to the table without a case here is refused too
+      st = Status::Error(std::string("the network steps have no NCCL call for ") + info.name);
       break;
     case Collective::kPpermute: {  // this rank's send and receive among the pairs
       int to = -1, from = -1;

@@ -54,7 +54,11 @@ def expected(plan: Plan, custom: Postcondition | None = None) -> Postcondition:
     entry = definition(plan.collective)
     if entry.postcondition is not None:
         contributions = entry.postcondition(plan.nranks, plan.chunk_factor, plan.root, plan.perm)
-        return lambda r, i: value(contributions(r, i))
+
+        def post(r: int, i: int) -> Counter | None:
+            terms = contributions(r, i)
+            return None if terms is None else value(terms)
+        return post
     raise PlanError(f"a custom plan ({plan.name or 'unnamed'}) states no postcondition: give it an expect "
                     f"(jaxcoll.plan.Expect; program(..., postcondition=...) fills it in) or pass "
                     f"postcondition=... to jaxcoll.lang.check (see jaxcoll.lang.postcondition)")

@@ -45,7 +45,8 @@ class InPlace(str, enum.Enum):
 ZERO = ("zero",)  # a contribution term: the chunk holds zeros (a zero step wrote it)
 
 # A postcondition, given (N, chunks per block k, root, perm), is a function (rank, output chunk index) -> the
-# contributions the chunk must hold at exit: (rank, input chunk index) terms or ZERO, reduced with the call's op.
+# contributions the chunk must hold at exit: (rank, input chunk index) terms or ZERO, reduced with the call's op;
+# or None for a chunk that is not part of the result.
 Contributions = Callable[[int, int], tuple]
 PostconditionRule = Callable[[int, int, int, tuple], Contributions]
 
