@@ -83,6 +83,7 @@ struct RankSlot {
   // there by the leader (kDone), or gave up waiting and is owed its completion (kDeferred); see arrive().
   std::atomic<int> handoff{0};
   bool arrived = false;  // for error messages
+  int64_t arrived_ns = 0;  // when the rank arrived, in a traced call (trace.hpp's clock); else 0
   GrowableBuffer scratch;
   GrowableBuffer staging;
 };

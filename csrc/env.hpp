@@ -14,7 +14,7 @@ struct EnvSettings {
   std::optional<int64_t> solo_bytes;     // JAXCOLL_SOLO_BYTES     csrc/executor.cc
   std::optional<double> timeout_s;       // JAXCOLL_TIMEOUT        csrc/executor.cc
   std::optional<int64_t> sync_wait_us;   // JAXCOLL_SYNC_WAIT_US   csrc/executor.cc
-  bool trace = false;                    // JAXCOLL_TRACE          csrc/executor.cc
+  bool trace = false;                    // JAXCOLL_LOG_JOINS      csrc/executor.cc, csrc/spanning.cc
   std::optional<int> spin;               // JAXCOLL_SPIN           csrc/wait.cc
   std::optional<int> yield;              // JAXCOLL_YIELD          csrc/wait.cc
   std::optional<size_t> hugepage_bytes;  // JAXCOLL_HUGEPAGE_BYTES csrc/memory.cc

@@ -13,6 +13,7 @@
 #include "csrc/layout.hpp"
 #include "csrc/memory.hpp"
 #include "csrc/reduce.hpp"
+#include "csrc/trace.hpp"
 
 namespace jaxcoll {
 
@@ -81,6 +82,7 @@ Status lead_call(Communicator& comm, Rendezvous* rv, const Plan& plan, int32_t r
     }
     auto group = std::make_shared<GroupRun>(std::move(views), ranks, plan, b, site, deadline, block, rv->bell(),
                                             comm, /*whole_group=*/true);
+    for (int32_t r = 0; r < plan.nranks; ++r) group->trace_arrival(r, rv->slot(r).arrived_ns);
     if (!solo_call(plan, b)) {
       if (call_traffic_bytes(plan, block, b.dtype) >= kRankHelpersBytes) rv->share(group);
       if (helpers.schedule) {
@@ -196,6 +198,7 @@ Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_
                                                             " bytes of scratch");
   }
 
+  me.arrived_ns = tracing() ? trace_now_ns() : 0;
   switch (rv->arrive(rank, prog.semaphores, rb, copy_out, std::move(completion), deadline)) {
     case Rendezvous::Arrival::kPending:
       if (rv->wait_finished(rank, std::min(deadline, Clock::now() + sync_wait()), deadline) || !rv->defer(rank)) {

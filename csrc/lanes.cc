@@ -7,6 +7,7 @@
 #include "csrc/communicator.hpp"
 #include "csrc/layout.hpp"
 #include "csrc/reduce.hpp"
+#include "csrc/trace.hpp"
 
 namespace jaxcoll {
 
@@ -46,14 +47,41 @@ struct LaneState {
   int32_t barriers = 0;     // barriers this lane has arrived at
   bool at_barrier = false;  // arrived at its current barrier, not yet released
   bool done = false;
+  int64_t blocked_since = 0;  // traced calls: when the lane first found its current wait or barrier unmet
+};
+
+// What a traced call's events share (jaxcoll.trace): its number, and who signals each semaphore, found once per
+// call so that a wait's event can say from whom its signal comes.
+struct TracedCall {
+  TracedCall(const Plan& plan, const CallSite& site)
+      : call(next_traced_call()), callsite(site.callsite), group(site.group) {
+    from.resize(plan.nranks);
+    for (int32_t r = 0; r < plan.nranks; ++r) from[r].assign(plan.ranks[r].semaphores, -1);
+    for (int32_t r = 0; r < plan.nranks; ++r) {
+      const RankProgram& p = plan.ranks[r];
+      for (int32_t l = 0; l < p.nlanes; ++l) {
+        const Lane& lane = plan.lanes[p.first_lane + l];
+        for (int32_t i = 0; i < lane.nsteps; ++i) {
+          const Step& s = plan.steps[lane.first_step + i];
+          if (s.op != Op::kSignal) continue;
+          int32_t& f = from[s.peer][s.sem];
+          f = f == -1 || f == r ? r : -2;
+        }
+      }
+    }
+  }
+  int64_t call;
+  int64_t callsite;
+  int32_t group;
+  std::vector<std::vector<int32_t>> from;  // [rank][semaphore]: the signalling rank, -2 several, -1 none
 };
 
 class RankRun {
  public:
   RankRun(const PeerView* views, CallFailure& failure, const Plan& plan, int32_t rank, const CallBuffers& b,
-          const CallSite& site, int64_t block)
+          const CallSite& site, int64_t block, const TracedCall* traced)
       : views_(views), failure_(failure), plan_(plan), rank_(rank), prog_(plan.ranks[rank]), b_(b), site_(site),
-        k_(plan.chunk_factor), dsize_(dtype_size(b.dtype)), asize_(accum_size(b.dtype)),
+        traced_(traced), k_(plan.chunk_factor), dsize_(dtype_size(b.dtype)), asize_(accum_size(b.dtype)),
         block_(block),
         stream_(stream_call(call_traffic_bytes(plan, block, b.dtype))),
         lanes_(prog_.nlanes), consumed_(prog_.semaphores) {
@@ -75,8 +103,13 @@ class RankRun {
       const Lane& lane = plan_.lanes[prog_.first_lane + l];
       while (!ls.done) {
         const Step& s = plan_.steps[lane.first_step + ls.pc];
+        const int64_t start = traced_ ? trace_now_ns() : 0;
+        const int32_t pc = ls.pc;
         if (s.op == Op::kWait) {
-          if (mine[s.sem].load(std::memory_order_acquire) <= consumed_[s.sem]) break;
+          if (mine[s.sem].load(std::memory_order_acquire) <= consumed_[s.sem]) {
+            if (traced_ && !ls.blocked_since) ls.blocked_since = start;
+            break;
+          }
           ++consumed_[s.sem];
         } else if (s.op == Op::kBarrier) {
           if (!ls.at_barrier) {
@@ -86,7 +119,10 @@ class RankRun {
           }
           bool all = true;
           for (int32_t o = 0; o < nlanes && all; ++o) all = lanes_[o].done || lanes_[o].barriers >= ls.barriers;
-          if (!all) break;
+          if (!all) {
+            if (traced_ && !ls.blocked_since) ls.blocked_since = start;
+            break;
+          }
           ls.at_barrier = false;
         } else if (s.op == Op::kSignal) {
           const PeerView& peer = views_[s.peer];
@@ -104,6 +140,10 @@ class RankRun {
           data_step(s);
         }
         progressed = true;
+        if (traced_) {
+          trace_steps(l, lane, pc, ls.pc + 1 - pc, ls.blocked_since ? ls.blocked_since : start, 0);
+          ls.blocked_since = 0;
+        }
         if (++ls.pc == lane.nsteps) {
           ls.done = true;
           --live_;
@@ -165,7 +205,44 @@ class RankRun {
     return err;
   }
 
+  // A traced call that failed: the waits and barriers its lanes were blocked on, as events that end now.
+  void trace_unfinished() {
+    if (!traced_) return;
+    for (int32_t l = 0; l < prog_.nlanes; ++l) {
+      const LaneState& ls = lanes_[l];
+      if (!ls.done && ls.blocked_since)
+        trace_steps(l, plan_.lanes[prog_.first_lane + l], ls.pc, 1, ls.blocked_since, kTraceUnfinished);
+    }
+  }
+
  private:
+  // Steps [pc, pc + n) of lane `l` ran from `start` until now (n > 1: reads in flight together).
+  void trace_steps(int32_t l, const Lane& lane, int32_t pc, int32_t n, int64_t start, int32_t flags) {
+    const int64_t end = trace_now_ns();
+    for (int32_t i = 0; i < n; ++i) {
+      const Step& s = plan_.steps[lane.first_step + pc + i];
+      TraceEvent e{start, end, site_.callsite, traced_->call, 0, site_.group, rank_, l, pc + i,
+                   static_cast<int32_t>(s.op), -1, -1, 0, flags};
+      if (s.op == Op::kSignal) {
+        e.peer = s.peer;
+        e.sem = s.sem;
+        e.count = 1;
+      } else if (s.op == Op::kWait) {
+        e.peer = traced_->from[rank_][s.sem];
+        e.sem = s.sem;
+        e.count = static_cast<int32_t>(consumed_[s.sem]) + (flags & kTraceUnfinished ? 1 : 0);
+      } else if (s.is_data()) {
+        const ChunkRef* refs = plan_.srcs(s);
+        const ChunkRef& dst = refs[s.nsrc];
+        e.bytes = chunk_range(k_, block_, dst.index, dst.count).size() *
+                  int64_t(dst.buffer == BufferKind::kScratch ? asize_ : dsize_);
+        for (int32_t j = 0; j < s.nsrc + s.ndst && e.peer < 0; ++j)
+          if (refs[j].rank != rank_) e.peer = refs[j].rank;
+      }
+      record_trace_event(e);
+    }
+  }
+
   void data_step(const Step& s) {
     const ChunkRef* refs = plan_.srcs(s);
     const int32_t nref = s.nsrc + s.ndst;
@@ -287,6 +364,7 @@ class RankRun {
   const RankProgram& prog_;
   const CallBuffers& b_;
   const CallSite& site_;
+  const TracedCall* traced_;  // null unless the call is traced
   int64_t k_;
   size_t dsize_, asize_;
   int64_t block_;
@@ -302,14 +380,21 @@ GroupRun::GroupRun(std::vector<PeerView> views, const std::vector<int32_t>& rank
                    Doorbell& bell, CallFailure& failure, bool whole_group)
     : views_(std::move(views)), bell_(bell), failure_(failure), whole_group_(whole_group),
       claimed_(std::make_unique<std::atomic<bool>[]>(ranks.size())), deadline_(deadline) {
+  if (tracing()) traced_ = std::make_unique<TracedCall>(plan, site);
   runs_.reserve(ranks.size());
   for (int32_t r : ranks) {
-    runs_.push_back(std::make_unique<RankRun>(views_.data(), failure, plan, r, b, site, block));
+    runs_.push_back(std::make_unique<RankRun>(views_.data(), failure, plan, r, b, site, block, traced_.get()));
     remaining_ += !runs_.back()->done();
   }
 }
 
 GroupRun::~GroupRun() = default;
+
+void GroupRun::trace_arrival(int32_t rank, int64_t arrived_ns) {
+  if (!traced_ || !arrived_ns) return;
+  record_trace_event({arrived_ns, trace_now_ns(), traced_->callsite, traced_->call, 0, traced_->group, rank,
+                      kTraceArrival, -1, kTraceArrival, -1, -1, 0, 0});
+}
 
 // A sleeping runner wakes at least every 50 ms (wait_for) and asks this: polling there is what notices a peer
 // process that has gone while every lane here waits for its signals.
@@ -339,6 +424,8 @@ Status GroupRun::lead() {
   bell_.ring();  // wakes helpers sleeping on a signal
   wait_for(quiet_, [&] { return active_.load(std::memory_order_seq_cst) == 0; }, [] { return false; },
            Clock::time_point::max());
+  if (!st.ok() && traced_)
+    for (auto& run : runs_) run->trace_unfinished();
   return st;
 }
 
@@ -388,8 +475,10 @@ Status GroupRun::drive() {
     if (pass(0, whole)) continue;
     if (whole_group_ && whole) {
       // Every rank was found blocked by this thread, and no advance anywhere moved since before it looked:
-      // every lane of every rank is blocked.
-      if (epoch_.load(std::memory_order_seq_cst) != epoch) continue;
+      // every lane of every rank is blocked. Unless the ranks are all done: a helper that finished the last rank
+      // between this thread's reads of remaining_ and epoch_ left both changed before the epoch was read.
+      if (epoch_.load(std::memory_order_seq_cst) != epoch || remaining_.load(std::memory_order_acquire) == 0)
+        continue;
       return blocked("deadlocks: every lane of every rank is blocked, so a semaphore is never signalled: ",
                      "jaxcoll: every lane of every rank is blocked at a barrier (malformed plan)");
     }

@@ -98,6 +98,7 @@ struct CallBuffers {
 int64_t call_traffic_bytes(const Plan& plan, int64_t block, DType dtype);
 
 class RankRun;
+struct TracedCall;
 
 // The lanes of `ranks` (every rank of the group in one process, or the ranks this process hosts), run by the
 // thread that calls lead() and by any helpers that join with help(). A rank is the unit of work: whoever claims it
@@ -120,6 +121,9 @@ class GroupRun {
   // The leader's part: run until every rank is done, then wait for the helpers inside to leave.
   Status lead();
   int32_t nruns() const { return static_cast<int32_t>(runs_.size()); }
+  // A traced call: `rank` arrived at `arrived_ns` and waited for its peers until now, when the call starts (an
+  // event of the rank's "arrival" track). Does nothing when the call is not traced or arrived_ns is 0.
+  void trace_arrival(int32_t rank, int64_t arrived_ns);
 
  private:
   bool changed(uint32_t seen) const;
@@ -129,6 +133,7 @@ class GroupRun {
   Status blocked(const std::string& why, const std::string& at_barrier);
 
   std::vector<PeerView> views_;
+  std::unique_ptr<TracedCall> traced_;  // set when the call is traced (jaxcoll.trace)
   Doorbell& bell_;
   CallFailure& failure_;
   bool whole_group_;

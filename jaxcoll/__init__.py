@@ -8,8 +8,8 @@ __version__ = "0.1.0"
 
 from jaxcoll.collectives import all_gather, all_reduce, all_to_all, broadcast, ppermute, reduce_scatter  # noqa: E402
 from jaxcoll.compress import adasum  # noqa: E402
-from jaxcoll.observe import stats  # noqa: E402
+from jaxcoll.observe import stats, trace  # noqa: E402
 from jaxcoll.replace import replace_collectives, replacing_collectives  # noqa: E402
 
 __all__ = ["adasum", "all_gather", "all_reduce", "all_to_all", "broadcast", "ppermute", "reduce_scatter",
-           "replace_collectives", "replacing_collectives", "stats"]
+           "replace_collectives", "replacing_collectives", "stats", "trace"]

@@ -67,7 +67,7 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("name, value", [("JAXCOLL_SPIN", "abc"), ("JAXCOLL_NT_BYTES", "4M"),
                                          ("JAXCOLL_TIMEOUT", "0"), ("JAXCOLL_SOLO_BYTES", "-1"),
-                                         ("JAXCOLL_TRACE", "yes"), ("JAXCOLL_CUDA_BLOCKS", "0"),
+                                         ("JAXCOLL_LOG_JOINS", "yes"), ("JAXCOLL_CUDA_BLOCKS", "0"),
                                          ("JAXCOLL_CUDA_BLOCKS", "33"), ("JAXCOLL_CUDA_POLL", "fast"),
                                          ("JAXCOLL_CUDA_SCOPE", "device")])
 def test_a_malformed_runtime_setting_fails_the_load_naming_variable_and_value(name, value):
@@ -81,7 +81,7 @@ PRINT_SETTINGS = "from jaxcoll import runtime, _jaxcoll; print(runtime.default_t
 
 
 def test_well_formed_runtime_settings_take_effect():
-    out = run_python(PRINT_SETTINGS, JAXCOLL_TIMEOUT="2.5", JAXCOLL_SOLO_BYTES="12345", JAXCOLL_TRACE="0",
+    out = run_python(PRINT_SETTINGS, JAXCOLL_TIMEOUT="2.5", JAXCOLL_SOLO_BYTES="12345", JAXCOLL_LOG_JOINS="0",
                      JAXCOLL_SPIN="")
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["2.5", "12345"]
@@ -91,6 +91,27 @@ def test_unset_runtime_settings_take_their_documented_defaults():
     out = run_python(PRINT_SETTINGS)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["300.0", str(4 << 20)]
+
+
+@pytest.mark.parametrize("value", ["0", "1"])
+def test_the_old_on_off_trace_flag_is_an_error_naming_the_join_log(value):
+    # JAXCOLL_TRACE names the trace file now; the join log it used to switch on is JAXCOLL_LOG_JOINS.
+    out = run_python("import jaxcoll", JAXCOLL_TRACE=value)
+    assert out.returncode != 0
+    assert f"JAXCOLL_TRACE={value!r} is not a file path" in out.stderr and "JAXCOLL_LOG_JOINS=1" in out.stderr, \
+        out.stderr[-2000:]
+
+
+def test_the_join_log_prints_each_ranks_join():
+    code = ("import jax, jax.numpy as jnp, jaxcoll\n"
+            "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+            "m = jax.make_mesh((2,), ('i',))\n"
+            "f = jax.jit(jax.shard_map(lambda x: jaxcoll.all_reduce(x, 'i'), mesh=m, in_specs=P('i'), "
+            "out_specs=P('i')))\n"
+            "jax.block_until_ready(f(jax.device_put(jnp.ones(4), NamedSharding(m, P('i')))))\n")
+    out = run_python(code, JAXCOLL_LOG_JOINS="1", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert re.search(r"rank 0 joins launch -?\d+", out.stderr) and "rank 1 joins launch" in out.stderr
 
 
 @pytest.mark.parametrize("value", ["http", "12x", "70000", "-1"])

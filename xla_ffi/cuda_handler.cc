@@ -10,6 +10,7 @@
 #include "csrc/cuda/device_group.hpp"
 #include "csrc/executor.hpp"
 #include "csrc/world.hpp"
+#include "xla_ffi/cuda_nvtx.hpp"
 #include "xla_ffi/dtypes.hpp"
 #include "xla/ffi/api/ffi.h"
 
@@ -128,6 +129,7 @@ ffi::Error Execute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::B
                                        "since the group was set up");
   const void* in = x.untyped_data();
   void* result = out->untyped_data();
+  const NvtxRange range("execute", callsite, member->rank);
   if (Status st = member->launcher->enqueue(&in, &result, reinterpret_cast<cuda::Stream>(stream)); !st.ok())
     return ffi::Error::Internal(site_of(callsite, "execute") + ", rank " + std::to_string(member->rank) + ": " +
                                 st.message());

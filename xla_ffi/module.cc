@@ -6,6 +6,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -23,6 +24,7 @@
 #include "csrc/shared_memory.hpp"
 #include "csrc/spanning.hpp"
 #include "csrc/topk.hpp"
+#include "csrc/trace.hpp"
 #include "csrc/world.hpp"
 #include "xla_ffi/codec_handlers.hpp"
 #include "xla_ffi/handler.hpp"
@@ -170,6 +172,26 @@ NB_MODULE(_jaxcoll, m) {
   }, nb::arg("reset") = false,
         "Each call site that ran on the CPU runtime: its calls, one rank's input bytes, the fastest and slowest call "
         "and the last calls' seconds (jaxcoll.stats); `reset` forgets them after reading.");
+
+  m.def("open_tracer", &jaxcoll::open_tracer, "Trace the steps of every call that starts from now (jaxcoll.trace).");
+  m.def("close_tracer", &jaxcoll::close_tracer, "Close one open_tracer: tracing stops when none is open.");
+  m.def("trace_clock_ns", [] {
+    const int64_t monotonic = jaxcoll::trace_now_ns();
+    const int64_t realtime = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch()).count();
+    return std::make_tuple(monotonic, realtime);
+  }, "(monotonic, realtime) nanoseconds now: the events' clock and the wall clock, read together.");
+  m.def("trace_events", [](bool clear) {
+    uint64_t dropped = 0;
+    const std::vector<jaxcoll::TraceEvent> events = jaxcoll::trace_events(clear, dropped);
+    return std::make_tuple(nb::bytes(reinterpret_cast<const char*>(events.data()),
+                                     events.size() * sizeof(jaxcoll::TraceEvent)),
+                           dropped);
+  }, nb::arg("clear") = false,
+        "(events, dropped): every traced step so far as packed csrc/trace.hpp TraceEvents, and how many were "
+        "overwritten in full buffers; `clear` forgets them.");
+  m.def("trace_event_size", [] { return sizeof(jaxcoll::TraceEvent); },
+        "Bytes of one event of trace_events (jaxcoll/observe/trace_events.py's EVENT reads them).");
 
   m.def("default_timeout_s", &jaxcoll::default_timeout_s,
         "The timeout of a call in seconds: JAXCOLL_TIMEOUT, default 300 (read once).");

@@ -14,12 +14,14 @@ SUBCOMMANDS = {
     "topo": "jaxcoll.cli.topo",
     "plan": "jaxcoll.cli.plan",
     "tune": "jaxcoll.cli.tune",
+    "trace": "jaxcoll.cli.trace",
 }
 
 EXAMPLES = """examples (COMMAND --help for each command's options and defaults):
   jaxcoll bench --collectives all_reduce --sizes 64K,16M
   jaxcoll synth --topology dgx-h100 --size 64MiB --out plan.json
   jaxcoll plan show plan.json --bytes 64MiB -o plan.png
+  jaxcoll trace show trace.json --out lanes.png
 """
 
 
