@@ -167,23 +167,28 @@ Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_
   rb.output = b.output;
   CopyOut copy_out;
   if (plan.in_place) {
-    if (plan.collective == Collective::kAllGather) {
-      rb.input = static_cast<char*>(b.output) + rank * block * int64_t(dsize);
-      if (rb.input != b.input) std::memcpy(rb.input, b.input, block * dsize);
-    } else if (plan.collective == Collective::kReduceScatter) {
-      void* staging = me.staging.reserve(b.input_elements * dsize);
-      if (!staging) return fail_with(comm, site, rank, "out of memory for the in-place staging buffer");
-      std::memcpy(staging, b.input, b.input_elements * dsize);
-      rb.input = staging;
-      rb.output = static_cast<char*>(staging) + rank * block * int64_t(dsize);
-      copy_out = {b.output, rb.output, size_t(block) * dsize};
-    } else {
-      if (b.input_elements != b.output_elements)
-        return fail_with(comm, site, rank, "an in-place plan needs input and output of one size, got " +
-                                               std::to_string(b.input_elements) + " and " +
-                                               std::to_string(b.output_elements) + " elements");
-      if (b.output != b.input) std::memcpy(b.output, b.input, b.input_elements * dsize);
-      rb.input = b.output;
+    switch (collective_info(plan.collective).in_place) {
+      case InPlace::kInputInOutput:
+        rb.input = static_cast<char*>(b.output) + rank * block * int64_t(dsize);
+        if (rb.input != b.input) std::memcpy(rb.input, b.input, block * dsize);
+        break;
+      case InPlace::kOutputInInput: {
+        void* staging = me.staging.reserve(b.input_elements * dsize);
+        if (!staging) return fail_with(comm, site, rank, "out of memory for the in-place staging buffer");
+        std::memcpy(staging, b.input, b.input_elements * dsize);
+        rb.input = staging;
+        rb.output = static_cast<char*>(staging) + rank * block * int64_t(dsize);
+        copy_out = {b.output, rb.output, size_t(block) * dsize};
+        break;
+      }
+      case InPlace::kSame:
+        if (b.input_elements != b.output_elements)
+          return fail_with(comm, site, rank, "an in-place plan needs input and output of one size, got " +
+                                                 std::to_string(b.input_elements) + " and " +
+                                                 std::to_string(b.output_elements) + " elements");
+        if (b.output != b.input) std::memcpy(b.output, b.input, b.input_elements * dsize);
+        rb.input = b.output;
+        break;
     }
   }
   const int64_t scratch_bytes = int64_t(prog.scratch_chunks / plan.chunk_factor) * block * int64_t(accum_size(b.dtype));

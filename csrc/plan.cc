@@ -1,22 +1,10 @@
 #include "csrc/plan.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 namespace jaxcoll {
-
-const char* collective_name(Collective c) {
-  switch (c) {
-    case Collective::kAllReduce: return "all_reduce";
-    case Collective::kAllGather: return "all_gather";
-    case Collective::kReduceScatter: return "reduce_scatter";
-    case Collective::kAllToAll: return "all_to_all";
-    case Collective::kBroadcast: return "broadcast";
-    case Collective::kPpermute: return "ppermute";
-    case Collective::kCustom: return "custom";
-  }
-  return "?";
-}
 
 const char* op_name(Op op) {
   switch (op) {
@@ -175,7 +163,8 @@ Status decode_plan(std::span<const int32_t> words, Plan& plan) {
   if (h[0] != kPlanMagic || h[1] != kPlanVersion)
     return Status::Error("not a jaxcoll plan of version " + std::to_string(kPlanVersion) + ": magic=" +
                          std::to_string(h[0]) + ", version=" + std::to_string(h[1]));
-  if (h[2] < 0 || h[2] >= kNumCollectives)
+  const std::optional<Collective> collective = collective_from_code(h[2]);
+  if (!collective)
     return Status::Error("serialized plan has an unknown collective code " + std::to_string(h[2]) + " at word 2");
   if (h[3] < 1) return Status::Error("plan needs nranks >= 1, got nranks=" + std::to_string(h[3]));
   if (h[4] < 1 || h[5] < 1)
@@ -183,7 +172,7 @@ Status decode_plan(std::span<const int32_t> words, Plan& plan) {
                          ", out_blocks=" + std::to_string(h[5]));
   if (h[7] < 0 || h[7] >= kNumProtocols)
     return Status::Error("serialized plan has an unknown protocol code " + std::to_string(h[7]) + " at word 7");
-  plan.collective = static_cast<Collective>(h[2]);
+  plan.collective = *collective;
   plan.nranks = h[3];
   plan.in_blocks = h[4];
   plan.out_blocks = h[5];

@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "csrc/collectives.hpp"
 #include "csrc/status.hpp"
 
 namespace jaxcoll {
 
-// Codes are positions in the Python enums (jaxcoll/plan/ir.py): never renumber.
-enum class Collective : int32_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kPpermute, kCustom };
-inline constexpr int32_t kNumCollectives = static_cast<int32_t>(Collective::kCustom) + 1;
+// Codes are positions in the Python enums (jaxcoll/plan/ir.py): never renumber. The collectives' codes are in
+// their table (csrc/collectives.hpp).
 enum class Op : int32_t { kCopy, kReduce, kPut, kGet, kReadReduce, kReducePut, kReadReducePut, kZero, kSignal, kWait, kBarrier };
 enum class BufferKind : int32_t { kInput, kOutput, kScratch };
 
@@ -23,7 +23,6 @@ inline constexpr int32_t kPlanMagic = 0x4C43584A;
 inline constexpr int32_t kPlanVersion = 1;
 inline constexpr int32_t kFlagInPlace = 1;
 
-const char* collective_name(Collective c);
 const char* op_name(Op op);
 const char* buffer_name(BufferKind b);
 

@@ -101,6 +101,20 @@ ffi::Error take_error(const Collectives& c, XLA_FFI_Error* err, const std::strin
   return ffi::Error::Internal(what + ": " + message);
 }
 
+// "all_reduce, ..., broadcast or ppermute": the collectives with a meaning of their own (csrc/collectives.hpp),
+// which the network steps run; a custom plan's steps have no NCCL counterpart.
+std::string network_collectives() {
+  std::string names;
+  int32_t count = 0, listed = 0;
+  for (const CollectiveInfo& c : kCollectives) count += !c.plan_states;
+  for (const CollectiveInfo& c : kCollectives) {
+    if (c.plan_states) continue;
+    if (listed++) names += listed == count ? " or " : ", ";
+    names += c.name;
+  }
+  return names;
+}
+
 ffi::Error check_groups(ffi::Span<const int64_t> ids, int64_t size, const char* stage) {
   if (size < 1 || ids.size() == 0 || ids.size() % size_t(size) != 0)
     return ffi::Error::InvalidArgument(site(stage) + ": " + std::to_string(ids.size()) + " device ids do not form "
@@ -157,12 +171,12 @@ ffi::Error Execute(cudaStream_t stream, Collectives c, ffi::AnyBuffer x, ffi::Re
   if (!c.ext) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, site("execute") + ": " + c.why + ". " + kNeeds);
   if (ffi::Error e = check_groups(groups, group_size, "execute"); e.failure()) return e;
   if (ffi::Error e = check_root_and_pairs(root, pairs, group_size); e.failure()) return e;
-  if (collective < 0 || collective >= kNumCollectives || static_cast<Collective>(collective) == Collective::kCustom)
+  const std::optional<Collective> code = collective_from_code(collective);
+  if (!code || collective_info(*code).plan_states)
     return ffi::Error::InvalidArgument(site("execute") + ": collective=" + std::to_string(collective) +
-                                       " is not the code of all_reduce, all_gather, reduce_scatter, all_to_all, "
-                                       "broadcast or ppermute");
-  const auto what = static_cast<Collective>(collective);
-  const bool reduces = what == Collective::kAllReduce || what == Collective::kReduceScatter;
+                                       " is not the code of " + network_collectives());
+  const Collective what = *code;
+  const CollectiveInfo& info = collective_info(what);
   const auto dtype = dtype_of(x.element_type());
   const auto op = reduce_op_from_code(reduce_op);
   if (out->element_type() != x.element_type())
@@ -170,16 +184,15 @@ ffi::Error Execute(cudaStream_t stream, Collectives c, ffi::AnyBuffer x, ffi::Re
   if (!op)
     return ffi::Error::InvalidArgument(site("execute") + ": reduce_op=" + std::to_string(reduce_op) + " is not " +
                                        reduce_op_codes());
-  if (!dtype && (reduces || what == Collective::kAllGather))
-    return ffi::Error::InvalidArgument(site("execute") + ": unsupported element type for " + collective_name(what));
+  // NCCL's typed collectives (all_reduce, reduce_scatter, all_gather) need the element type; the others move bytes.
+  if (!dtype && (info.reduces || what == Collective::kAllGather))
+    return ffi::Error::InvalidArgument(site("execute") + ": unsupported element type for " + info.name);
   const size_t in = x.element_count(), result = out->element_count(), n = size_t(group_size);
-  const bool sizes_ok = what == Collective::kReduceScatter ? in == result * n
-                        : what == Collective::kAllGather   ? result == in * n
-                        : what == Collective::kAllToAll    ? result == in && in % n == 0
-                                                           : result == in;
+  const size_t in_blocks = size_t(info.in_blocks(int32_t(n))), out_blocks = size_t(info.out_blocks(int32_t(n)));
+  const bool sizes_ok = in % in_blocks == 0 && result == in / in_blocks * out_blocks;
   if (!sizes_ok)
     return ffi::Error::InvalidArgument(site("execute") + ": operand of " + std::to_string(in) + " and result of " +
-                                       std::to_string(result) + " elements do not fit a " + collective_name(what) +
+                                       std::to_string(result) + " elements do not fit a " + info.name +
                                        " over " + std::to_string(n) + " ranks");
   std::vector<XLA_FFI_ReplicaGroup> raw = replica_groups(groups, group_size);
   XLA_FFI_Communicator_Get_Args args;
@@ -222,7 +235,8 @@ ffi::Error Execute(cudaStream_t stream, Collectives c, ffi::AnyBuffer x, ffi::Re
     case Collective::kBroadcast:
       st = cuda::nccl_broadcast(x.untyped_data(), out->untyped_data(), bytes, root, comm, cu_stream);
       break;
-    case Collective::kCustom:  // refused above
+    default:  // custom is refused above; a collective added to the table without a case here is refused too
+      st = Status::Error(std::string("the network steps have no NCCL call for ") + info.name);
       break;
     case Collective::kPpermute: {  // this rank's send and receive among the pairs
       int to = -1, from = -1;

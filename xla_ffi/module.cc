@@ -14,6 +14,7 @@
 
 #include "csrc/abi.hpp"
 #include "csrc/call_stats.hpp"
+#include "csrc/collectives.hpp"
 #include "csrc/env.hpp"
 #include "csrc/executor.hpp"
 #include "csrc/layout.hpp"
@@ -115,8 +116,25 @@ NB_MODULE(_jaxcoll, m) {
     nb::list codec_targets;
     for (const char* name : jaxcoll::kCodecTargets) codec_targets.append(name);
     out["codec_targets"] = codec_targets;
+
+    // csrc/collectives.hpp, in the order of the codes; block counts for groups of 1 .. 16 ranks.
+    nb::list collectives;
+    for (const jaxcoll::CollectiveInfo& c : jaxcoll::kCollectives) {
+      nb::dict d;
+      d["name"] = c.name;
+      d["code"] = static_cast<int32_t>(c.collective);
+      d["in_place"] = jaxcoll::kInPlaceNames[static_cast<size_t>(c.in_place)];
+      d["reduces"] = c.reduces;
+      d["plan_states"] = c.plan_states;
+      nb::list blocks;
+      for (int32_t n = 1; n <= 16; ++n) blocks.append(nb::make_tuple(c.in_blocks(n), c.out_blocks(n)));
+      d["blocks"] = blocks;
+      collectives.append(d);
+    }
+    out["collectives"] = collectives;
     return out;
-  }, "The custom call's interface as compiled in (csrc/abi.hpp): reduction name -> code, and the FFI targets.");
+  }, "The custom call's interface as compiled in (csrc/abi.hpp, csrc/collectives.hpp): reduction name -> code, the "
+     "FFI targets, and each collective's table entry.");
 
   m.def("state_type", [] {
     nb::dict out;

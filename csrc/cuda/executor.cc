@@ -111,7 +111,7 @@ Status check_shape(const Plan& plan, CallShape& s) {
   if (s.output_elements != s.block * plan.out_blocks)
     return Status::Error("output has " + std::to_string(s.output_elements) + " elements, the plan needs "
                          "out_blocks*block=" + std::to_string(plan.out_blocks) + "*" + std::to_string(s.block));
-  if (plan.in_place && plan.collective != Collective::kAllGather && plan.collective != Collective::kReduceScatter &&
+  if (plan.in_place && collective_info(plan.collective).in_place == InPlace::kSame &&
       s.input_elements != s.output_elements)
     return Status::Error("an in-place plan needs input and output of one size, got " +
                          std::to_string(s.input_elements) + " and " + std::to_string(s.output_elements) + " elements");
@@ -135,7 +135,7 @@ SlotLayout slot_layout(const PlanImage& im, const CallShape& s, Protocol protoco
   l.scratch = at;
   at = round_up(at + chunks[2] / im.chunk_factor * s.block * asize, 256);
   l.staging = at;
-  if (im.in_place && im.collective == static_cast<int32_t>(Collective::kReduceScatter))
+  if (im.in_place && collective_info(static_cast<Collective>(im.collective)).in_place == InPlace::kOutputInInput)
     at = round_up(at + s.input_elements * dsize, 256);
   if (staged && protocol == Protocol::kBulk) {
     // In-place all_gather and other in-place plans run inside the output copy; the input copy is kept apart so
@@ -323,7 +323,7 @@ Status Launcher::enqueue(const void* const* inputs, void* const* outputs, Stream
   const size_t dsize = dtype_size(shape_.dtype);
   const size_t in_bytes = size_t(shape_.input_elements) * dsize, block_bytes = size_t(shape_.block) * dsize;
   const bool in_place = image_->in_place;
-  const auto collective = static_cast<Collective>(image_->collective);
+  const InPlace aliasing = collective_info(static_cast<Collective>(image_->collective)).in_place;
   // Across processes (staged), peers reach only the slot: the rank's buffers are copies in it, the input copied
   // in before the kernel and the output copied back after (NCCL's path for buffers it has not registered).
   const void* staged_in[kMaxLaunchRanks];
@@ -344,12 +344,12 @@ Status Launcher::enqueue(const void* const* inputs, void* const* outputs, Stream
     const int rank = options_.first_rank + i;
     p.calls[i] = {inputs[i], outputs[i]};
     if (!in_place) continue;
-    if (collective == Collective::kAllGather) {
+    if (aliasing == InPlace::kInputInOutput) {
       char* mine = static_cast<char*>(outputs[i]) + size_t(rank) * block_bytes;
       if (mine != inputs[i])
         JAXCOLL_CUDA_TRY(cudaMemcpyAsync(mine, inputs[i], block_bytes, cudaMemcpyDeviceToDevice, s), "staging copy");
       p.calls[i].input = mine;
-    } else if (collective == Collective::kReduceScatter) {
+    } else if (aliasing == InPlace::kOutputInInput) {
       char* staging = own_slots_[i] + p.layout.staging;
       JAXCOLL_CUDA_TRY(cudaMemcpyAsync(staging, inputs[i], in_bytes, cudaMemcpyDeviceToDevice, s), "staging copy");
       p.calls[i] = {staging, staging + size_t(rank) * block_bytes};
@@ -374,7 +374,7 @@ Status Launcher::enqueue(const void* const* inputs, void* const* outputs, Stream
   JAXCOLL_CUDA_TRY(cudaLaunchKernelExC(&config, plan_kernel_for(shape_.dtype, shape_.op), args),
                    "launch of the executor kernel (" + std::to_string(config.gridDim.x) + " blocks)");
 
-  if (in_place && collective == Collective::kReduceScatter)
+  if (in_place && aliasing == InPlace::kOutputInInput)
     for (int i = 0; i < options_.launch_ranks; ++i)
       JAXCOLL_CUDA_TRY(cudaMemcpyAsync(outputs[i], p.calls[i].output, block_bytes, cudaMemcpyDeviceToDevice, s),
                        "copy out of the staging buffer");

@@ -12,6 +12,7 @@ import numpy as np
 
 from jaxcoll.algorithms import direct, hierarchical, ring, two_shot, tuning
 from jaxcoll.plan import Collective, Plan, PlanError, validate
+from jaxcoll.plan.collectives import definition
 
 # collective -> algorithm name -> builder(nranks, **params)
 BUILTINS = {
@@ -40,11 +41,8 @@ def builtin(collective: Collective, name: str, nranks: int, root: int = 0,
     build = BUILTINS[collective][name]
     if name == "hierarchical":
         return validate(build(processes or (0,) * nranks))
-    if collective is Collective.BROADCAST:
-        return validate(build(nranks, root))
-    if collective is Collective.PPERMUTE:
-        return validate(build(nranks, perm))
-    return validate(build(nranks))
+    params = {"root": root, "perm": perm}  # a builder takes the parameters of its collective's entry, in order
+    return validate(build(nranks, *(params[p] for p in definition(collective).params)))
 
 
 def select(collective, nranks: int, nbytes: int, dtype=None, algorithm="auto", *, root: int = 0,
@@ -72,10 +70,12 @@ def _check_user_plan(plan: Plan, collective: Collective, nranks: int, root: int,
                          f"but this call is a {collective.value}")
     if plan.nranks != nranks:
         raise ValueError(f"algorithm= is a plan for nranks={plan.nranks}, but the group has {nranks} ranks")
-    if collective is Collective.BROADCAST and plan.root != root:
-        raise ValueError(f"algorithm= is a broadcast plan from root={plan.root}, but the call has root={root}")
-    if collective is Collective.PPERMUTE and sorted(plan.perm) != sorted(perm):
-        raise ValueError(f"algorithm= is a ppermute plan for perm={list(plan.perm)}, but the call has "
+    params = definition(collective).params
+    if "root" in params and plan.root != root:
+        raise ValueError(f"algorithm= is a {collective.value} plan from root={plan.root}, but the call has "
+                         f"root={root}")
+    if "perm" in params and sorted(plan.perm) != sorted(perm):
+        raise ValueError(f"algorithm= is a {collective.value} plan for perm={list(plan.perm)}, but the call has "
                          f"perm={list(perm)}")
     try:
         _proved(plan)

@@ -49,6 +49,7 @@ from collections.abc import Sequence
 
 from jaxcoll.algorithms.hierarchical import _layout
 from jaxcoll.plan import Collective
+from jaxcoll.plan.collectives import definition
 
 IPC, NETWORK = "ipc", "network"
 
@@ -110,9 +111,9 @@ def schedule(collective, host_of_rank: Sequence[int], *, root: int = 0, perm=())
     if collective in WHOLE_GROUP:
         # One network phase over the group in rank order: sub-rank = rank, so root and pairs carry over as they are.
         whole = (tuple(range(len(hosts_of))),)
-        pairs = tuple((int(s), int(t)) for s, t in perm) if collective is Collective.PPERMUTE else ()
-        phase = Phase(NETWORK, collective, whole, root=int(root) if collective is Collective.BROADCAST else 0,
-                      pairs=pairs)
+        params = definition(collective).params
+        pairs = tuple((int(s), int(t)) for s, t in perm) if "perm" in params else ()
+        phase = Phase(NETWORK, collective, whole, root=int(root) if "root" in params else 0, pairs=pairs)
         return Schedule(collective, tuple(tuple(m) for m in members), (phase,))
     if len({len(m) for m in members}) != 1:
         raise ValueError(f"{collective.value} across GPU hosts needs the same number of the group's ranks on every "

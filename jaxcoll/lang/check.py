@@ -25,7 +25,8 @@ from collections import Counter, defaultdict
 from jaxcoll.lang import stepper
 from jaxcoll.lang.postcondition import ZERO, Postcondition, describe, expected, holds
 from jaxcoll.plan.errors import PlanError
-from jaxcoll.plan.ir import Buffer, Collective, Op, Plan, Step
+from jaxcoll.plan.collectives import InPlace, definition
+from jaxcoll.plan.ir import Buffer, Op, Plan, Step
 from jaxcoll.plan.validate import validate
 
 Node = tuple[int, int, int]  # (rank, lane, step position)
@@ -39,12 +40,14 @@ def where(plan: Plan, node: Node) -> str:
 def location(plan: Plan, rank: int, buffer: Buffer, index: int) -> tuple[int, Buffer, int]:
     """The memory a chunk occupies: in-place plans alias input and output chunks (plan-ir.md)."""
     if plan.in_place:
-        k = plan.chunk_factor
-        if plan.collective is Collective.ALL_GATHER and buffer is Buffer.INPUT:
-            return rank, Buffer.OUTPUT, rank * k + index
-        if plan.collective is Collective.REDUCE_SCATTER and buffer is Buffer.OUTPUT:
-            return rank, Buffer.INPUT, rank * k + index
-        if plan.collective is not Collective.REDUCE_SCATTER and buffer is Buffer.INPUT:
+        aliasing = definition(plan.collective).in_place
+        if aliasing is InPlace.INPUT_IN_OUTPUT:
+            if buffer is Buffer.INPUT:
+                return rank, Buffer.OUTPUT, rank * plan.chunk_factor + index
+        elif aliasing is InPlace.OUTPUT_IN_INPUT:
+            if buffer is Buffer.OUTPUT:
+                return rank, Buffer.INPUT, rank * plan.chunk_factor + index
+        elif buffer is Buffer.INPUT:
             return rank, Buffer.OUTPUT, index
     return rank, buffer, index
 

@@ -22,13 +22,12 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 
 from jaxcoll.lang.check import location, schedule
+from jaxcoll.plan.collectives import TABLE
 from jaxcoll.plan.errors import PlanError
 from jaxcoll.plan.ir import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step, default_blocks
 
-COLLECTIVES = {"allreduce": Collective.ALL_REDUCE, "allgather": Collective.ALL_GATHER,
-               "reducescatter": Collective.REDUCE_SCATTER, "alltoall": Collective.ALL_TO_ALL,
-               "broadcast": Collective.BROADCAST, "ppermute": Collective.PPERMUTE, "custom": Collective.CUSTOM}
-NAMES = {v: k for k, v in COLLECTIVES.items()}
+COLLECTIVES = {d.msccl: c for c, d in TABLE.items()}  # <algo coll=...> -> collective
+NAMES = {c: d.msccl for c, d in TABLE.items()}
 BUFFERS = {"i": Buffer.INPUT, "o": Buffer.OUTPUT, "s": Buffer.SCRATCH}
 LETTERS = {v: k for k, v in BUFFERS.items()}
 SENDS = {"s", "rcs", "rrs", "rrcs"}
@@ -148,7 +147,7 @@ def _read_algo(algo: ET.Element) -> _Algo:
         by_id[gid] = g
     g0 = by_id[0]
     ic0, oc0 = _int("<gpu id=0>", g0, "i_chunks", 0), _int("<gpu id=0>", g0, "o_chunks", 0)
-    if coll is Collective.CUSTOM:
+    if TABLE[coll].plan_states:
         if not ic0 or oc0 % ic0:
             raise PlanError(f"<gpu id=0>: a custom algorithm needs o_chunks={oc0} to be a multiple of "
                             f"i_chunks={ic0}")
@@ -616,9 +615,10 @@ def to_msccl_xml(plan: Plan) -> str:
         "nchunksperloop": str(max(plan.ranks[0].input_chunks, plan.ranks[0].output_chunks)), "ngpus": str(plan.nranks),
         "coll": NAMES[plan.collective], "inplace": "1" if plan.in_place else "0",
         "outofplace": "0" if plan.in_place else "1", "minBytes": "0", "maxBytes": "0"})
-    if plan.collective is Collective.BROADCAST:
+    params = TABLE[plan.collective].params
+    if "root" in params:
         algo.set("root", str(plan.root))
-    if plan.collective is Collective.PPERMUTE:
+    if "perm" in params:
         algo.set("perm", " ".join(f"{a}:{c}" for a, c in plan.perm))
     for g in range(plan.nranks):
         prog = plan.ranks[g]

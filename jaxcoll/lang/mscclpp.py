@@ -24,13 +24,12 @@ import json
 from collections import Counter, defaultdict
 
 from jaxcoll.lang.check import happens_before, schedule, where
+from jaxcoll.plan.collectives import TABLE
 from jaxcoll.plan.errors import PlanError
-from jaxcoll.plan.ir import Buffer, Collective, Op, Plan
+from jaxcoll.plan.ir import Buffer, Op, Plan
 from jaxcoll.plan.validate import validate
 
-NAMES = {Collective.ALL_REDUCE: "allreduce", Collective.ALL_GATHER: "allgather",
-         Collective.REDUCE_SCATTER: "reducescatter", Collective.ALL_TO_ALL: "alltoall",
-         Collective.BROADCAST: "broadcast", Collective.PPERMUTE: "sendrecv", Collective.CUSTOM: "custom"}
+NAMES = {c: d.mscclpp for c, d in TABLE.items()}  # the execution plan's "collective"
 LETTER = {Buffer.INPUT: "i", Buffer.OUTPUT: "o", Buffer.SCRATCH: "s"}
 OPS = {Op.COPY: "copy", Op.PUT: "put", Op.GET: "get", Op.REDUCE: "re", Op.READ_REDUCE: "rrc",
        Op.REDUCE_PUT: "rs", Op.READ_REDUCE_PUT: "rrcs"}

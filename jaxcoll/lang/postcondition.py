@@ -16,7 +16,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from jaxcoll.plan.errors import PlanError
-from jaxcoll.plan.ir import ZERO, Collective, Expect, Plan
+from jaxcoll.plan.collectives import definition
+from jaxcoll.plan.ir import ZERO, Expect, Plan
 
 Postcondition = Callable[[int, int], "Counter | None"]
 
@@ -42,38 +43,22 @@ def describe(v: Counter | None) -> str:
 def expected(plan: Plan, custom: Postcondition | None = None) -> Postcondition:
     """The postcondition of `plan`'s collective: a function (rank, output index) -> expected value or None.
 
-    Block b of an output holds chunks b*k .. b*k+k-1; chunk j of a block corresponds to chunk j of the
-    matching input block (k = plan.chunk_factor)."""
-    n, k = plan.nranks, plan.chunk_factor
-    coll = plan.collective
+    `custom` overrides it; else a custom plan's `expect`; else the collective's own (its entry in
+    `jaxcoll.plan.collectives`, stated at chunk granularity: block b of an output holds chunks b*k .. b*k+k-1,
+    chunk j of a block corresponds to chunk j of the matching input block, k = plan.chunk_factor)."""
     if custom is not None:
         return custom
     if plan.expect is not None:
         rows = plan.expect.outputs
         return lambda r, i: None if rows[r][i] is None else Counter(rows[r][i])
-    if coll is Collective.ALL_REDUCE:
-        return lambda r, i: value((s, i) for s in range(n))
-    if coll is Collective.ALL_GATHER:
-        return lambda r, i: value([(i // k, i % k)])
-    if coll is Collective.REDUCE_SCATTER:
-        return lambda r, i: value((s, r * k + i) for s in range(n))
-    if coll is Collective.ALL_TO_ALL:
-        return lambda r, i: value([(i // k, r * k + i % k)])
-    if coll is Collective.BROADCAST:
-        if not 0 <= plan.root < n:
-            raise PlanError(f"broadcast root={plan.root} is out of range for nranks={n}")
-        return lambda r, i: value([(plan.root, i)])
-    if coll is Collective.PPERMUTE:
-        source = {}
-        for a, b in plan.perm:
-            if not (0 <= a < n and 0 <= b < n):
-                raise PlanError(f"ppermute pair ({a}, {b}) is out of range for nranks={n}")
-            if b in source:
-                raise PlanError(f"ppermute perm sends to rank {b} twice: from {source[b]} and from {a}")
-            source[b] = a
-        if len({a for a, _ in plan.perm}) != len(plan.perm):
-            raise PlanError(f"ppermute perm={list(plan.perm)} sends from one rank twice")
-        return lambda r, i: value([(source[r], i)]) if r in source else Counter({ZERO: 1})
+    entry = definition(plan.collective)
+    if entry.postcondition is not None:
+        contributions = entry.postcondition(plan.nranks, plan.chunk_factor, plan.root, plan.perm)
+
+        def post(r: int, i: int) -> Counter | None:
+            terms = contributions(r, i)
+            return None if terms is None else value(terms)
+        return post
     raise PlanError(f"a custom plan ({plan.name or 'unnamed'}) states no postcondition: give it an expect "
                     f"(jaxcoll.plan.Expect; program(..., postcondition=...) fills it in) or pass "
                     f"postcondition=... to jaxcoll.lang.check (see jaxcoll.lang.postcondition)")

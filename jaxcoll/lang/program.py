@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from jaxcoll.lang import named_scratch
 from jaxcoll.lang.compiler import Instr, compile_program
+from jaxcoll.plan.collectives import definition
 from jaxcoll.plan.errors import PlanError
 from jaxcoll.plan.ir import Buffer, ChunkRef, Collective, Op, Plan, Step, default_blocks
 
@@ -122,9 +123,10 @@ class Program:
         self.pipeline = pipeline
         self.in_place = in_place
         din, dout = default_blocks(self.collective, nranks)
-        if self.collective is Collective.CUSTOM and not (in_blocks and out_blocks):
+        states = definition(self.collective).plan_states
+        if states and not (in_blocks and out_blocks):
             raise PlanError("a custom program must state in_blocks and out_blocks")
-        if postcondition is not None and self.collective is not Collective.CUSTOM:
+        if postcondition is not None and not states:
             raise PlanError(f"postcondition= is for custom programs; a {self.collective.value} program's follows "
                             f"from its collective")
         self.in_blocks = in_blocks or din

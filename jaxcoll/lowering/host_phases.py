@@ -22,7 +22,7 @@ from jaxcoll.algorithms import across_hosts
 from jaxcoll.lowering import call_plan, groups
 from jaxcoll.plan import Collective
 from jaxcoll.plan.abi import NETWORK_TARGET, REDUCE_OP_CODES
-from jaxcoll.plan.ir import COLLECTIVE_CODES
+from jaxcoll.plan.ir import COLLECTIVE_CODES, default_blocks
 
 
 def check_network_steps(api_name: str) -> None:
@@ -85,8 +85,8 @@ def emit(ctx, value, aval, out_aval, collective: Collective, *, axes: tuple, op:
         flat = _permute_blocks(flat, size, [s.input_blocks for s in plan_of])
     for k, phase in enumerate(plan_of[0].phases):
         parts = len(phase.groups[0])
-        new_size = {Collective.REDUCE_SCATTER: size // parts, Collective.ALL_GATHER: size * parts}.get(
-            phase.collective, size)  # the others keep the rank's size
+        in_blocks, out_blocks = default_blocks(phase.collective, parts)
+        new_size = size * out_blocks // in_blocks
         in_aval, result_aval = aval.update(shape=(size,)), aval.update(shape=(new_size,))
         subgroups = [s.phases[k].groups for s in plan_of]
         if phase.transport == across_hosts.IPC:

@@ -19,19 +19,8 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from jaxcoll.plan.collectives import COLLECTIVE_CODES, ZERO, Collective, definition  # noqa: F401 (re-exported)
 from jaxcoll.plan.errors import PlanError
-
-
-class Collective(str, enum.Enum):
-    """What a plan computes. The string value is what goes into plan files."""
-
-    ALL_REDUCE = "all_reduce"
-    ALL_GATHER = "all_gather"
-    REDUCE_SCATTER = "reduce_scatter"
-    ALL_TO_ALL = "all_to_all"
-    BROADCAST = "broadcast"
-    PPERMUTE = "ppermute"
-    CUSTOM = "custom"
 
 
 class Buffer(str, enum.Enum):
@@ -63,10 +52,10 @@ class Op(str, enum.Enum):
         return self not in (Op.SIGNAL, Op.WAIT, Op.BARRIER)
 
 
-# Wire codes: stable integers used by the serialized form and the C++/CUDA executors. Never renumber.
+# Wire codes: stable integers used by the serialized form and the C++/CUDA executors. Never renumber. The
+# collectives' (COLLECTIVE_CODES) are written in their table, jaxcoll.plan.collectives.
 OP_CODES = {op: i for i, op in enumerate(Op)}
 BUFFER_CODES = {buf: i for i, buf in enumerate(Buffer)}
-COLLECTIVE_CODES = {c: i for i, c in enumerate(Collective)}
 
 # Steps and refs are the bulk of a plan (a synthesized plan of 16 ranks holds 100k-200k of each): they are slotted
 # (half the objects for the garbage collector to scan, faster field access), and the unchecked constructors set
@@ -255,7 +244,6 @@ class RankProgram:
                 Buffer.SCRATCH: self.scratch_chunks}[Buffer(buffer)]
 
 
-ZERO = ("zero",)  # a contribution term: the chunk holds zeros (a zero step wrote it)
 # The reductions a call can apply, in the order of their codes (jaxcoll.plan.abi.REDUCE_OP_CODES).
 REDUCE_OPS = ("sum", "max", "min")
 
@@ -308,16 +296,9 @@ class Expect:
 
 def default_blocks(collective: Collective, nranks: int) -> tuple[int, int]:
     """(input blocks, output blocks) of a collective: how many equal, independent blocks of the per-rank
-    message each buffer holds. Chunks subdivide blocks (see `jaxcoll.plan.layout`)."""
-    collective = Collective(collective)
-    return {
-        Collective.ALL_REDUCE: (1, 1),
-        Collective.ALL_GATHER: (1, nranks),
-        Collective.REDUCE_SCATTER: (nranks, 1),
-        Collective.ALL_TO_ALL: (nranks, nranks),
-        Collective.BROADCAST: (1, 1),
-        Collective.PPERMUTE: (1, 1),
-    }.get(collective, (1, 1))
+    message each buffer holds (its table entry, `jaxcoll.plan.collectives`). Chunks subdivide blocks (see
+    `jaxcoll.plan.layout`). PlanError for a collective the table does not know."""
+    return definition(collective).blocks(nranks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,7 +315,7 @@ class Plan:
     ranks: tuple[RankProgram, ...]
     name: str = ""
     in_place: bool = False
-    in_blocks: int = 0  # 0: the collective's default (see default_blocks); required for custom plans
+    in_blocks: int = 0  # 0: the collective's default (see default_blocks); a custom plan states its own
     out_blocks: int = 0
     protocol: str = "auto"  # "ll" (packets), "simple" (bulk) or "auto"; the GPU executor reads it
     # What the collective is, beyond its kind: the checker states postconditions with these. The executor does
@@ -351,7 +332,7 @@ class Plan:
             raise PlanError(f"plan needs nranks >= 1, got nranks={self.nranks}")
         if len(self.ranks) != self.nranks:
             raise PlanError(f"plan for nranks={self.nranks} has {len(self.ranks)} rank programs")
-        if self.expect is not None and self.collective is not Collective.CUSTOM:
+        if self.expect is not None and not definition(self.collective).plan_states:
             raise PlanError(f"expect is the postcondition of a custom plan; a {self.collective.value} plan's "
                             f"postcondition follows from its collective (and root or perm)")
         din, dout = default_blocks(self.collective, self.nranks)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxcoll.plan.collectives import COLLECTIVE_CODES, from_code
 from jaxcoll.plan.errors import PlanError
-from jaxcoll.plan.ir import (BUFFER_CODES, COLLECTIVE_CODES, OP_CODES, Buffer, ChunkRef, Collective, Lane, Op,
-                             Plan, RankProgram, Step)
+from jaxcoll.plan.ir import BUFFER_CODES, OP_CODES, Buffer, ChunkRef, Lane, Op, Plan, RankProgram, Step
 
 MAGIC = 0x4C43584A  # "JXCL" read as a little-endian int32
 VERSION = 1
@@ -54,7 +54,10 @@ def decode(words) -> Plan:
     if magic != MAGIC or version != VERSION:
         raise PlanError(f"not a jaxcoll plan of version {VERSION}: magic={magic:#x}, version={version}")
     try:
-        collective = list(Collective)[coll]
+        collective = from_code(coll)
+    except PlanError as e:
+        raise PlanError(f"serialized plan: {e} at word 2") from None
+    try:
         protocol_name = {v: k for k, v in PROTOCOL_CODES.items()}[protocol]
         ops, buffers = list(Op), list(Buffer)
         ranks = []

@@ -53,7 +53,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxcoll.plan import Buffer, Collective, Op, Plan
+from jaxcoll.plan import Buffer, Op, Plan
+from jaxcoll.plan.collectives import InPlace, definition
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +238,8 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
     if plan.in_place:  # the executor's staging copies (docs/runtime.md, "One call", step 3): first touches
         for r, prog in enumerate(plan.ranks):
             me = index[processes[r]]
-            copies = prog.input_chunks + (prog.output_chunks if plan.collective is Collective.REDUCE_SCATTER else 0)
+            copies_out = definition(plan.collective).in_place is InPlace.OUTPUT_IN_INPUT  # out of the staging
+            copies = prog.input_chunks + (prog.output_chunks if copies_out else 0)
             reuse[me].extend([math.inf, math.inf])
             touched[me].extend([copies, copies])
             scratch[me].extend([False, False])
