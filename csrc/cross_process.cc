@@ -14,6 +14,7 @@
 #include <thread>
 #include <tuple>
 
+#include "csrc/collectives.hpp"
 #include "csrc/cross_process_call.hpp"
 #include "csrc/env.hpp"
 #include "csrc/layout.hpp"
@@ -400,12 +401,13 @@ Status execute_cross_process_rank(CrossProcessCommunicator& c, int64_t run_id, c
       const bool shared_io = v.shared_output != nullptr;
       v.input_chunks = v.output_chunks = nullptr;
       void* io = shared_io ? v.shared_output : b.output;
-      if (plan.collective == Collective::kAllGather) {
+      const InPlace aliasing = collective_info(plan.collective).in_place;
+      if (aliasing == InPlace::kInputInOutput) {
         v.output = io;
         v.input = static_cast<char*>(io) + rank * block * int64_t(dsize);
         std::memcpy(v.input, b.input, block * dsize);
         if (shared_io) copy_out.push_back({b.output, io, out_bytes});
-      } else if (plan.collective == Collective::kReduceScatter) {
+      } else if (aliasing == InPlace::kOutputInInput) {
         void* staging = shared_io ? io : call->staging_[li].reserve(in_bytes);
         if (!staging) {
           call->fail(site.describe() + ": out of memory for the in-place staging buffer");

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "csrc/collectives.hpp"
 #include "csrc/cross_process_call.hpp"
 #include "csrc/shared_memory.hpp"
 #include "csrc/transport.hpp"
@@ -165,9 +166,10 @@ class ShmCall : public PeerCall {
       // An in-place plan's input is a block of its output (all_gather) or the reverse (reduce_scatter), as the
       // owner staged it.
       const int64_t block_bytes = call_.block_ * int64_t(dtype_size(call_.dtype_));
-      if (c.plan_.in_place && v.input && c.plan_.collective == Collective::kAllGather)
+      const InPlace aliasing = collective_info(c.plan_.collective).in_place;
+      if (c.plan_.in_place && v.input && aliasing == InPlace::kInputInOutput)
         v.input = static_cast<char*>(v.output) + r * block_bytes;
-      if (c.plan_.in_place && v.input && c.plan_.collective == Collective::kReduceScatter)
+      if (c.plan_.in_place && v.input && aliasing == InPlace::kOutputInInput)
         v.output = static_cast<char*>(v.input) + r * block_bytes;
     }
   }
