@@ -10,21 +10,20 @@
 namespace jaxcoll::cuda {
 
 struct StepTimes::Buffer {
+  explicit Buffer(StepTimes* o) : owner(o) {}
+  ~Buffer() {
+    if (host) cudaFreeHost(host);
+  }
   StepTimes* owner;
-  uint64_t* host;    // pinned, mapped into every device
-  uint64_t* device;  // the same memory as the kernel addresses it
+  uint64_t* host = nullptr;    // pinned, mapped into every device
+  uint64_t* device = nullptr;  // the same memory as the kernel addresses it
   DeviceCall call;
 };
 
 StepTimes::StepTimes(const Plan& plan, const StepSizes& sizes, const DeviceCall& who)
     : plan_(plan), sizes_(sizes), who_(who), bytes_(size_t(2 * device_trace_slots(plan)) * sizeof(uint64_t)) {}
 
-StepTimes::~StepTimes() {
-  for (Buffer* b : all_) {
-    cudaFreeHost(b->host);
-    delete b;
-  }
-}
+StepTimes::~StepTimes() = default;
 
 Status StepTimes::begin(CUstream_st* stream, Buffer*& call, uint64_t*& times) {
   call = nullptr;
@@ -43,17 +42,18 @@ Status StepTimes::begin(CUstream_st* stream, Buffer*& call, uint64_t*& times) {
     }
   }
   if (!b) {  // the first traced call of this launcher, or more calls in flight at once than before
+    auto owned = std::make_unique<Buffer>(this);
     void* host = nullptr;
     JAXCOLL_CUDA_TRY(cudaHostAlloc(&host, bytes_, cudaHostAllocMapped | cudaHostAllocPortable),
                      "cudaHostAlloc of a traced call's step times");
+    owned->host = static_cast<uint64_t*>(host);
     void* device = nullptr;
-    if (cudaError_t err = cudaHostGetDevicePointer(&device, host, 0); err != cudaSuccess) {
-      cudaFreeHost(host);
-      JAXCOLL_CUDA_TRY(err, "cudaHostGetDevicePointer of a traced call's step times");
-    }
-    b = new Buffer{this, static_cast<uint64_t*>(host), static_cast<uint64_t*>(device), {}};
+    JAXCOLL_CUDA_TRY(cudaHostGetDevicePointer(&device, host, 0),
+                     "cudaHostGetDevicePointer of a traced call's step times");
+    owned->device = static_cast<uint64_t*>(device);
+    b = owned.get();
     std::lock_guard<std::mutex> lock(mu_);
-    all_.push_back(b);
+    all_.push_back(std::move(owned));
   }
   std::memset(b->host, 0, bytes_);  // 0: a step not reached
   b->call = who_;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -45,7 +46,8 @@ class StepTimes {
   const DeviceCall who_;
   const size_t bytes_;
   std::mutex mu_;
-  std::vector<Buffer*> free_, all_;  // buffers not in use by a call; every buffer (freed with this)
+  std::vector<std::unique_ptr<Buffer>> all_;  // every buffer of this launcher
+  std::vector<Buffer*> free_;                 // those no call uses now
 };
 
 }  // namespace jaxcoll::cuda
