@@ -165,7 +165,7 @@ namespace {
 struct Watchdog {
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<Gathering*> comms;
+  std::vector<WatchedCalls*> comms;
   bool poked = false;
   std::thread thread;
 
@@ -188,7 +188,7 @@ struct Watchdog {
       // Completions run outside the lock: they may start XLA's continuation of a program, which can call into
       // jaxcoll again (and create communicators, which takes this lock).
       std::vector<std::pair<std::vector<Completion>, Status>> failed;
-      for (Gathering* c : comms) {
+      for (WatchedCalls* c : comms) {
         std::vector<Completion> pending;
         Status error;
         gathering |= c->expire(now, pending, error);
@@ -218,13 +218,13 @@ void watchdog_notify() {
   w.cv.notify_one();
 }
 
-void watch(Gathering* g) {
+void watch(WatchedCalls* g) {
   Watchdog& w = watchdog();
   std::lock_guard<std::mutex> lock(w.mu);
   w.comms.push_back(g);
 }
 
-void unwatch(Gathering* g) {
+void unwatch(WatchedCalls* g) {
   Watchdog& w = watchdog();
   std::lock_guard<std::mutex> lock(w.mu);
   w.comms.erase(std::remove(w.comms.begin(), w.comms.end(), g), w.comms.end());

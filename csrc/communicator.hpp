@@ -173,17 +173,17 @@ class Rendezvous {
 
 // Something the watchdog polls while calls gather their ranks: expire() fails every call whose ranks have not all
 // arrived by its deadline, handing back the completions to call with `error`; true while some call still gathers.
-class Gathering {
+class WatchedCalls {
  public:
-  virtual ~Gathering() = default;
+  virtual ~WatchedCalls() = default;
   virtual bool expire(Clock::time_point now, std::vector<Completion>& pending, Status& error) = 0;
 };
 
 // Register with (or leave) the watchdog; a Communicator does both itself.
-void watch(Gathering* g);
-void unwatch(Gathering* g);
+void watch(WatchedCalls* g);
+void unwatch(WatchedCalls* g);
 
-class Communicator : public CallFailure, public Gathering {
+class Communicator : public CallFailure, public WatchedCalls {
  public:
   explicit Communicator(int32_t nranks);
   ~Communicator() override;

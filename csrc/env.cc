@@ -85,7 +85,7 @@ EnvSettings read_env() {
   s.solo_bytes = r.integer<int64_t>("JAXCOLL_SOLO_BYTES", 0, kMaxInt64, bytes);
   s.timeout_s = r.seconds("JAXCOLL_TIMEOUT");
   s.sync_wait_us = r.integer<int64_t>("JAXCOLL_SYNC_WAIT_US", 0, kMaxInt64, "a whole number of microseconds >= 0");
-  s.trace = r.flag("JAXCOLL_LOG_JOINS");
+  s.log_joins = r.flag("JAXCOLL_LOG_JOINS");
   s.spin = r.integer<int>("JAXCOLL_SPIN", 0, kMaxInt, count);
   s.yield = r.integer<int>("JAXCOLL_YIELD", 0, kMaxInt, count);
   s.hugepage_bytes = r.integer<size_t>("JAXCOLL_HUGEPAGE_BYTES", 0, kMaxInt64, bytes);

@@ -14,13 +14,13 @@ struct EnvSettings {
   std::optional<int64_t> solo_bytes;     // JAXCOLL_SOLO_BYTES     csrc/executor.cc
   std::optional<double> timeout_s;       // JAXCOLL_TIMEOUT        csrc/executor.cc
   std::optional<int64_t> sync_wait_us;   // JAXCOLL_SYNC_WAIT_US   csrc/executor.cc
-  bool trace = false;                    // JAXCOLL_LOG_JOINS      csrc/executor.cc, csrc/spanning.cc
+  bool log_joins = false;                // JAXCOLL_LOG_JOINS      csrc/executor.cc, csrc/cross_process.cc
   std::optional<int> spin;               // JAXCOLL_SPIN           csrc/wait.cc
   std::optional<int> yield;              // JAXCOLL_YIELD          csrc/wait.cc
   std::optional<size_t> hugepage_bytes;  // JAXCOLL_HUGEPAGE_BYTES csrc/memory.cc
   std::optional<size_t> nt_bytes;        // JAXCOLL_NT_BYTES       csrc/reduce.cc
   std::optional<size_t> nt_call_bytes;   // JAXCOLL_NT_CALL_BYTES  csrc/reduce.cc
-  std::optional<int> span_helpers;       // JAXCOLL_SPAN_HELPERS   csrc/spanning.cc
+  std::optional<int> span_helpers;       // JAXCOLL_SPAN_HELPERS   csrc/cross_process.cc
   std::optional<int64_t> net_delay_us;   // JAXCOLL_NET_DELAY_US   csrc/net.cc
   std::optional<int64_t> cuda_ll_bytes;  // JAXCOLL_CUDA_LL_BYTES  csrc/cuda/executor.cc
   std::optional<int> cuda_blocks;        // JAXCOLL_CUDA_BLOCKS    csrc/cuda/executor.cc

@@ -151,7 +151,7 @@ Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_
                                        "needs out_blocks*block=" + std::to_string(plan.out_blocks) + "*" +
                                        std::to_string(block));
   const size_t dsize = dtype_size(b.dtype);
-  if (env_settings().trace) std::fprintf(stderr, "jaxcoll trace: rank %d joins launch %lld\n", rank, (long long)run_id);
+  if (env_settings().log_joins) std::fprintf(stderr, "jaxcoll: rank %d joins launch %lld\n", rank, (long long)run_id);
   Rendezvous* rv = comm.join(rank, run_id, site);
   if (!rv) return fail_with(comm, site, rank, "out of memory for the call's rendezvous");
   RankSlot& me = rv->slot(rank);

@@ -2,7 +2,7 @@
 // (the leader) runs every rank's lanes (lanes.hpp); the ranks before it publish their buffers and return pending
 // (see communicator.hpp for why no rank waits for its peers). Larger calls are shared with helper threads: the
 // ranks still waiting on their own device threads and XLA's intra-op pool. Groups that span processes run in
-// spanning.hpp.
+// cross_process.hpp.
 #pragma once
 
 #include <cstdint>

@@ -62,10 +62,12 @@ struct TracedCall {
   SignalSources from;
 };
 
-class RankRun {
+// One rank's program as the CPU interpreter runs it: each lane's position and barrier state, the signals of each
+// semaphore consumed so far.
+class RankInterpreter {
  public:
-  RankRun(const PeerView* views, CallFailure& failure, const Plan& plan, int32_t rank, const CallBuffers& b,
-          const CallSite& site, int64_t block, const TracedCall* traced)
+  RankInterpreter(const PeerView* views, CallFailure& failure, const Plan& plan, int32_t rank, const CallBuffers& b,
+                  const CallSite& site, int64_t block, const TracedCall* traced)
       : views_(views), failure_(failure), plan_(plan), rank_(rank), prog_(plan.ranks[rank]), b_(b), site_(site),
         traced_(traced), k_(plan.chunk_factor), dsize_(dtype_size(b.dtype)), asize_(accum_size(b.dtype)),
         block_(block),
@@ -354,7 +356,7 @@ GroupRun::GroupRun(std::vector<PeerView> views, const std::vector<int32_t>& rank
   if (tracing()) traced_ = std::make_unique<TracedCall>(plan, site);
   runs_.reserve(ranks.size());
   for (int32_t r : ranks) {
-    runs_.push_back(std::make_unique<RankRun>(views_.data(), failure, plan, r, b, site, block, traced_.get()));
+    runs_.push_back(std::make_unique<RankInterpreter>(views_.data(), failure, plan, r, b, site, block, traced_.get()));
     remaining_ += !runs_.back()->done();
   }
 }
@@ -421,7 +423,7 @@ bool GroupRun::pass(int32_t start, bool& whole) {
       whole = false;
       continue;
     }
-    RankRun& run = *runs_[r];
+    RankInterpreter& run = *runs_[r];
     if (!run.done() && run.advance()) {
       progressed = true;
       if (run.done()) remaining_.fetch_sub(1, std::memory_order_acq_rel);

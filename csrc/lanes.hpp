@@ -1,5 +1,5 @@
 // Running the lanes of a call's ranks: the interpreter of the plan's steps, shared by the in-process executor
-// (executor.cc, every rank of the group in this process) and the cross-process one (spanning.cc, the ranks this
+// (executor.cc, every rank of the group in this process) and the cross-process one (cross_process.cc, the ranks this
 // process hosts, its peers' buffers and semaphores mapped from shared memory). Both describe where each rank's
 // buffers and semaphores are in this process's address space (a PeerView per rank); the steps then mean the same
 // thing whoever hosts the rank.
@@ -52,7 +52,7 @@ struct PeerView {
   void* scratch = nullptr;
   std::atomic<uint32_t>* semaphores = nullptr;
   Doorbell* bell = nullptr;  // rung after every signal to this rank: its runner sleeps on it
-  // A rank whose buffers other processes reach in part (spanning.hpp): the chunks flagged here are used in a copy
+  // A rank whose buffers other processes reach in part (cross_process.hpp): the chunks flagged here are used in a copy
   // of the buffer in shared memory (same offsets), the others in XLA's buffer above. Null: no chunk is shared.
   void* shared_input = nullptr;
   void* shared_output = nullptr;
@@ -97,7 +97,7 @@ struct CallBuffers {
 // Bytes every rank's data steps of one call read and write together, for blocks of `block` elements.
 int64_t call_traffic_bytes(const Plan& plan, int64_t block, DType dtype);
 
-class RankRun;
+class RankInterpreter;
 struct TracedCall;
 
 // The lanes of `ranks` (every rank of the group in one process, or the ranks this process hosts), run by the
@@ -137,7 +137,7 @@ class GroupRun {
   Doorbell& bell_;
   CallFailure& failure_;
   bool whole_group_;
-  std::vector<std::unique_ptr<RankRun>> runs_;
+  std::vector<std::unique_ptr<RankInterpreter>> runs_;
   std::unique_ptr<std::atomic<bool>[]> claimed_;
   std::atomic<int32_t> remaining_{0};
   std::atomic<int32_t> active_{0};  // helpers inside help()

@@ -4,7 +4,7 @@
 // process of each pair connects to the higher; the first message on a connection presents the job's token, and a
 // connection without it is closed.
 //
-// Each connection has a receiver thread, which hands every message to the handler (spanning.cc) and never sends,
+// Each connection has a receiver thread, which hands every message to the handler (transport/tcp.cc) and never sends,
 // and a sender thread that drains the connection's queue: a handler that answers a read queues its answer, so two
 // processes answering each other's reads can never both block in send (the classic deadlock of a thread that both
 // reads and writes a socket). Messages on one connection arrive in the order they were queued: data put before a

@@ -1,7 +1,8 @@
-// Named shared-memory segments (POSIX shm), the same-host transport of groups that span processes (spanning.hpp).
-// A segment is created owner-only (mode 0600) and exclusively (O_EXCL), under a name that carries the job's
-// random token, so no other user can map it and no other job can guess or collide with it; the creator unlinks it
-// when the segment is dropped (or at exit), and clean_stale_segments() removes those a crashed process left.
+// Named shared-memory segments (POSIX shm), which the same-host transport of cross-process groups maps
+// (transport/shm.cc). A segment is created owner-only (mode 0600) and exclusively (O_EXCL), under a name that
+// carries the job's random token, so no other user can map it and no other job can guess or collide with it; the
+// creator unlinks it when the segment is dropped (or at exit), and clean_stale_segments() removes those a crashed
+// process left.
 #pragma once
 
 #include <cstddef>

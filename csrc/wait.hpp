@@ -27,7 +27,7 @@ inline void cpu_relax() {
 }
 
 // A futex word with a count of sleepers: the pair a waiter sleeps on and a notifier rings. A doorbell placed in
-// shared memory (spanning.cc) is constructed with process_shared, so waiters in other processes are woken.
+// shared memory (cross_process_call.hpp) is constructed with process_shared, so waiters in other processes are woken.
 struct Doorbell {
   alignas(64) std::atomic<uint32_t> word{0};
   std::atomic<uint32_t> sleepers{0};

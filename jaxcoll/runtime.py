@@ -2,8 +2,9 @@
 for the CPU platform (and XLA's CUDA platform when the module was built with CUDA), and runs plans on the real
 executors without JAX: `run_plan` (CPU threads) and `run_plan_cuda` (every rank emulated on one GPU).
 
-Importing this module registers the targets (idempotent); the lowering imports it before emitting a custom
-call. The targets (`jaxcoll.plan.abi.TARGETS`) and their operands and attributes are specified in docs/plan-ir.md.
+Importing this module registers the targets (idempotent); the first bind of a jaxcoll primitive imports it
+(lowering/custom_call.py, `CollectivePrimitive`), before the program that calls it compiles. The targets
+(`jaxcoll.plan.abi.TARGETS`) and their operands and attributes are specified in docs/plan-ir.md.
 """
 
 from __future__ import annotations

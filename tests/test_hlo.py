@@ -1,6 +1,9 @@
 """A program using jaxcoll compiles to jaxcoll's FFI custom calls and to none of XLA's collectives."""
 
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -55,3 +58,27 @@ def test_each_call_site_gets_its_own_callsite_attribute():
     text = sharded(lambda v: jaxcoll.all_reduce(v, "y") + jaxcoll.all_reduce(v, "y"), "2x4").lower(x).as_text()
     sites = re.findall(r"callsite = (\d+) : i64", text)
     assert len(sites) == 2 and len(set(sites)) == 2
+
+
+def test_tracing_a_collective_registers_the_targets_before_lowering():
+    # A fresh process: `import jaxcoll` loads no native module; tracing a collective (its first use) registers the
+    # FFI targets, so XLA knows them before the program compiles, and the lowering rule has nothing to set up.
+    code = """if True:
+        import os, sys
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        import jax, numpy as np
+        from jax.sharding import PartitionSpec as P
+        import jaxcoll
+        assert "jaxcoll.runtime" not in sys.modules, "import jaxcoll loaded the runtime"
+        mesh = jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+        f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P()))
+        x = jax.device_put(np.arange(4, dtype=np.float32), jax.NamedSharding(mesh, P("x")))
+        traced = f.trace(x)
+        assert "jaxcoll.runtime" in sys.modules, "tracing the collective did not register the targets"
+        assert "jaxcoll_all_reduce" in traced.lower().as_text()
+        print(np.asarray(f(x)).tolist())
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip().endswith(str(np.arange(4.0).reshape(2, 2).sum(0).tolist())), out.stdout  # numpy's sum

@@ -152,6 +152,13 @@ def test_calls_outside_the_block_are_not_traced(tmp_path):
     assert steps_of(load(tmp_path / "u.json")) == []
 
 
+def test_a_trace_that_could_not_be_written_is_refused_before_anything_runs(tmp_path):
+    with pytest.raises(ValueError, match=r"path='.*missing/t.json' cannot be written: its folder .* does not exist"):
+        jaxcoll.trace(tmp_path / "missing" / "t.json")
+    with pytest.raises(TypeError, match="path must be a file path"):
+        jaxcoll.trace(3)
+
+
 def test_a_call_that_times_out_still_writes_its_steps_up_to_the_hang(tmp_path):
     # Rank 0 puts, then waits for a signal nobody sends; rank 1 puts and is done.
     ref = ChunkRef

@@ -17,7 +17,7 @@
 #include "csrc/communicator.hpp"
 #include "csrc/executor.hpp"
 #include "csrc/plan.hpp"
-#include "csrc/spanning.hpp"
+#include "csrc/cross_process.hpp"
 #include "csrc/world.hpp"
 #include "xla_ffi/dtypes.hpp"
 #include "xla/ffi/api/ffi.h"
@@ -42,11 +42,11 @@ struct PlanState {
   // The rank whose calls jaxcoll.stats() times: the first rank in this process of the first group with one, so
   // every process of a job times the sites it runs, once a call.
   int32_t timed_group = 0, timed_rank = 0;
-  std::array<std::atomic<SpanningCommunicator*>, 64> spanning_by_group{};
-  // The spanning communicators this compiled call uses, owned here: XLA destroys the state with the executable,
-  // and the call site's shared memory goes with it (spanning.hpp).
-  std::mutex spanning_mu;
-  std::map<int32_t, std::shared_ptr<SpanningCommunicator>> spanning;
+  std::array<std::atomic<CrossProcessCommunicator*>, 64> cross_process_by_group{};
+  // The cross-process communicators this compiled call uses, owned here: XLA destroys the state with the executable,
+  // and the call site's shared memory goes with it (cross_process.hpp).
+  std::mutex cross_process_mu;
+  std::map<int32_t, std::shared_ptr<CrossProcessCommunicator>> cross_process;
 };
 ffi::TypeId PlanState::id = XLA_FFI_UNKNOWN_TYPE_ID;
 constexpr ffi::TypeInfo kPlanStateInfo = ffi::MakeTypeInfo<PlanState>();
@@ -141,7 +141,7 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
   };
   bool pending = false;
 
-  // A group whose ranks live in several processes (a mesh of a jax.distributed job) runs in spanning.hpp.
+  // A group whose ranks live in several processes (a mesh of a jax.distributed job) runs in cross_process.hpp.
   if (!state->processes.empty()) {
     const int64_t ngroups = static_cast<int64_t>(state->processes.size()) / plan.nranks;
     if (group < 0 || group >= ngroups)
@@ -149,25 +149,26 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
                                                 " is out of range for " + std::to_string(ngroups) + " groups"));
     const int32_t* procs = state->processes.data() + int64_t(group) * plan.nranks;
     if (std::any_of(procs, procs + plan.nranks, [&](int32_t p) { return p != procs[0]; })) {
-      SpanningCommunicator* span = cached ? state->spanning_by_group[group].load(std::memory_order_acquire) : nullptr;
-      if (!span) {
-        std::lock_guard<std::mutex> lock(state->spanning_mu);
-        auto& owned = state->spanning[group];
+      CrossProcessCommunicator* group_comm =
+          cached ? state->cross_process_by_group[group].load(std::memory_order_acquire) : nullptr;
+      if (!group_comm) {
+        std::lock_guard<std::mutex> lock(state->cross_process_mu);
+        auto& owned = state->cross_process[group];
         if (!owned) {
           Status st;
-          owned = spanning_communicator_for(state->callsite, group, plan,
-                                            std::vector<int32_t>(procs, procs + plan.nranks), state->fingerprint,
-                                            b.input_elements, *dtype, st);
+          owned = cross_process_communicator_for(state->callsite, group, plan,
+                                                 std::vector<int32_t>(procs, procs + plan.nranks), state->fingerprint,
+                                                 b.input_elements, *dtype, st);
           if (!owned) {
-            state->spanning.erase(group);
+            state->cross_process.erase(group);
             return Failed(ffi::Error::InvalidArgument(st.message()));
           }
         }
-        span = owned.get();
-        if (cached) state->spanning_by_group[group].store(span, std::memory_order_release);
+        group_comm = owned.get();
+        if (cached) state->cross_process_by_group[group].store(group_comm, std::memory_order_release);
       }
-      const Status st = execute_spanning_rank(*span, run_id.run_id, plan, rank, b, site, default_timeout_s(),
-                                              std::move(complete), pending);
+      const Status st = execute_cross_process_rank(*group_comm, run_id.run_id, plan, rank, b, site,
+                                                   default_timeout_s(), std::move(complete), pending);
       if (pending) return ffi::Future(promise);
       record(st);
       return st.ok() ? Done() : Failed(ErrorOf(st));

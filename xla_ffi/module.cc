@@ -21,7 +21,7 @@
 #include "csrc/net.hpp"
 #include "csrc/plan.hpp"
 #include "csrc/shared_memory.hpp"
-#include "csrc/spanning.hpp"
+#include "csrc/cross_process.hpp"
 #include "csrc/topk.hpp"
 #include "csrc/trace.hpp"
 #include "csrc/trace_steps.hpp"

@@ -3,7 +3,7 @@
 #include "csrc/cuda/cuda_status.hpp"
 #include "csrc/cuda/ipc.hpp"
 #include "csrc/cuda/slot_exchange.hpp"
-#include "csrc/spanning.hpp"
+#include "csrc/cross_process.hpp"
 #include "csrc/world.hpp"
 
 #include <cuda_runtime.h>

@@ -2,7 +2,7 @@
 // processes"). jax.distributed's key-value store has already joined the job (jaxcoll/distributed.py: the token,
 // every process's pid and host, world.hpp); per group, each process then publishes a small *offer* in a
 // shared-memory segment of its own, named from the token, its pid and the call site, exactly as the CPU path finds
-// its peers' call slots (spanning.hpp). An offer carries the process's ranks of the group, each rank's slot as a
+// its peers' call slots (cross_process.hpp). An offer carries the process's ranks of the group, each rank's slot as a
 // CUDA IPC handle and its GPU's PCI bus id, the plan fingerprint, the protocol and the most thread blocks per lane
 // its GPUs hold. Every process reads every peer's offer, checks that they agree, and maps the peers' slots.
 //

@@ -4,7 +4,7 @@ intra-node / inter-node split does.
 
 Across processes a rank's scratch is always in shared memory, but its input and output are XLA's, private to its
 process: a step of another process that names them makes the runtime copy those chunks in (inputs, at entry) or
-out (outputs, after the call) (csrc/spanning.hpp). These plans keep every cross-process step on scratch, or on
+out (outputs, after the call) (csrc/cross_process.hpp). These plans keep every cross-process step on scratch, or on
 inputs only, so the copies the runtime adds are the fewest:
 
 - all_reduce: rank (p, l), the l-th of its process's L ranks, reduces chunk l of its process's inputs into its

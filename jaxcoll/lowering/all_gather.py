@@ -13,21 +13,20 @@ from __future__ import annotations
 from functools import partial
 
 from jax import lax
-from jax.extend.core import Primitive
 
 from jaxcoll import _jax
 from jaxcoll.lowering import call_plan, groups
+from jaxcoll.lowering.custom_call import CollectivePrimitive, emit
 from jaxcoll.lowering.lowered_value import LoweredValue
-from jaxcoll.lowering.custom_call import emit
 from jaxcoll.plan import Collective
 
 API = "jaxcoll.all_gather"
 
-all_gather_p = Primitive("jaxcoll_all_gather")
-all_gather_invariant_p = Primitive("jaxcoll_all_gather_invariant")
+all_gather_p = CollectivePrimitive("jaxcoll_all_gather")
+all_gather_invariant_p = CollectivePrimitive("jaxcoll_all_gather_invariant")
 # lax.all_gather(..., to="reduced"): the same custom call again, typed as jax types it (varying -> reduced over
 # the axes: a value whose cotangent is unreduced); its transpose is the unreduced reduce_scatter.
-all_gather_reduced_p = Primitive("jaxcoll_all_gather_reduced")
+all_gather_reduced_p = CollectivePrimitive("jaxcoll_all_gather_reduced")
 
 
 def bind(x, *, axes: tuple, all_gather_dimension: int, tiled: bool, algorithm, invariant: bool = False,

@@ -12,20 +12,19 @@ from functools import partial
 
 import numpy as np
 from jax import lax
-from jax.extend.core import Primitive
 
 from jaxcoll import _jax
 from jaxcoll.lowering import groups
+from jaxcoll.lowering.custom_call import CollectivePrimitive, emit
 from jaxcoll.lowering.lowered_value import LoweredValue
-from jaxcoll.lowering.custom_call import emit
 from jaxcoll.plan import Collective
 
 API = "jaxcoll.all_reduce"
 
-all_reduce_p = Primitive("jaxcoll_all_reduce")
+all_reduce_p = CollectivePrimitive("jaxcoll_all_reduce")
 # jax's psum of a value unreduced over the axes (each rank holds a partial sum): the same custom call, typed as
 # jax types it (unreduced -> invariant over the axes); its transpose is jax's reduced cast, which moves no data.
-unreduced_psum_p = Primitive("jaxcoll_unreduced_psum")
+unreduced_psum_p = CollectivePrimitive("jaxcoll_unreduced_psum")
 
 
 def bind(x, *, axes: tuple, op: str, algorithm, axis_index_groups: tuple | None = None):

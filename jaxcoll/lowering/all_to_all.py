@@ -5,18 +5,17 @@ stays varying; the transpose swaps the two axes."""
 
 from __future__ import annotations
 
-from jax.extend.core import Primitive
 from jax.extend.core.primitives import all_to_all_p as lax_all_to_all_p
 
 from jaxcoll import _jax
 from jaxcoll.lowering import groups
+from jaxcoll.lowering.custom_call import CollectivePrimitive, emit
 from jaxcoll.lowering.lowered_value import LoweredValue
-from jaxcoll.lowering.custom_call import emit
 from jaxcoll.plan import Collective
 
 API = "jaxcoll.all_to_all"
 
-all_to_all_p = Primitive("jaxcoll_all_to_all")
+all_to_all_p = CollectivePrimitive("jaxcoll_all_to_all")
 
 
 def bind(x, *, axes: tuple, split_axis: int, concat_axis: int, algorithm, axis_index_groups: tuple | None = None):

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 from jax import lax
-from jax.extend.core import Primitive
 
 from jaxcoll import _jax
 from jaxcoll.lowering import groups
+from jaxcoll.lowering.custom_call import CollectivePrimitive, emit
 from jaxcoll.lowering.lowered_value import LoweredValue
-from jaxcoll.lowering.custom_call import emit
 from jaxcoll.plan import Collective
 
 API = "jaxcoll.broadcast"
 
-broadcast_p = Primitive("jaxcoll_broadcast")
+broadcast_p = CollectivePrimitive("jaxcoll_broadcast")
 
 
 def bind(x, *, axes: tuple, root: int, algorithm):

@@ -15,6 +15,7 @@ import itertools
 import math
 
 import numpy as np
+from jax.extend.core import Primitive
 from jax.extend.mlir import ir
 
 from jaxcoll import _jax
@@ -39,9 +40,24 @@ def _row_major(ndim: int) -> tuple[int, ...]:
     return tuple(range(ndim - 1, -1, -1))
 
 
-def _ensure_runtime():
-    # Importing the runtime registers the FFI targets with XLA; it must happen before the program compiles.
-    import jaxcoll.runtime  # noqa: F401
+class CollectivePrimitive(Primitive):
+    """A primitive that lowers to the jaxcoll custom call. XLA must know the custom call's targets before it
+    compiles the program, so the first bind in a process (tracing a jaxcoll collective: the runtime's first use)
+    registers them, by importing the runtime; the lowering rule itself only emits IR."""
+
+    def bind(self, *args, **params):
+        if not _runtime_loaded:
+            _load_runtime()
+        return super().bind(*args, **params)
+
+
+_runtime_loaded = False
+
+
+def _load_runtime():
+    global _runtime_loaded
+    import jaxcoll.runtime  # noqa: F401  (importing it registers the targets)
+    _runtime_loaded = True
 
 
 def emit(x: LoweredValue, out_shape, collective: Collective, *, axes: tuple, algorithm, op: str = "sum",
@@ -53,7 +69,6 @@ def emit(x: LoweredValue, out_shape, collective: Collective, *, axes: tuple, alg
     nranks = groups.lowered_group_size(ctx, axes, axis_index_groups)
     if nranks == 1 and not lower_single_rank_groups:
         return _single_rank(x, out_aval, collective, **params)
-    _ensure_runtime()
 
     value, aval = x.value, x.aval
     wire_aval, wire_out = aval, out_aval
@@ -63,7 +78,9 @@ def emit(x: LoweredValue, out_shape, collective: Collective, *, axes: tuple, alg
     processes = groups.process_map(ctx, axes, axis_index_groups)
     hosts = None
     if processes is not None:
-        # Groups span processes: the job's processes must know each other before the program runs.
+        # Groups span processes: the plan depends on the job's hosts, which jaxcoll.distributed learns when first
+        # asked (joining the job's processes, once; docs/multiprocess.md). Only here is it known that a group spans
+        # processes (the trace sees the mesh without its devices), so the first such lowering asks.
         from jaxcoll import distributed
         hosts = distributed.connect().hosts
     if hosts is not None and "cuda" in ctx.module_context.platforms and \

@@ -3,18 +3,17 @@ lax.ppermute. The result stays varying; the transpose is the inverse permutation
 
 from __future__ import annotations
 
-from jax.extend.core import Primitive
 from jax.extend.core.primitives import ppermute_p as lax_ppermute_p
 
 from jaxcoll import _jax
 from jaxcoll.lowering import groups
+from jaxcoll.lowering.custom_call import CollectivePrimitive, emit
 from jaxcoll.lowering.lowered_value import LoweredValue
-from jaxcoll.lowering.custom_call import emit
 from jaxcoll.plan import Collective
 
 API = "jaxcoll.ppermute"
 
-ppermute_p = Primitive("jaxcoll_ppermute")
+ppermute_p = CollectivePrimitive("jaxcoll_ppermute")
 
 
 def bind(x, *, axes: tuple, perm: tuple, algorithm):

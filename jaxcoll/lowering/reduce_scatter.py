@@ -8,20 +8,19 @@ from functools import partial
 
 import numpy as np
 from jax import lax
-from jax.extend.core import Primitive
 
 from jaxcoll import _jax
 from jaxcoll.lowering import call_plan, groups
+from jaxcoll.lowering.custom_call import CollectivePrimitive, emit
 from jaxcoll.lowering.lowered_value import LoweredValue
-from jaxcoll.lowering.custom_call import emit
 from jaxcoll.plan import Collective
 
 API = "jaxcoll.reduce_scatter"
 
-reduce_scatter_p = Primitive("jaxcoll_reduce_scatter")
+reduce_scatter_p = CollectivePrimitive("jaxcoll_reduce_scatter")
 # jax's psum_scatter of a value unreduced over the axes: the same custom call, typed as jax types it (unreduced
 # -> varying over the axes); its transpose is the reduced all_gather.
-unreduced_reduce_scatter_p = Primitive("jaxcoll_unreduced_reduce_scatter")
+unreduced_reduce_scatter_p = CollectivePrimitive("jaxcoll_unreduced_reduce_scatter")
 
 
 def bind(x, *, axes: tuple, scatter_dimension: int, tiled: bool, op: str, algorithm,

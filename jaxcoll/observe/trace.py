@@ -76,6 +76,12 @@ class trace(contextlib.ContextDecorator):
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise TypeError(f"trace: path must be a file path, got {path!r}")
         self.path = pathlib.Path(path)
+        # Checked now, not when the block ends: a trace that cannot be written would be lost with every call
+        # traced into it.
+        folder = self.path.parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise ValueError(f"trace: path={str(path)!r} cannot be written: its folder {str(folder)!r} "
+                             f"{'is not writable' if folder.is_dir() else 'does not exist'}")
         self._since: list[int] = []
 
     def __enter__(self) -> "trace":

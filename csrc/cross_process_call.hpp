@@ -1,6 +1,6 @@
-// The parts of a call of a spanning group (spanning.hpp) that its two transports share: the directory of call
-// slots in shared memory, the communicator of a call site, one call in this process. Internal to
-// csrc/spanning.cc (the call, shared memory) and csrc/spanning_net.cc (the network transport's side).
+// The parts of a call of a cross-process group (cross_process.hpp) that its transports (transport.hpp) build on:
+// the directory of call slots in shared memory, the communicator of a call site, one call in this process.
+// Internal to csrc/cross_process.cc (the call) and csrc/transport/ (each peer's side of it).
 #pragma once
 
 #include <algorithm>
@@ -20,12 +20,12 @@
 #include <vector>
 
 #include "csrc/communicator.hpp"
+#include "csrc/cross_process.hpp"
 #include "csrc/layout.hpp"
 #include "csrc/lanes.hpp"
-#include "csrc/net.hpp"
 #include "csrc/plan.hpp"
 #include "csrc/shared_memory.hpp"
-#include "csrc/spanning.hpp"
+#include "csrc/transport.hpp"
 #include "csrc/world.hpp"
 
 namespace jaxcoll {
@@ -43,7 +43,7 @@ constexpr size_t kPage = 4096;
 // see the mirror image and decide alike). Which thread's launch pairs with which across processes was a race in
 // jax already; within one thread's dispatches launches run in launch-id order in every process.
 constexpr auto kCrossedAfter = std::chrono::seconds(1);
-constexpr size_t kCrossedKept = 64;  // calls of each peer matched across launches, remembered (see consumed_)
+constexpr size_t kCrossedKept = 64;  // calls of each peer matched across launches, remembered (see ShmLink::consumed_)
 
 // A slot's state word: generation << 3 | phase. The generation grows each time the owner reuses the slot, so a
 // peer that matched a call can tell it from a later one in the same slot.
@@ -112,42 +112,25 @@ inline std::string rank_list(const std::vector<int32_t>& ranks) {
 }
 
 
-// A call key as processes name it: (process, run id, call of the site within the launch).
-using CallKey = std::tuple<int32_t, int64_t, uint64_t>;
+class CrossProcessCommunicator;
 
-// What peers on other hosts told this process about the calls of one call site: their publications (block,
-// dtype, plan fingerprint), which of those they finished, and their failures. Messages may come before this
-// process has reached the call site at all, so the mailbox lives apart from the communicator.
-struct Mailbox {
-  std::mutex mu;
-  std::map<int32_t, NetMessage> sites;  // per process: its first publication (plan fingerprint, dtype, elements)
-  std::map<CallKey, NetMessage> published;
-  std::set<CallKey> done;
-  std::map<CallKey, std::string> failed;
-};
-
-// The mailbox of (callsite, group), created on first use (by a message, or by the communicator).
-std::shared_ptr<Mailbox> mailbox(int64_t callsite, int32_t group);
-
-class SpanningCommunicator;
-
-// Every live spanning communicator of this process, by (callsite, group): the network handler finds calls here.
-// The compiled calls that run a call site own its communicator (spanning_communicator_for); the registry only
+// Every live cross-process communicator of this process, by (callsite, group): the network handler finds calls here.
+// The compiled calls that run a call site own its communicator (cross_process_communicator_for); the registry only
 // finds it, so a call site whose executables XLA has dropped frees its segments and mappings.
 struct Registry {
   std::mutex mu;
-  std::map<std::pair<int64_t, int32_t>, std::weak_ptr<SpanningCommunicator>> comms;
+  std::map<std::pair<int64_t, int32_t>, std::weak_ptr<CrossProcessCommunicator>> comms;
 };
 
 Registry& registry();
 
-class SpanCall;
-void finish_call(const std::shared_ptr<SpanCall>& call, Status st);
+class CrossProcessCall;
+void finish_call(const std::shared_ptr<CrossProcessCall>& call, Status st);
 
-class SpanningCommunicator : public Gathering, public std::enable_shared_from_this<SpanningCommunicator> {
+class CrossProcessCommunicator : public WatchedCalls, public std::enable_shared_from_this<CrossProcessCommunicator> {
  public:
-  SpanningCommunicator(int64_t callsite, int32_t group, const Plan& plan, std::vector<int32_t> processes,
-                       uint64_t fingerprint, int64_t elements, DType dtype, const World& world)
+  CrossProcessCommunicator(int64_t callsite, int32_t group, const Plan& plan, std::vector<int32_t> processes,
+                           uint64_t fingerprint, int64_t elements, DType dtype, const World& world)
       : callsite_(callsite), group_(group), plan_(plan), processes_(std::move(processes)),
         fingerprint_(fingerprint), elements_(elements), dtype_(dtype), world_(world), me_(world.process) {
     for (int32_t r = 0; r < plan_.nranks; ++r) {
@@ -155,8 +138,11 @@ class SpanningCommunicator : public Gathering, public std::enable_shared_from_th
       else if (std::find(peers_.begin(), peers_.end(), processes_[r]) == peers_.end()) peers_.push_back(processes_[r]);
     }
     std::sort(peers_.begin(), peers_.end());
-    for (int32_t p : peers_) net_.push_back(!world.same_host(p, me_));
-    mailbox_ = mailbox(callsite_, group_);
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      const Transport& t = transport_between(world, me_, peers_[i]);
+      links_.push_back(t.link(*this, i));
+      maps_segments_ += t.maps_segments;
+    }
     local_index_.assign(plan_.nranks, -1);
     for (size_t i = 0; i < local_.size(); ++i) local_index_[local_[i]] = static_cast<int32_t>(i);
     // A chunk of a rank's input or output is shared when a step that another process runs names it; then so is
@@ -183,10 +169,11 @@ class SpanningCommunicator : public Gathering, public std::enable_shared_from_th
     auto flags = [&](const ChunkRef& ref) -> std::vector<uint8_t>& {
       return chunks_[size_t(ref.rank) * 2 + (ref.buffer == BufferKind::kOutput ? 1 : 0)];
     };
-    // (Only shared-memory peers reach into the copies; a network peer's reads and writes are served by this
-    // process, from wherever its own steps use the chunk.)
+    // (Only peers that map segments reach into the copies; another transport's reads and writes are served by
+    // this process, from wherever its own steps use the chunk.)
     for_each_ref([&](int32_t q, const ChunkRef& ref) {
-      if (processes_[ref.rank] != processes_[q] && world.same_host(processes_[ref.rank], processes_[q]))
+      if (processes_[ref.rank] != processes_[q] &&
+          transport_between(world, processes_[ref.rank], processes_[q]).maps_segments)
         std::fill_n(flags(ref).begin() + ref.index, ref.count, uint8_t{1});
     });
     for (bool changed = true; changed;) {
@@ -206,17 +193,13 @@ class SpanningCommunicator : public Gathering, public std::enable_shared_from_th
         for (int b = 0; b < 2; ++b) std::fill(chunks_[size_t(r) * 2 + b].begin(), chunks_[size_t(r) * 2 + b].end(),
                                               uint8_t{either});
       }
-    peer_dirs_.resize(peers_.size());
-    consumed_.resize(peers_.size());
-    peer_data_.resize(peers_.size() * kSlots);
-    peer_data_ids_.assign(peers_.size() * kSlots, 0);
     data_.resize(kSlots);
     data_ids_.assign(kSlots, 0);
     watch(this);
   }
   // The last owner is gone (XLA dropped every executable of the call site, and no call of it is in flight): the
   // call site leaves the registry and the watchdog, and its segments are unmapped, this process's unlinked.
-  ~SpanningCommunicator() override;
+  ~CrossProcessCommunicator() override;
 
   // The watchdog: a call whose local ranks have not all arrived by its deadline fails (the peers' workers time
   // out on their own, waiting for this process to publish it).
@@ -269,9 +252,14 @@ class SpanningCommunicator : public Gathering, public std::enable_shared_from_th
   // lock, or its connection) but stalled, or gone.
   std::string describe_stalled(int32_t p) const {
     return describe_process(p) + " on " + world_.describe_host(p) +
-           (process_alive(p) ? " is alive but stalled: it made no progress in this call within JAXCOLL_TIMEOUT "
+           (peer_alive(p) ? " is alive but stalled: it made no progress in this call within JAXCOLL_TIMEOUT "
                                "(a stopped, hung or starved process)"
                              : " has exited");
+  }
+
+  // Whether peer process p still runs (as its transport tells).
+  bool peer_alive(int32_t p) const {
+    return links_[std::lower_bound(peers_.begin(), peers_.end(), p) - peers_.begin()]->alive();
   }
 
   // Per chunk of rank's input (or output): 1 where shared.
@@ -354,44 +342,36 @@ class SpanningCommunicator : public Gathering, public std::enable_shared_from_th
   std::vector<int32_t> local_;        // ranks hosted here, ascending
   std::vector<int32_t> local_index_;  // rank -> position in local_, or -1
   std::vector<int32_t> peers_;        // other processes hosting ranks of the group, ascending
-  std::vector<bool> net_;             // per peer: reached over the network (another host), not shared memory
-  std::shared_ptr<Mailbox> mailbox_;  // what network peers said about this call site's calls
+  std::vector<std::unique_ptr<PeerLink>> links_;  // per peer: its transport (transport.hpp)
+  uint32_t maps_segments_ = 0;                     // peers that map this process's segments (and ack its slots)
   std::vector<std::vector<uint8_t>> chunks_;  // [rank * 2 + (input 0, output 1)]: per chunk, 1 if shared
 
   std::mutex mu_;  // guards what follows
   SharedSegment directory_;
   std::vector<SharedSegment> data_;       // per slot
   std::vector<uint64_t> data_ids_;        // per slot
-  std::vector<SharedSegment> peer_dirs_;  // per peer
-  // Per peer: its calls (launch id, count) that a call of another launch here was matched with (kCrossedAfter),
-  // newest last. Its slot of such a call is no match for this process's call of that launch, done though it is.
-  std::vector<std::deque<std::pair<int64_t, uint64_t>>> consumed_;
-  std::vector<SharedSegment> peer_data_;  // per peer * kSlots + slot
-  std::vector<uint64_t> peer_data_ids_;
   std::vector<std::map<int64_t, uint64_t>> iterations_;  // per local rank: run id -> calls in that launch
-  std::vector<std::shared_ptr<SpanCall>> active_;
+  std::vector<std::shared_ptr<CrossProcessCall>> active_;
 
   std::atomic<bool> failed_{false};
   mutable std::mutex failure_mu_;
   std::string failure_;
 };
 
-constexpr int32_t kNotFound = -1, kOverNetwork = -2;  // a peer's slot: not found yet, or none (network peer)
-
-// One call of a spanning group in this process: what its local ranks published and what the worker needs.
-class SpanCall : public CallFailure {
+// One call of a cross-process group in this process: what its local ranks published and what the worker needs.
+class CrossProcessCall : public CallFailure {
  public:
-  SpanCall(SpanningCommunicator& comm, int64_t run_id, uint64_t iteration, int32_t slot, int64_t block, DType dtype,
-           const CallSite& site, Clock::time_point deadline)
+  CrossProcessCall(CrossProcessCommunicator& comm, int64_t run_id, uint64_t iteration, int32_t slot, int64_t block,
+                   DType dtype, const CallSite& site, Clock::time_point deadline)
       : comm_(comm), owner_(comm.shared_from_this()), run_id_(run_id), iteration_(iteration), slot_(slot),
         block_(block), dtype_(dtype), site_(site),
         deadline_(deadline), buffers_(comm.local_.size()), copy_out_(comm.local_.size()),
         completions_(comm.local_.size()), handoff_(std::make_unique<std::atomic<int>[]>(comm.local_.size())),
-        arrived_ranks_(comm.local_.size(), false),
-        peer_slot_(comm.peers_.size(), kNotFound), peer_generation_(comm.peers_.size(), 0),
+        arrived_ranks_(comm.local_.size(), false), found_(comm.peers_.size(), false),
         peer_run_id_(comm.peers_.size(), run_id), crossed_run_(comm.peers_.size(), run_id),
-        crossed_since_(comm.peers_.size()),
-        net_ranks_(comm.peers_.size()) {}
+        crossed_since_(comm.peers_.size()) {
+    for (size_t i = 0; i < comm.peers_.size(); ++i) peer_calls_.push_back(comm.links_[i]->join(*this, i));
+  }
 
   // -- CallFailure --
   void fail(const std::string& message) override {
@@ -405,12 +385,7 @@ class SpanCall : public CallFailure {
     ring_peers();
     me.bell.ring();
     if (!told_failure_.exchange(true))
-      for (size_t i = 0; i < comm_.peers_.size(); ++i)
-        if (comm_.net_[i]) {
-          NetMessage m = net_message(NetMessage::kFailed, i);
-          m.bytes = message.size();
-          net_send(comm_.peers_[i], m, message.data());
-        }
+      for (auto& peer : peer_calls_) peer->tell(PeerCall::Event::kFailed, message);
   }
   bool failed() const override { return comm_.failed(); }
   std::string failure() const override { return comm_.failure(); }
@@ -429,7 +404,7 @@ class SpanCall : public CallFailure {
       const int32_t p = comm_.peers_[i];
       // Whether the peer is alive is asked first, what it said of the call after: a peer says that it failed
       // or finished the call before it can exit, so a peer seen gone here has said all it will say.
-      const bool alive = process_alive(p);
+      const bool alive = comm_.links_[i]->alive();
       if (const std::string why = peer_failure(i); !why.empty()) {
         fail(why);
         return;
@@ -447,17 +422,7 @@ class SpanCall : public CallFailure {
   // The error naming peer process i and why it failed this call, or "" while it has not said so (in its slot,
   // or in a message from its connection).
   std::string peer_failure(size_t i) {
-    std::string why;
-    if (comm_.net_[i]) {
-      std::lock_guard<std::mutex> lock(comm_.mailbox_->mu);
-      auto it = comm_.mailbox_->failed.find({comm_.peers_[i], run_id_, iteration_});
-      if (it != comm_.mailbox_->failed.end()) why = it->second;
-    } else if (peer_slot_[i] >= 0) {
-      SlotHeader& h = peer_header(i, peer_slot_[i]);
-      const uint64_t st = h.state.load(std::memory_order_acquire);
-      if (generation_of(st) == peer_generation_[i] && phase_of(st) == kFailed)
-        why.assign(h.message, strnlen(h.message, sizeof(h.message)));
-    }
+    const std::string why = peer_calls_[i]->failure();
     if (why.empty()) return why;
     return site_.describe() + ": " + comm_.describe_process(comm_.peers_[i]) + " failed this call: " + why;
   }
@@ -465,42 +430,22 @@ class SpanCall : public CallFailure {
   // left: a peer still here may be echoing this process's own failure.
   std::string any_peer_failure(bool gone_only = false) {
     for (size_t i = 0; i < comm_.peers_.size(); ++i) {
-      if (gone_only && process_alive(comm_.peers_[i])) continue;
+      if (gone_only && comm_.links_[i]->alive()) continue;
       if (std::string why = peer_failure(i); !why.empty()) return why;
     }
     return {};
   }
-  // Every message queued to network peers so far on the wire, or `deadline`: what this process said of a call
-  // must outlive it, since it may exit as soon as the call returns.
-  bool flush_network_peers(Clock::time_point deadline) {
+  // What this process told its peers of the call so far out of its hands (PeerLink::flush), or `deadline`: what
+  // it said of a call must outlive it, since it may exit as soon as the call returns.
+  bool flush_peers(Clock::time_point deadline) {
     bool all = true;
-    for (size_t i = 0; i < comm_.peers_.size(); ++i) {
-      const int32_t p = comm_.peers_[i];
-      if (comm_.net_[i] && !net_flush(p, deadline) && net_alive(p)) all = false;
-    }
+    for (auto& link : comm_.links_) all &= link->flush(deadline);
     return all;
   }
 
   SlotHeader& header() { return comm_.directory().slots[slot_]; }
-  // A message about this call to network peer i (its publication to every peer); it names the call by the peer's
-  // launch id once matched (they differ where launches crossed), so the peer finds it as its own.
-  NetMessage net_message(uint32_t type, size_t i = SIZE_MAX) const {
-    NetMessage m;
-    m.type = type;
-    m.callsite = comm_.callsite_;
-    m.group = comm_.group_;
-    m.run_id = i == SIZE_MAX ? run_id_ : peer_run_id_[i];
-    m.iteration = iteration_;
-    m.block = block_;
-    m.dtype = static_cast<int32_t>(dtype_);
-    m.fingerprint = comm_.fingerprint_;
-    m.elements = comm_.elements_;
-    return m;
-  }
-  void tell_network_peers(uint32_t type) {
-    for (size_t i = 0; i < comm_.peers_.size(); ++i)
-      if (comm_.net_[i]) net_send(comm_.peers_[i], net_message(type, type == NetMessage::kPublish ? SIZE_MAX : i),
-                                  nullptr);
+  void tell_peers(PeerCall::Event event) {
+    for (auto& peer : peer_calls_) peer->tell(event, {});
   }
   // Whether peer i's one unmatched call of launch `other` has stood unchanged for kCrossedAfter while this call is
   // the only one of the call site here (kCrossedAfter above); under comm_.mu_.
@@ -514,25 +459,13 @@ class SpanCall : public CallFailure {
     return now - crossed_since_[i] >= kCrossedAfter;
   }
   // Whether peer process i has finished this call's steps (its ranks touch no buffer of the call any more).
-  bool peer_done(size_t i) {
-    if (comm_.net_[i]) {
-      std::lock_guard<std::mutex> lock(comm_.mailbox_->mu);
-      return comm_.mailbox_->done.count({comm_.peers_[i], run_id_, iteration_}) != 0;
-    }
-    if (peer_slot_[i] < 0) return false;
-    const uint64_t s = peer_header(i, peer_slot_[i]).state.load(std::memory_order_acquire);
-    return generation_of(s) == peer_generation_[i] && phase_of(s) == kDone;
-  }
-  SlotHeader& peer_header(size_t i, int32_t slot) {
-    return static_cast<Directory*>(comm_.peer_dirs_[i].data())->slots[slot];
-  }
+  bool peer_done(size_t i) { return peer_calls_[i]->done(); }
   void ring_peers() {
-    for (size_t i = 0; i < comm_.peers_.size(); ++i)
-      if (peer_slot_[i] >= 0) peer_header(i, peer_slot_[i]).bell.ring();
+    for (auto& peer : peer_calls_) peer->wake();
   }
 
-  SpanningCommunicator& comm_;
-  const std::shared_ptr<SpanningCommunicator> owner_;  // a call in flight keeps its call site's segments
+  CrossProcessCommunicator& comm_;
+  const std::shared_ptr<CrossProcessCommunicator> owner_;  // a call in flight keeps its call site's segments
   const int64_t run_id_;
   const uint64_t iteration_;
   const int32_t slot_;
@@ -557,24 +490,13 @@ class SpanCall : public CallFailure {
   }
   Status status_;
   Doorbell finished_;
-  std::vector<int32_t> peer_slot_;  // per peer: the slot holding this call once found (kOverNetwork: no slot)
-  std::vector<uint64_t> peer_generation_;
+  std::vector<bool> found_;  // per peer: its side of the call found (PeerCall::find), under comm_.mu_
   std::vector<int64_t> peer_run_id_;  // per peer: its launch id for this call (this one's, unless launches crossed)
   std::vector<int64_t> crossed_run_;  // per peer: the other launch it published alone, since crossed_since_
   std::vector<Clock::time_point> crossed_since_;
-  std::vector<std::unique_ptr<RemoteRanks>> net_ranks_;  // per peer reached over the network (net_ranks)
+  std::vector<std::unique_ptr<PeerCall>> peer_calls_;  // per peer: the call through its transport
   std::atomic<bool> told_failure_{false};
   Clock::time_point last_poll_{};
 };
-
-// The ranks of network peer `process` in one call (its launch id `run_id` for it): reads, writes and signals
-// become messages naming the call. `who` names the peer, `stalled` is the error when it answers nothing by
-// `deadline`.
-std::unique_ptr<RemoteRanks> net_ranks(int32_t process, std::string who, std::string stalled, int64_t callsite,
-                                       int32_t group, int64_t run_id, uint64_t iteration,
-                                       Clock::time_point deadline);
-
-// Find network peer i's publication of the call in the mailbox; checks its plan and shapes like find_peer.
-Status find_network_peer(SpanCall& call, size_t i, bool& found);
 
 }  // namespace jaxcoll

@@ -1,4 +1,4 @@
-#include "csrc/spanning.hpp"
+#include "csrc/cross_process.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -14,12 +14,12 @@
 #include <thread>
 #include <tuple>
 
+#include "csrc/cross_process_call.hpp"
 #include "csrc/env.hpp"
 #include "csrc/layout.hpp"
 #include "csrc/memory.hpp"
-#include "csrc/net.hpp"
 #include "csrc/shared_memory.hpp"
-#include "csrc/spanning_call.hpp"
+#include "csrc/transport.hpp"
 #include "csrc/workers.hpp"
 #include "csrc/world.hpp"
 
@@ -39,43 +39,19 @@ int helpers_per_call(const World& w) {
   return n;
 }
 
-struct Mailboxes {
-  std::mutex mu;
-  std::map<std::pair<int64_t, int32_t>, std::shared_ptr<Mailbox>> boxes;
-};
-
-Mailboxes& mailboxes() {
-  static Mailboxes* m = new Mailboxes();  // leaked on purpose: the network threads outlive statics
-  return *m;
-}
-
 }  // namespace
-
-std::shared_ptr<Mailbox> mailbox(int64_t callsite, int32_t group) {
-  Mailboxes& m = mailboxes();
-  std::lock_guard<std::mutex> lock(m.mu);
-  auto& box = m.boxes[{callsite, group}];
-  if (!box) box = std::make_shared<Mailbox>();
-  return box;
-}
 
 Registry& registry() {
   static Registry* r = new Registry();  // leaked on purpose: the watchdog and network threads outlive statics
   return *r;
 }
 
-SpanningCommunicator::~SpanningCommunicator() {
+CrossProcessCommunicator::~CrossProcessCommunicator() {
   unwatch(this);
-  {
-    Registry& reg = registry();
-    std::lock_guard<std::mutex> lock(reg.mu);
-    auto it = reg.comms.find({callsite_, group_});
-    if (it != reg.comms.end() && it->second.expired()) reg.comms.erase(it);
-  }
-  Mailboxes& m = mailboxes();
-  std::lock_guard<std::mutex> lock(m.mu);
-  auto it = m.boxes.find({callsite_, group_});
-  if (it != m.boxes.end() && it->second == mailbox_) m.boxes.erase(it);
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto it = reg.comms.find({callsite_, group_});
+  if (it != reg.comms.end() && it->second.expired()) reg.comms.erase(it);
 }
 
 namespace {
@@ -84,110 +60,9 @@ std::atomic<uint64_t> next_data_id{1};
 
 namespace {
 
-// Find peer i's slot for the call; true once found (peer_slot_ set). Opens the peer's directory on first use and
-// checks its fingerprint.
-Status find_peer(SpanCall& call, size_t i, bool& found) {
-  SpanningCommunicator& c = call.comm_;
-  const int32_t p = c.peers_[i];
-  found = false;
-  SharedSegment& dir = c.peer_dirs_[i];
-  if (!dir.mapped()) {
-    SharedSegment::Opened opened;
-    Status st = SharedSegment::open(c.directory_name(p), dir, opened);
-    if (!st.ok()) return st;
-    if (opened == SharedSegment::Opened::kNotYet) return {};
-    if (dir.size() < sizeof(Directory)) {
-      dir = SharedSegment();
-      return {};
-    }
-  }
-  Directory* d = static_cast<Directory*>(dir.data());
-  if (d->ready.load(std::memory_order_acquire) != 1) return {};
-  if (d->magic == kDirectoryMagic)
-    if (std::string why = c.shape_differs(p, d->elements, d->dtype); !why.empty()) return Status::Error(why);
-  if (d->magic != kDirectoryMagic || d->nranks != c.plan_.nranks || d->fingerprint != c.fingerprint_)
-    return Status::Error(call.site_.describe() + ": " + c.describe_process(p) +
-                         " runs a different plan at this call site (plan fingerprint " +
-                         std::to_string(d->fingerprint) + ", this process " + std::to_string(c.fingerprint_) +
-                         "); every process must run the same program with the same jaxcoll version");
-  // A slot as read at one moment: its state word and what the owner published in it.
-  struct Seen {
-    int32_t slot = -1;
-    uint64_t state = 0;
-    int64_t run_id = 0, block = 0;
-    int32_t dtype = 0;
-    uint64_t data_id = 0;
-  };
-  auto take = [&](const Seen& seen) -> Status {
-    const int32_t s = seen.slot;
-    const uint64_t st1 = seen.state;
-    const int64_t block = seen.block;
-    const int32_t dtype = seen.dtype;
-    const uint64_t data_id = seen.data_id;
-    if (block != call.block_ || dtype != static_cast<int32_t>(call.dtype_))
-      return Status::Error(call.site_.describe() + ": " + c.describe_process(p) + " called with " +
-                           std::to_string(block) + "-element blocks of " +
-                           dtype_name(static_cast<DType>(dtype)) + ", this process with " +
-                           std::to_string(call.block_) + " of " + dtype_name(call.dtype_) +
-                           "; every rank must pass the same shape");
-    // Map the data segment of this slot (a new one when the owner grew it).
-    const size_t k = i * kSlots + size_t(s);
-    if (c.peer_data_ids_[k] != data_id || !c.peer_data_[k].mapped()) {
-      SharedSegment::Opened opened;
-      Status st = SharedSegment::open(c.data_name(p, data_id), c.peer_data_[k], opened);
-      if (!st.ok()) return st;
-      if (opened == SharedSegment::Opened::kNotYet)
-        return Status::Error(call.site_.describe() + ": the data segment of " + c.describe_process(p) +
-                             " is gone (" + c.data_name(p, data_id) + ")");
-      c.peer_data_ids_[k] = data_id;
-    }
-    size_t bytes = 0;
-    c.layout(p, call.block_, call.dtype_, bytes);
-    if (c.peer_data_[k].size() < bytes)
-      return Status::Error(call.site_.describe() + ": the data segment of " + c.describe_process(p) + " holds " +
-                           std::to_string(c.peer_data_[k].size()) + " bytes, the call needs " +
-                           std::to_string(bytes));
-    call.peer_slot_[i] = s;
-    call.peer_generation_[i] = generation_of(st1);
-    call.peer_run_id_[i] = seen.run_id;
-    if (seen.run_id != call.run_id_) {
-      c.consumed_[i].emplace_back(seen.run_id, call.iteration_);
-      if (c.consumed_[i].size() > kCrossedKept) c.consumed_[i].pop_front();
-    }
-    found = true;
-    return Status{};
-  };
-  Seen other;  // the peer's one published call of another launch at this call's count, if exactly one
-  int32_t others = 0;
-  for (int32_t s = 0; s < kSlots; ++s) {
-    SlotHeader& h = d->slots[s];
-    Seen seen{s, h.state.load(std::memory_order_acquire)};
-    const uint64_t ph = phase_of(seen.state);
-    if (ph != kPublished && ph != kDone && ph != kFailed) continue;
-    seen.run_id = h.run_id.load(std::memory_order_relaxed);
-    const uint64_t iteration = h.iteration.load(std::memory_order_relaxed);
-    seen.block = h.block.load(std::memory_order_relaxed);
-    seen.dtype = h.dtype.load(std::memory_order_relaxed);
-    seen.data_id = h.data_id.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (generation_of(h.state.load(std::memory_order_relaxed)) != generation_of(seen.state)) continue;  // reused
-    if (iteration != call.iteration_) continue;
-    const std::pair<int64_t, uint64_t> key{seen.run_id, iteration};
-    if (std::find(c.consumed_[i].begin(), c.consumed_[i].end(), key) != c.consumed_[i].end()) continue;
-    if (seen.run_id == call.run_id_) return take(seen);
-    if (ph == kPublished) {
-      other = seen;
-      ++others;
-    }
-  }
-  if (others == 1 && call.crossed(i, other.run_id)) return take(other);
-  if (others != 1) call.crossed(i, call.run_id_);  // nothing crossed: start over
-  return {};
-}
-
 // The worker's part of a call: find the peers, run the local ranks' lanes, wait for every process to finish.
-Status run_call(SpanCall& call) {
-  SpanningCommunicator& c = call.comm_;
+Status run_call(CrossProcessCall& call) {
+  CrossProcessCommunicator& c = call.comm_;
   SlotHeader& me = call.header();
   // 1. Every peer process's slot for this call.
   for (;;) {
@@ -197,12 +72,13 @@ Status run_call(SpanCall& call) {
     {
       std::lock_guard<std::mutex> lock(c.mu_);
       for (size_t i = 0; i < c.peers_.size(); ++i) {
-        if (call.peer_slot_[i] != kNotFound) continue;
+        if (call.found_[i]) continue;
         bool found = false;
-        Status st = c.net_[i] ? find_network_peer(call, i, found) : find_peer(call, i, found);
-        if (found && c.net_[i]) continue;
-        if (!st.ok()) return st;
-        if (found) call.peer_header(i, call.peer_slot_[i]).bell.ring();  // it may be waiting for us
+        if (Status st = call.peer_calls_[i]->find(found); !st.ok()) return st;
+        if (found) {
+          call.found_[i] = true;
+          call.peer_calls_[i]->wake();  // it may be waiting for us
+        }
         all &= found;
       }
     }
@@ -214,7 +90,7 @@ Status run_call(SpanCall& call) {
       if (std::string cause = call.any_peer_failure(); !cause.empty()) return Status::Error(cause);
       std::string missing;
       for (size_t i = 0; i < c.peers_.size(); ++i)
-        if (call.peer_slot_[i] == kNotFound)
+        if (!call.found_[i])
           missing += (missing.empty() ? "" : "; ") + c.describe_process(c.peers_[i]);
       return Status::Error(call.site_.describe() + ": timed out waiting for every process to arrive (launch " +
                            std::to_string(call.run_id_) + ", call " + std::to_string(call.iteration_) +
@@ -232,33 +108,7 @@ Status run_call(SpanCall& call) {
   // 2. The local ranks' lanes, every rank addressed where this process reaches it.
   std::vector<PeerView> views(c.plan_.nranks);
   for (int32_t r : c.local_) views[r] = call.local_views_[c.local_index_[r]];
-  for (size_t i = 0; i < c.peers_.size(); ++i) {
-    const int32_t p = c.peers_[i];
-    if (c.net_[i]) {
-      call.net_ranks_[i] = net_ranks(p, c.describe_process(p), call.site_.describe() + ": " + c.describe_stalled(p),
-                                     c.callsite_, c.group_, call.peer_run_id_[i], call.iteration_, call.deadline_);
-      for (int32_t r : c.ranks_of(p)) views[r].remote = call.net_ranks_[i].get();
-      continue;
-    }
-    size_t bytes = 0;
-    const std::vector<RankArea> areas = c.layout(p, call.block_, call.dtype_, bytes);
-    char* base = static_cast<char*>(c.peer_data_[i * kSlots + size_t(call.peer_slot_[i])].data());
-    SlotHeader& h = call.peer_header(i, call.peer_slot_[i]);
-    for (int32_t r : c.ranks_of(p)) {
-      const RankArea& a = areas[r];
-      auto at = [&](size_t off) -> void* { return off == kPrivate ? nullptr : base + off; };
-      PeerView& v = views[r];
-      v = {at(a.input), at(a.output), at(a.scratch), reinterpret_cast<std::atomic<uint32_t>*>(base + a.semaphores),
-           &h.bell};
-      // An in-place plan's input is a block of its output (all_gather) or the reverse (reduce_scatter), as the
-      // owner staged it.
-      const int64_t block_bytes = call.block_ * int64_t(dtype_size(call.dtype_));
-      if (c.plan_.in_place && v.input && c.plan_.collective == Collective::kAllGather)
-        v.input = static_cast<char*>(v.output) + r * block_bytes;
-      if (c.plan_.in_place && v.input && c.plan_.collective == Collective::kReduceScatter)
-        v.output = static_cast<char*>(v.input) + r * block_bytes;
-    }
-  }
+  for (auto& peer : call.peer_calls_) peer->address(views);
   Status st;
   {
     const CallBuffers& b = call.buffers_[0];
@@ -282,7 +132,7 @@ Status run_call(SpanCall& call) {
   // 3. Done here; wait until every peer is done with its steps (they may still read this process's buffers).
   me.state.store((generation_of(me.state.load(std::memory_order_relaxed)) << 3) | kDone, std::memory_order_release);
   call.ring_peers();
-  call.tell_network_peers(NetMessage::kDone);
+  call.tell_peers(PeerCall::Event::kDone);
   for (;;) {
     const uint32_t seen = me.bell.word.load(std::memory_order_seq_cst);
     bool all = true;
@@ -301,9 +151,9 @@ Status run_call(SpanCall& call) {
              [&] { return c.failed(); }, std::min(call.deadline_, Clock::now() + std::chrono::milliseconds(20)));
   }
 
-  // 4. This process may exit as soon as the call returns: its done must be on the wire by then, not in the
-  // sender's queue, or a network peer still waiting for it would see the connection close instead.
-  if (!call.flush_network_peers(call.deadline_))
+  // 4. This process may exit as soon as the call returns: its done must be out of its hands by then (on the wire,
+  // not in a sender's queue), or a peer still waiting for it would see the connection close instead.
+  if (!call.flush_peers(call.deadline_))
     return Status::Error(call.site_.describe() + ": timed out handing the end of the call to the other processes "
                          "(a connection takes no data)");
   return {};
@@ -312,37 +162,26 @@ Status run_call(SpanCall& call) {
 }  // namespace
 
 // After the call: outputs back to XLA's buffers, peers' slots acknowledged, local ranks completed.
-void finish_call(const std::shared_ptr<SpanCall>& call, Status st) {
-  SpanningCommunicator& c = call->comm_;
+void finish_call(const std::shared_ptr<CrossProcessCall>& call, Status st) {
+  CrossProcessCommunicator& c = call->comm_;
   if (!st.ok()) {
     call->fail(st.message());
     // Its peers learn why from this process, not from its exit, if the program stops on the error (a second
     // at most: a connection that takes no data is a peer that will time out on its own).
-    call->flush_network_peers(Clock::now() + std::chrono::seconds(1));
+    call->flush_peers(Clock::now() + std::chrono::seconds(1));
   } else {
     for (const auto& outs : call->copy_out_)
       for (const CopyOut& out : outs) std::memcpy(out.dst, out.src, out.bytes);
-    for (size_t i = 0; i < c.peers_.size(); ++i)
-      if (call->peer_slot_[i] >= 0) call->peer_header(i, call->peer_slot_[i]).acks.fetch_add(1);
   }
-  {
-    // What network peers said of this call is spent.
-    std::lock_guard<std::mutex> lock(c.mailbox_->mu);
-    // (Its publication is under its launch id; what it said since, under this process's. Where launches crossed,
-    // its publication under this launch id is of another call, which a later call here is matched with.)
-    for (size_t i = 0; i < c.peers_.size(); ++i) {
-      c.mailbox_->published.erase({c.peers_[i], call->peer_run_id_[i], call->iteration_});
-      c.mailbox_->done.erase({c.peers_[i], call->run_id_, call->iteration_});
-    }
-  }
+  for (auto& peer : call->peer_calls_) peer->finish(st.ok());
   call->status_ = st;
   std::vector<Completion> owed;
   {
     std::lock_guard<std::mutex> lock(c.mu_);
     c.active_.erase(std::remove(c.active_.begin(), c.active_.end(), call), c.active_.end());
     for (size_t i = 0; i < c.local_.size(); ++i) {
-      int expected = SpanCall::kWaiting;
-      if (call->handoff_[i].compare_exchange_strong(expected, SpanCall::kInline, std::memory_order_acq_rel))
+      int expected = CrossProcessCall::kWaiting;
+      if (call->handoff_[i].compare_exchange_strong(expected, CrossProcessCall::kInline, std::memory_order_acq_rel))
         call->completions_[i] = nullptr;  // finished on its own thread
       else
         owed.push_back(std::move(call->completions_[i]));
@@ -354,10 +193,10 @@ void finish_call(const std::shared_ptr<SpanCall>& call, Status st) {
     run_on_worker([done = std::move(done), st]() mutable { done(st); });
 }
 
-bool SpanningCommunicator::expire(Clock::time_point now, std::vector<Completion>& pending, Status& error) {
+bool CrossProcessCommunicator::expire(Clock::time_point now, std::vector<Completion>& pending, Status& error) {
   (void)pending;
   (void)error;
-  std::vector<std::shared_ptr<SpanCall>> expired;
+  std::vector<std::shared_ptr<CrossProcessCall>> expired;
   bool gathering = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -388,14 +227,13 @@ bool SpanningCommunicator::expire(Clock::time_point now, std::vector<Completion>
 namespace {
 
 // A free slot of this process's directory (its last call acknowledged by every peer), claimed for a call.
-int32_t claim_slot(SpanningCommunicator& c) {
+int32_t claim_slot(CrossProcessCommunicator& c) {
   Directory& d = c.directory();
-  const uint32_t npeers = static_cast<uint32_t>(std::count(c.net_.begin(), c.net_.end(), false));
   for (int32_t s = 0; s < kSlots; ++s) {
     SlotHeader& h = d.slots[s];
     const uint64_t st = h.state.load(std::memory_order_acquire);
     const uint64_t ph = phase_of(st);
-    if (ph == kFree || (ph == kDone && h.acks.load(std::memory_order_acquire) == npeers)) {
+    if (ph == kFree || (ph == kDone && h.acks.load(std::memory_order_acquire) == c.maps_segments_)) {
       bool busy = false;
       for (auto& a : c.active_) busy |= a->slot_ == s;
       if (busy) continue;
@@ -423,10 +261,11 @@ uint64_t plan_fingerprint(const int32_t* words, size_t nwords, int32_t reduce_op
   return h;
 }
 
-std::shared_ptr<SpanningCommunicator> spanning_communicator_for(int64_t callsite, int32_t group, const Plan& plan,
-                                                               const std::vector<int32_t>& processes,
-                                                               uint64_t fingerprint, int64_t elements, DType dtype,
-                                                               Status& status) {
+std::shared_ptr<CrossProcessCommunicator> cross_process_communicator_for(int64_t callsite, int32_t group,
+                                                                         const Plan& plan,
+                                                                         const std::vector<int32_t>& processes,
+                                                                         uint64_t fingerprint, int64_t elements,
+                                                                         DType dtype, Status& status) {
   const World* w = world();
   if (!w) {
     status = Status::Error("jaxcoll callsite " + std::to_string(callsite) +
@@ -444,7 +283,7 @@ std::shared_ptr<SpanningCommunicator> spanning_communicator_for(int64_t callsite
   Registry& reg = registry();
   std::unique_lock<std::mutex> lock(reg.mu);
   if (auto c = reg.comms[{callsite, group}].lock()) return c;
-  auto made = std::make_shared<SpanningCommunicator>(callsite, group, plan, processes, fingerprint, elements, dtype,
+  auto made = std::make_shared<CrossProcessCommunicator>(callsite, group, plan, processes, fingerprint, elements, dtype,
                                                      *w);
   made->iterations_.resize(made->local_.size());
   status = made->open_directory();
@@ -457,9 +296,9 @@ std::shared_ptr<SpanningCommunicator> spanning_communicator_for(int64_t callsite
   return made;
 }
 
-Status execute_spanning_rank(SpanningCommunicator& c, int64_t run_id, const Plan& plan, int32_t rank,
-                             const CallBuffers& b, const CallSite& site, double timeout_s, Completion completion,
-                             bool& pending) {
+Status execute_cross_process_rank(CrossProcessCommunicator& c, int64_t run_id, const Plan& plan, int32_t rank,
+                                  const CallBuffers& b, const CallSite& site, double timeout_s, Completion completion,
+                                  bool& pending) {
   pending = false;
   if (c.failed())
     return Status::Error(site.describe() + ": an earlier call of this collective failed and left its peers in an "
@@ -480,10 +319,10 @@ Status execute_spanning_rank(SpanningCommunicator& c, int64_t run_id, const Plan
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(timeout_s));
   const size_t dsize = dtype_size(b.dtype);
-  if (env_settings().trace) std::fprintf(stderr, "jaxcoll trace: rank %d joins launch %lld\n", rank, (long long)run_id);
+  if (env_settings().log_joins) std::fprintf(stderr, "jaxcoll: rank %d joins launch %lld\n", rank, (long long)run_id);
 
   // Join (or open) the call: the first local rank claims a slot and sizes its data segment.
-  std::shared_ptr<SpanCall> call;
+  std::shared_ptr<CrossProcessCall> call;
   {
     std::lock_guard<std::mutex> lock(c.mu_);
     if (c.failed()) return Status::Error(site.describe() + ": " + c.failure());
@@ -505,7 +344,7 @@ Status execute_spanning_rank(SpanningCommunicator& c, int64_t run_id, const Plan
         if (!st.ok()) return st;
         c.data_ids_[slot] = id;
       }
-      call = std::make_shared<SpanCall>(c, run_id, iteration, slot, block, b.dtype, site, deadline);
+      call = std::make_shared<CrossProcessCall>(c, run_id, iteration, slot, block, b.dtype, site, deadline);
       call->staging_.resize(c.local_.size());
       // Views of the local ranks into this call's data segment (XLA's buffers are filled in as ranks arrive).
       const std::vector<RankArea> areas = c.layout(c.me_, block, b.dtype, bytes);
@@ -592,7 +431,7 @@ Status execute_spanning_rank(SpanningCommunicator& c, int64_t run_id, const Plan
     call->copy_out_[li] = std::move(copy_out);
     call->completions_[li] = std::move(completion);
     call->arrived_ranks_[li] = true;
-    call->handoff_[li].store(SpanCall::kWaiting, std::memory_order_relaxed);
+    call->handoff_[li].store(CrossProcessCall::kWaiting, std::memory_order_relaxed);
     last = ++call->arrived_ == static_cast<int32_t>(c.local_.size());
     if (last) {
       // Publish: peers may now find the call, map its segment and signal its semaphores.
@@ -607,16 +446,16 @@ Status execute_spanning_rank(SpanningCommunicator& c, int64_t run_id, const Plan
     }
   }
   if (last) {
-    call->tell_network_peers(NetMessage::kPublish);
+    call->tell_peers(PeerCall::Event::kPublished);
     run_on_worker([call] { finish_call(call, run_call(*call)); });
   }
 
   // Finish on this thread if the call is done soon (saves a worker hop), else return pending.
   std::atomic<int>& h = call->handoff_[li];
-  wait_for(call->finished_, [&] { return h.load(std::memory_order_acquire) != SpanCall::kWaiting; },
+  wait_for(call->finished_, [&] { return h.load(std::memory_order_acquire) != CrossProcessCall::kWaiting; },
            [] { return false; }, std::min(deadline, Clock::now() + sync_wait()));
-  int expected = SpanCall::kWaiting;
-  if (h.compare_exchange_strong(expected, SpanCall::kDeferred, std::memory_order_acq_rel)) {
+  int expected = CrossProcessCall::kWaiting;
+  if (h.compare_exchange_strong(expected, CrossProcessCall::kDeferred, std::memory_order_acq_rel)) {
     pending = true;
     watchdog_notify();
     return {};
