@@ -8,6 +8,7 @@
 #include "csrc/layout.hpp"
 #include "csrc/reduce.hpp"
 #include "csrc/trace.hpp"
+#include "csrc/trace_steps.hpp"
 
 namespace jaxcoll {
 
@@ -54,26 +55,11 @@ struct LaneState {
 // call so that a wait's event can say from whom its signal comes.
 struct TracedCall {
   TracedCall(const Plan& plan, const CallSite& site)
-      : call(next_traced_call()), callsite(site.callsite), group(site.group) {
-    from.resize(plan.nranks);
-    for (int32_t r = 0; r < plan.nranks; ++r) from[r].assign(plan.ranks[r].semaphores, -1);
-    for (int32_t r = 0; r < plan.nranks; ++r) {
-      const RankProgram& p = plan.ranks[r];
-      for (int32_t l = 0; l < p.nlanes; ++l) {
-        const Lane& lane = plan.lanes[p.first_lane + l];
-        for (int32_t i = 0; i < lane.nsteps; ++i) {
-          const Step& s = plan.steps[lane.first_step + i];
-          if (s.op != Op::kSignal) continue;
-          int32_t& f = from[s.peer][s.sem];
-          f = f == -1 || f == r ? r : -2;
-        }
-      }
-    }
-  }
+      : call(next_traced_call()), callsite(site.callsite), group(site.group), from(signal_sources(plan)) {}
   int64_t call;
   int64_t callsite;
   int32_t group;
-  std::vector<std::vector<int32_t>> from;  // [rank][semaphore]: the signalling rank, -2 several, -1 none
+  SignalSources from;
 };
 
 // One rank's program as the CPU interpreter runs it: each lane's position and barrier state, the signals of each
@@ -223,24 +209,9 @@ class RankInterpreter {
     const int64_t end = trace_now_ns();
     for (int32_t i = 0; i < n; ++i) {
       const Step& s = plan_.steps[lane.first_step + pc + i];
-      TraceEvent e{start, end, site_.callsite, traced_->call, 0, site_.group, rank_, l, pc + i,
-                   static_cast<int32_t>(s.op), -1, -1, 0, flags};
-      if (s.op == Op::kSignal) {
-        e.peer = s.peer;
-        e.sem = s.sem;
-        e.count = 1;
-      } else if (s.op == Op::kWait) {
-        e.peer = traced_->from[rank_][s.sem];
-        e.sem = s.sem;
-        e.count = static_cast<int32_t>(consumed_[s.sem]) + (flags & kTraceUnfinished ? 1 : 0);
-      } else if (s.is_data()) {
-        const ChunkRef* refs = plan_.srcs(s);
-        const ChunkRef& dst = refs[s.nsrc];
-        e.bytes = chunk_range(k_, block_, dst.index, dst.count).size() *
-                  int64_t(dst.buffer == BufferKind::kScratch ? asize_ : dsize_);
-        for (int32_t j = 0; j < s.nsrc + s.ndst && e.peer < 0; ++j)
-          if (refs[j].rank != rank_) e.peer = refs[j].rank;
-      }
+      TraceEvent e{start, end, site_.callsite, traced_->call, 0, site_.group, rank_, l, pc + i, 0, -1, -1, 0, flags};
+      describe_step(plan_, traced_->from, rank_, s, {k_, block_, dsize_, asize_}, e);
+      if (s.op == Op::kWait) e.count = static_cast<int32_t>(consumed_[s.sem]) + (flags & kTraceUnfinished ? 1 : 0);
       record_trace_event(e);
     }
   }

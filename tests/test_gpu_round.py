@@ -163,6 +163,7 @@ def test_the_test_steps_select_every_gpu_test_once(tmp_path):
     jax_tests = collected(command["jax"])
     assert any("[cuda]" in t for t in jax_tests) and any("command_buffers" in t for t in jax_tests)
     assert not any("[cpu]" in t for t in jax_tests)
+    assert any("test_trace_cuda.py::test_traced_calls_of_the_emulated_8_rank_harness" in t for t in jax_tests)
 
 
 def test_only_and_skip_select_steps(tmp_path):

@@ -43,7 +43,7 @@ declare -A ABOUT=(
   [memcheck]="compute-sanitizer memcheck: all_reduce on bulk (ring, also misaligned) and packets (direct, ring), N=4"
   [racecheck]="compute-sanitizer racecheck: the same plans"
   [synccheck]="compute-sanitizer synccheck: the same plans"
-  [jax]="tests/test_cuda_jax.py: collectives, grads, 200-step scan, fused ops; CUDA graphs on and off"
+  [jax]="tests/test_cuda_jax.py: collectives, grads, 200-step scan, fused ops; CUDA graphs on and off; traced harness calls"
   [network]="jaxcoll_network (XLA's NCCL via the FFI collectives extension), every collective over one GPU, vs numpy"
   [never_arrives]="a wait whose signal is withheld ends in an error naming rank, lane, step and semaphore"
   [bench]="benchmarks/cuda.py: bulk vs copy bandwidth, packet latency, fused ops vs GEMM (bench.md)"
@@ -259,7 +259,8 @@ step_command() {  # step_command STEP -> the shell command, run from the checkou
     memcheck | racecheck | synccheck)
       echo "$(q "$SANITIZER") --tool $step --error-exitcode 1 --print-limit 50 $py tools/gpu_round_checks.py sanitize" ;;
     # The checks' CPU-device runs passed where the round was prepared; on the GPU machine only the GPU's run.
-    jax) echo "$pytest tests/test_cuda_jax.py -k 'not cpu and not cases_program'" ;;
+    # tests/test_trace_cuda.py: traced calls of the emulated harness (a few seconds; its no-GPU tests run too).
+    jax) echo "$pytest tests/test_cuda_jax.py tests/test_trace_cuda.py -k 'not cpu and not cases_program'" ;;
     network) echo "$py tools/gpu_round_checks.py network" ;;
     never_arrives) echo "$pytest tests/test_cuda.py -k never_signalled" ;;
     bench) echo "set -o pipefail; $py benchmarks/cuda.py --iters 20 | tee $(q "$DIR/bench.md")" ;;

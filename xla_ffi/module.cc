@@ -25,6 +25,7 @@
 #include "csrc/cross_process.hpp"
 #include "csrc/topk.hpp"
 #include "csrc/trace.hpp"
+#include "csrc/trace_steps.hpp"
 #include "csrc/world.hpp"
 #include "xla_ffi/codec_handlers.hpp"
 #include "xla_ffi/handler.hpp"
@@ -190,6 +191,31 @@ NB_MODULE(_jaxcoll, m) {
   }, nb::arg("clear") = false,
         "(events, dropped): every traced step so far as packed csrc/trace.hpp TraceEvents, and how many were "
         "overwritten in full buffers; `clear` forgets them.");
+  m.def("trace_device_steps",
+        [](Words words, nb::ndarray<const uint64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> times,
+           const std::string& dtype_name, int64_t block, int32_t first_rank, int32_t launch_ranks,
+           int64_t clock_offset_ns, int64_t read_ns, int64_t callsite, int32_t group, int64_t call) {
+          jaxcoll::Plan plan;
+          if (jaxcoll::Status st = jaxcoll::decode_plan(std::span<const int32_t>(words.data(), words.shape(0)), plan);
+              !st.ok())
+            throw nb::value_error(("malformed jaxcoll plan: " + st.message()).c_str());
+          const auto dtype = jaxcoll::dtype_from_name(dtype_name);
+          if (!dtype) throw nb::value_error(("unsupported dtype " + dtype_name).c_str());
+          if (int64_t(times.shape(0)) != 2 * jaxcoll::device_trace_slots(plan))
+            throw nb::value_error("times must hold two uint64 for each step of the plan");
+          const jaxcoll::StepSizes sizes{plan.chunk_factor, block, jaxcoll::dtype_size(*dtype),
+                                         jaxcoll::accum_size(*dtype)};
+          const jaxcoll::DeviceCall dc{callsite, call, group, first_rank, launch_ranks, clock_offset_ns, read_ns};
+          const std::vector<jaxcoll::TraceEvent> events = jaxcoll::device_step_events(plan, sizes, dc, times.data());
+          return nb::bytes(reinterpret_cast<const char*>(events.data()), events.size() * sizeof(jaxcoll::TraceEvent));
+        },
+        nb::arg("words"), nb::arg("times"), nb::arg("dtype"), nb::arg("block"), nb::arg("first_rank"),
+        nb::arg("launch_ranks"), nb::arg("clock_offset_ns"), nb::arg("read_ns"), nb::arg("callsite") = -1,
+        nb::arg("group") = 0, nb::arg("call") = 0,
+        "The trace events the CUDA executor records for one call from its kernel's step times (csrc/trace_steps.hpp:"
+        " two uint64 a step, %globaltimer ns, 0 where not reached), as packed TraceEvents; no GPU needed.");
+  m.def("trace_globaltimer_offset_ns", &jaxcoll::globaltimer_offset_ns,
+        "The offset the CUDA executor subtracts from %globaltimer to put GPU steps on the events' clock.");
   m.def("trace_event_size", [] { return sizeof(jaxcoll::TraceEvent); },
         "Bytes of one event of trace_events (jaxcoll/observe/trace_events.py's EVENT reads them).");
 

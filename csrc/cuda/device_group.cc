@@ -166,6 +166,8 @@ Status set_up(DeviceGroup& g, int64_t callsite, int32_t group, double timeout_s)
     o.timeout_s = timeout_s;
     o.staged = g.spanning();
     o.one_device = g.plan.nranks == 1;  // every rank has a GPU of its own: peers are other GPUs
+    o.callsite = callsite;
+    o.group = group;
     if (Status st = Launcher::create(g.plan, g.image, g.shape, g.layout, slot_table, g.record, o, g.launchers[r]);
         !st.ok())
       return st;

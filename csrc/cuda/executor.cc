@@ -313,6 +313,13 @@ Status Launcher::create(const Plan& plan, const PlanImage& im, const CallShape& 
   if (p.staged && (layout.io_input == 0 || layout.io_output == 0))
     return Status::Error("a staged launcher needs a slot layout with staging areas (slot_layout(..., staged=true))");
   for (int i = 0; i < o.launch_ranks; ++i) l->own_slots_.push_back(slots[o.first_rank + i]);
+  DeviceCall who;
+  who.callsite = o.callsite;
+  who.group = o.group;
+  who.first_rank = o.first_rank;
+  who.launch_ranks = o.launch_ranks;
+  l->step_times_ = std::make_unique<StepTimes>(
+      plan, StepSizes{k, block, dtype_size(shape.dtype), accum_size(shape.dtype)}, who);
   out = std::move(l);
   return {};
 }
@@ -320,6 +327,8 @@ Status Launcher::create(const Plan& plan, const PlanImage& im, const CallShape& 
 Status Launcher::enqueue(const void* const* inputs, void* const* outputs, Stream stream) const {
   KernelParams p = params_;
   const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  StepTimes::Buffer* traced = nullptr;
+  if (Status st = step_times_->begin(stream, traced, p.step_times); !st.ok()) return st;
   const size_t dsize = dtype_size(shape_.dtype);
   const size_t in_bytes = size_t(shape_.input_elements) * dsize, block_bytes = size_t(shape_.block) * dsize;
   const bool in_place = image_->in_place;
@@ -382,7 +391,7 @@ Status Launcher::enqueue(const void* const* inputs, void* const* outputs, Stream
     for (int i = 0; i < options_.launch_ranks; ++i)
       JAXCOLL_CUDA_TRY(cudaMemcpyAsync(xla_outputs[i], outputs[i], size_t(shape_.output_elements) * dsize,
                                        cudaMemcpyDeviceToDevice, s), "copy out of the slot");
-  return {};
+  return step_times_->end(stream, traced);
 }
 
 std::string Launcher::describe_failure(const ErrorRecord& rec) const {

@@ -13,6 +13,7 @@
 #include "csrc/abi.hpp"
 #include "csrc/cuda/kernel_params.hpp"
 #include "csrc/cuda/plan_image.hpp"
+#include "csrc/cuda/step_times.hpp"
 #include "csrc/dtype.hpp"
 #include "csrc/plan.hpp"
 #include "csrc/status.hpp"
@@ -107,6 +108,9 @@ class Launcher {
     bool one_device = false;
     PacketPolls polls = PacketPolls::kDefault;    // kDefault: JAXCOLL_CUDA_POLL, else in flight
     CounterScope scope = CounterScope::kDefault;  // kDefault: JAXCOLL_CUDA_SCOPE, else the narrowest
+    // Who the calls are in traces (jaxcoll.trace): the call site (-1: the emulated-rank harness) and group.
+    int64_t callsite = -1;
+    int32_t group = 0;
   };
   static Status create(const Plan& plan, const PlanImage& image, const CallShape& shape, const SlotLayout& layout,
                        const std::vector<char*>& slots, ErrorRecord* error, const Options& options,
@@ -131,6 +135,7 @@ class Launcher {
   DeviceMemory arrays_;  // the plan image and the slot table, on the device
   KernelParams params_{};
   std::vector<char*> own_slots_;  // slots of the launched ranks (host view, for staging copies)
+  std::unique_ptr<StepTimes> step_times_;  // traced calls' step times (csrc/cuda/step_times.hpp)
 };
 
 }  // namespace jaxcoll::cuda

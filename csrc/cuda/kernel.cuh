@@ -637,7 +637,9 @@ __global__ void __launch_bounds__(kThreads, kResidentBlocksPerSM) plan_kernel(co
 
   // The lane's steps.
   int32_t barriers = 0;
+  const bool timed = p.step_times && c.part == 0 && threadIdx.x == 0;  // a traced call's timer (step_times)
   for (int32_t i = 0; i < ln.nsteps && !sh.stop; ++i) {
+    if (timed) p.step_times[2 * (ln.first_step + i)] = global_ns();
     const DeviceStep s = cached ? sh.steps[i] : p.steps[ln.first_step + i];
     const Where w{c.rank, c.lane, i, s.sem, s.peer, -1};
     if (s.sync_before && B > 1) {  // this step depends on elements another block of the lane wrote
@@ -693,6 +695,8 @@ __global__ void __launch_bounds__(kThreads, kResidentBlocksPerSM) plan_kernel(co
         __syncthreads();
         break;
     }
+    // A signal's end is after its release, so a wait that consumed it may end first, by less than the timer's step.
+    if (timed && !sh.stop) p.step_times[2 * (ln.first_step + i) + 1] = global_ns();
   }
   if (dr.has_barriers && threadIdx.x == 0)  // a finished lane counts as arrived at every later barrier
     add_release(&hdr.lane_arrivals[c.lane], uint64_t(ln.nbarriers + 1 - barriers), own);

@@ -102,6 +102,9 @@ struct KernelParams {
   const Span* unpack_span;     // [unpack] an output run's elements, split among its rank's blocks
   char* const* slots;          // [nranks] each rank's slot, as addressed from the launching device
   ErrorRecord* error;          // host-mapped, shared by every rank of the group
+  // Traced calls (jaxcoll.trace): host-mapped, two %globaltimer ns a step (start, end) in csrc/trace_steps.hpp's
+  // layout, written by thread 0 of each lane's first block; null when the call is not traced.
+  uint64_t* step_times;
   SlotLayout layout;
   uint64_t timeout_ns;
   int32_t nranks, max_semaphores, max_lanes;

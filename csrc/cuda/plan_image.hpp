@@ -79,7 +79,8 @@ struct PlanImage {
   int32_t max_refs = 0;        // most refs of any step
   std::vector<DeviceRank> ranks;
   std::vector<DeviceLane> lanes;
-  std::vector<DeviceStep> steps;
+  std::vector<DeviceStep> steps;  // rank by rank, lane by lane, in order: traced step times are numbered so
+                                  // (csrc/trace_steps.hpp)
   std::vector<ChunkRef> refs;
   std::vector<int32_t> signals_per_call;  // [rank * max_semaphores + sem]
   std::vector<ChunkRun> unpack;

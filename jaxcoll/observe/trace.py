@@ -1,8 +1,10 @@
-"""`jaxcoll.trace`: per-step event traces of the CPU runtime, written as Chrome/Perfetto trace-event JSON.
+"""`jaxcoll.trace`: per-step event traces of the CPU runtime and the CUDA executor, written as Chrome/Perfetto
+trace-event JSON.
 
-While a trace is open, every call the CPU runtime starts records each step of each lane of each rank it runs (in
-this process): when the step started and ended, what it moved (bytes, peer) and, for a wait, which signal it
-consumed and whose plan sends it (csrc/trace.hpp). `with jaxcoll.trace(path):` traces the calls that run inside
+While a trace is open, every call the CPU runtime starts, and every call the CUDA executor enqueues outside a CUDA
+graph's capture, records each step of each lane of each rank it runs (in this process): when the step started
+and ended (GPU steps: %globaltimer, moved onto the host's monotonic clock), what it moved (bytes, peer) and, for
+a wait, which signal it consumed and whose plan sends it (csrc/trace.hpp). `with jaxcoll.trace(path):` traces the calls that run inside
 the block; `JAXCOLL_TRACE=path` traces a whole run and writes the file when the process exits. In a job of
 several processes each process writes its own file, `path` with `.p<process>` before its suffix
 (`trace.json` -> `trace.p0.json`, `trace.p1.json`); `jaxcoll trace show` reads them together.
@@ -60,10 +62,11 @@ def _close_tracer(since_ns: int) -> tuple[np.ndarray, int]:
 
 
 class trace(contextlib.ContextDecorator):
-    """Record every step of every jaxcoll call the CPU runtime runs in this process inside the block, and write
-    them to `path` as Chrome/Perfetto trace-event JSON when the block ends (also when it ends in an error, such as
-    a call's timeout: the file then shows the steps up to the hang). Open it in https://ui.perfetto.dev or
-    chrome://tracing, or draw it with `jaxcoll trace show path --out lanes.png`.
+    """Record every step of every jaxcoll call the CPU runtime or the CUDA executor runs in this process inside the
+    block (GPU calls captured into a CUDA graph excepted), and write them to `path` as Chrome/Perfetto trace-event
+    JSON when the block ends (also when it ends in an error, such as a call's timeout: the file then shows the
+    steps up to the hang). Open it in https://ui.perfetto.dev or chrome://tracing, or draw it with
+    `jaxcoll trace show path --out lanes.png`.
 
     JAX dispatches asynchronously: block on the results (`jax.block_until_ready`) inside the block, or the calls
     may run after it has closed. In a job of several processes each process writes `path` with `.p<process>`
