@@ -22,10 +22,10 @@ struct EnvSettings {
   std::optional<size_t> nt_call_bytes;   // JAXCOLL_NT_CALL_BYTES  csrc/reduce.cc
   std::optional<int> span_helpers;       // JAXCOLL_SPAN_HELPERS   csrc/cross_process.cc
   std::optional<int64_t> net_delay_us;   // JAXCOLL_NET_DELAY_US   csrc/net.cc
-  std::optional<int64_t> cuda_ll_bytes;  // JAXCOLL_CUDA_LL_BYTES  csrc/cuda/executor.cc
-  std::optional<int> cuda_blocks;        // JAXCOLL_CUDA_BLOCKS    csrc/cuda/executor.cc
-  std::optional<std::string> cuda_poll;  // JAXCOLL_CUDA_POLL      csrc/cuda/executor.cc
-  std::optional<std::string> cuda_scope; // JAXCOLL_CUDA_SCOPE     csrc/cuda/executor.cc
+  std::optional<int64_t> cuda_ll_bytes;  // JAXCOLL_CUDA_LL_BYTES  csrc/cuda/launcher.cc
+  std::optional<int> cuda_blocks;        // JAXCOLL_CUDA_BLOCKS    csrc/cuda/launcher.cc
+  std::optional<std::string> cuda_poll;  // JAXCOLL_CUDA_POLL      csrc/cuda/launcher.cc
+  std::optional<std::string> cuda_scope; // JAXCOLL_CUDA_SCOPE     csrc/cuda/launcher.cc
   // Empty, or one sentence per malformed variable naming it and its value (that field is left empty). Reading
   // never throws, since the first read may come on any thread; jaxcoll.runtime raises this as a ValueError when
   // it loads the module (`_jaxcoll.check_environment`), before any call runs.

@@ -1,5 +1,5 @@
 // What a trace event says about one step of a plan, whichever executor ran it: the CPU lanes (lanes.cc) fill it
-// as they run, the CUDA executor from the step times its kernel wrote (csrc/cuda/executor.cc). One description,
+// as they run, the CUDA executor from the step times its kernel wrote (csrc/cuda/launcher.cc). One description,
 // so a trace reads the same from either executor (docs/observability.md).
 #pragma once
 

@@ -1,6 +1,7 @@
 """The native sources name each of their own includes from the checkout root ("csrc/executor.hpp",
-"csrc/cuda/executor.hpp", "xla_ffi/handler.hpp"): csrc/ and csrc/cuda/ share file names, so a bare name would mean
-whichever the include path happens to list first. CMakeLists.txt puts only the root on the path."""
+"csrc/cuda/launcher.hpp", "xla_ffi/handler.hpp"): a bare name would mean whichever folder the include path happens
+to list first, and would change meaning the day two folders share a file name. CMakeLists.txt puts only the root
+on the path."""
 
 import re
 from pathlib import Path

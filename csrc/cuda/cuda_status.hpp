@@ -1,5 +1,5 @@
 // A CUDA runtime error as a Status naming the call that failed; for the host files of csrc/cuda/ only (it
-// includes the CUDA runtime header, which executor.hpp keeps out of its users).
+// includes the CUDA runtime header, which launcher.hpp keeps out of its users).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -13,7 +13,7 @@
 #include <span>
 #include <string>
 
-#include "csrc/cuda/executor.hpp"
+#include "csrc/cuda/launcher.hpp"
 
 namespace jaxcoll::cuda {
 

@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "csrc/cuda/executor.hpp"
+#include "csrc/cuda/launcher.hpp"
 
 namespace jaxcoll::cuda {
 

@@ -6,7 +6,7 @@
 #include <array>
 #include <string>
 
-#include "csrc/cuda/executor.hpp"
+#include "csrc/cuda/launcher.hpp"
 
 namespace jaxcoll::cuda {
 

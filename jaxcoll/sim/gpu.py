@@ -14,7 +14,7 @@ its steps:
 
 and a lane's rate is its blocks' (`blocks_per_lane` x `block_rate`) unless the device's memory is the limit,
 shared by every lane of the launch (`device_rate` / lanes). The blocks per lane follow the executor's own rule
-(csrc/cuda/executor.cc, `wanted_blocks_per_lane`), capped so the launch's blocks are all resident: a plan with
+(csrc/cuda/launcher.cc, `wanted_blocks_per_lane`), capped so the launch's blocks are all resident: a plan with
 many lanes gets fewer blocks per lane, which is what makes a many-lane plan slow at large sizes on one GPU.
 
 The constants are measured on the GPU at hand: benchmarks/cuda.py's tune part fits them, per protocol, to the
@@ -68,7 +68,7 @@ def lanes_of(plan: Plan) -> int:
 
 def blocks_per_lane(plan: Plan, input_elements: int, output_elements: int, itemsize: int, protocol: str,
                     launch_ranks: int, resident_blocks: int) -> int:
-    """The executor's blocks per lane for a call (csrc/cuda/executor.cc: `wanted_blocks_per_lane`, then capped so
+    """The executor's blocks per lane for a call (csrc/cuda/launcher.cc: `wanted_blocks_per_lane`, then capped so
     `launch_ranks` x lanes x blocks are resident). ValueError where even one block per lane does not fit."""
     if protocol not in ("ll", "bulk"):
         raise ValueError(f"blocks_per_lane: protocol must be 'll' or 'bulk', got {protocol!r}")

@@ -1,4 +1,4 @@
-#include "csrc/cuda/executor.hpp"
+#include "csrc/cuda/launcher.hpp"
 
 #include <cuda_runtime.h>
 
