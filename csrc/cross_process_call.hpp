@@ -153,18 +153,11 @@ class CrossProcessCommunicator : public WatchedCalls, public std::enable_shared_
       chunks_[size_t(r) * 2 + 1].assign(plan_.ranks[r].output_chunks, 0);
     }
     auto for_each_ref = [&](auto&& visit) {
-      for (int32_t q = 0; q < plan_.nranks; ++q) {
-        const RankProgram& prog = plan_.ranks[q];
-        for (int32_t l = 0; l < prog.nlanes; ++l) {
-          const Lane& lane = plan_.lanes[prog.first_lane + l];
-          for (int32_t i = 0; i < lane.nsteps; ++i) {
-            const Step& s = plan_.steps[lane.first_step + i];
-            const ChunkRef* refs = plan_.srcs(s);
-            for (int32_t j = 0; j < s.nsrc + s.ndst; ++j)
-              if (refs[j].buffer != BufferKind::kScratch) visit(q, refs[j]);
-          }
-        }
-      }
+      plan_.for_each_step([&](int32_t q, int32_t, int32_t, const Step& s) {
+        const ChunkRef* refs = plan_.srcs(s);
+        for (int32_t j = 0; j < s.nsrc + s.ndst; ++j)
+          if (refs[j].buffer != BufferKind::kScratch) visit(q, refs[j]);
+      });
     };
     auto flags = [&](const ChunkRef& ref) -> std::vector<uint8_t>& {
       return chunks_[size_t(ref.rank) * 2 + (ref.buffer == BufferKind::kOutput ? 1 : 0)];

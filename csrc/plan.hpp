@@ -83,6 +83,15 @@ struct Plan {
   const ChunkRef* dsts(const Step& s) const { return refs.data() + s.first_ref + s.nsrc; }
   // "rank r, lane l, step i (op)": how error messages point into a plan.
   std::string where(int32_t rank, int32_t lane, int32_t step) const;
+  // Every step of a decoded plan, rank by rank, lane by lane, in order: visit(rank, lane, index, step).
+  template <class Visit>
+  void for_each_step(Visit&& visit) const {
+    for (int32_t r = 0; r < nranks; ++r)
+      for (int32_t l = 0; l < ranks[r].nlanes; ++l) {
+        const Lane& lane = lanes[ranks[r].first_lane + l];
+        for (int32_t i = 0; i < lane.nsteps; ++i) visit(r, l, i, steps[lane.first_step + i]);
+      }
+  }
 };
 
 // Decode and structurally validate serialized plan words into `plan`. On failure `plan` is unspecified and the

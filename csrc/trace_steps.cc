@@ -10,18 +10,11 @@ namespace jaxcoll {
 SignalSources signal_sources(const Plan& plan) {
   SignalSources from(plan.nranks);
   for (int32_t r = 0; r < plan.nranks; ++r) from[r].assign(plan.ranks[r].semaphores, -1);
-  for (int32_t r = 0; r < plan.nranks; ++r) {
-    const RankProgram& p = plan.ranks[r];
-    for (int32_t l = 0; l < p.nlanes; ++l) {
-      const Lane& lane = plan.lanes[p.first_lane + l];
-      for (int32_t i = 0; i < lane.nsteps; ++i) {
-        const Step& s = plan.steps[lane.first_step + i];
-        if (s.op != Op::kSignal) continue;
-        int32_t& f = from[s.peer][s.sem];
-        f = f == -1 || f == r ? r : -2;
-      }
-    }
-  }
+  plan.for_each_step([&](int32_t r, int32_t, int32_t, const Step& s) {
+    if (s.op != Op::kSignal) return;
+    int32_t& f = from[s.peer][s.sem];
+    f = f == -1 || f == r ? r : -2;
+  });
   return from;
 }
 
