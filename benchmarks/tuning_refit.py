@@ -71,6 +71,10 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), t
 
     cal = [(r["collective"], r["bytes"], r["name"], r["seconds"]) for r in data["calibration"]]
     val = [(c["collective"], c["bytes"], name, s) for c in data["cells"] for name, s in c["seconds"].items()]
+    if "fresh_bytes" not in overrides:  # the threshold of fresh pages that calibration would choose
+        ctime = np.asarray([statistics.median(samples) for *_, samples in cal])
+        chosen = calibration.fit_calls(shape, [(plans(c, name), size) for c, size, name, _ in cal], ctime, layout)
+        shape = dataclasses.replace(shape, fresh_bytes=chosen.fresh_bytes)
     crow, ctime = rows_of(cal, plans, shape, layout)
     vrow, vtime = rows_of(val, plans, shape, layout)
     names = term_names(shape)
@@ -78,7 +82,8 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), t
         crow[:, names.index(term)] = vrow[:, names.index(term)] = 0.0
     model = calibration.fit(shape, crow, ctime)
     coef = coefficients(model)
-    print(f"## {path}: {len(cal)} calibration calls, {len(val)} (plan, size) pairs")
+    print(f"## {path}: {len(cal)} calibration calls, {len(val)} (plan, size) pairs; fresh pages from "
+          f"{shape.fresh_bytes >> 10} KiB a rank")
     print("constants: " + ", ".join(f"{k} {v:.3g}" for k, v in zip(names, coef)))
     cerr = crow @ coef / ctime - 1
     print(f"calibration fit: median |error| {np.median(np.abs(cerr)):.0%}, 90th {np.percentile(np.abs(cerr), 90):.0%}")

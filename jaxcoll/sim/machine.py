@@ -76,8 +76,10 @@ class MachineModel:
     # fitted: the defaults above predate the term)
     fresh_rate: float = 60e9  # bytes of fresh output pages faulted in and zeroed per second per thread
     # Outputs of at least this many bytes a rank come in fresh pages: XLA:CPU's buffers come from the C library's
-    # allocator, which maps large blocks afresh (its threshold moves between 128 KiB and 32 MiB).
-    fresh_bytes: int = 1 << 20
+    # allocator, which maps large blocks afresh. glibc's threshold starts at 128 KiB and rises with every large block
+    # freed, up to 32 MiB, where a process that has run a while keeps it; calibration measures it
+    # (`jaxcoll.tune.calibration.fit_calls`).
+    fresh_bytes: int = 32 << 20
     crossing_rate: float = 4e9  # bytes/s of chunks copied through shared segments between processes
     network_rate: float = 1.25e9  # bytes/s per TCP connection, one direction
     network_latency_s: float = 50e-6  # one dependent message exchange between hosts

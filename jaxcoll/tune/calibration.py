@@ -22,6 +22,7 @@ are predicted, not fitted: benchmarks/tuning.py reports the error on both, apart
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -29,7 +30,7 @@ from collections.abc import Callable
 
 from jaxcoll import distributed
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
-from jaxcoll.sim.machine import MachineModel, chunk_bytes, cpu_runtime, terms, work
+from jaxcoll.sim.machine import MachineModel, Work, chunk_bytes, cpu_runtime, terms, work
 from jaxcoll.tune import measure
 from jaxcoll.tune.choice import threads_per_process
 
@@ -38,6 +39,9 @@ REPEATS = 8
 LARGE_BYTES = 64 << 20
 SHIFT_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
 PLAN_SIZES = (16 << 10, 1 << 20, 16 << 20)
+FRESH_PROBE_BYTES = 4 << 20
+# Thresholds of fresh output pages the fit chooses among (`fit_calls`): 128 KiB to 64 MiB a rank.
+FRESH_THRESHOLDS = tuple(1 << k for k in range(17, 27))
 PLANS = (("all_reduce", "direct"), ("all_reduce", "two_shot"), ("all_gather", "direct"),
          ("reduce_scatter", "direct"))
 
@@ -108,6 +112,10 @@ def training(processes: tuple[int, ...], probe_bytes: int = LARGE_BYTES) -> list
                 except ValueError:
                     continue  # a hierarchical reduction over processes of unequal sizes
             out.append((collective, size, cells))
+    # Outputs on both sides of glibc's largest mmap threshold (32 MiB a rank, `fit_calls`): the 16 MiB shift's
+    # outputs lie below it, this all_gather's (N times its input) at or above it.
+    if FRESH_PROBE_BYTES <= probe_bytes:
+        out.append(("all_gather", FRESH_PROBE_BYTES, {"direct": algorithms.builtin(Collective.ALL_GATHER, "direct", n)}))
     return out
 
 
@@ -141,18 +149,18 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LAR
     from jaxcoll.runtime import _jaxcoll
     shape = cpu_runtime(threads=threads_per_process(processes, hosts), solo_bytes=int(_jaxcoll.solo_bytes()),
                         caches=tuple((size, rate) for size, (_, rate) in zip(_cache_sizes(), _default_rates())))
-    rows, times = [], []
+    calls, times = [], []
     for collective, nbytes, plans in training(processes, probe_bytes):
         size = measure.per_rank_elements(nbytes, n, "float32") * 4
         say(f"{collective} {nbytes >> 10} KiB")
         perm = next(iter(plans.values())).perm if collective == "ppermute" else ()
         measured = measure.time_cell(collective, size, plans, mesh, reps=reps, perm=perm)
         for name, plan in plans.items():
-            rows.append(row(plan, size, shape, layout))
+            calls.append((plan, size))
             times.append(statistics.median(measured[name]))
             if record is not None:
                 record.append({"collective": collective, "bytes": size, "name": name, "seconds": measured[name]})
-    model = fit(shape, np.asarray(rows), np.asarray(times))
+    model = fit_calls(shape, calls, times, layout)
     if spans:
         # Each process measured on its own; the job goes on with process 0's fit, so that every process ranks
         # and runs the same candidates.
@@ -161,10 +169,11 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LAR
     return model
 
 
-def row(plan: Plan, nbytes: int, shape: MachineModel, layout=(None, None)) -> list[float]:
+def row(plan: Plan, nbytes: int, shape: MachineModel, layout=(None, None), w: Work | None = None) -> list[float]:
     """One measured call's row of the fit: [1 (the call), *the busiest process's terms, network rounds] of `plan`
-    with `nbytes` per rank, its ranks laid out as `layout` (processes, hosts)."""
-    w = work(plan, *layout)
+    with `nbytes` per rank, its ranks laid out as `layout` (processes, hosts); `w`, the plan's work there, when
+    already known."""
+    w = w if w is not None else work(plan, *layout)
     per_process = terms(w, chunk_bytes(plan, nbytes), shape)
     busiest = int(per_process[:, 2:].sum(axis=1).argmax())
     return [1.0, *per_process[busiest], float(w.rounds)]
@@ -195,6 +204,36 @@ def fit(shape: MachineModel, rows, times) -> MachineModel:
     unset[levels] = unset[levels] & (coef[levels] == 0)  # a level fitted through its nearer ones is set
     coef[unset] = defaults[unset]
     return shape.with_coefficients(coef[1:-1], call_s=coef[0], network_latency_s=coef[-1])
+
+
+def fit_calls(shape: MachineModel, calls, times, layout=(None, None)) -> MachineModel:
+    """`fit` to measured calls [(plan, per-rank bytes)] and their `times`, with the threshold of fresh output
+    pages (`fresh_bytes`) chosen among `FRESH_THRESHOLDS` as the one that fits best.
+
+    Which outputs come in fresh pages is the allocator's decision, not the plan's: glibc's malloc maps a block afresh
+    above its mmap threshold, which starts at 128 KiB and rises, as large blocks are freed, up to 32 MiB
+    (DEFAULT_MMAP_THRESHOLD_MAX), so in a process that has run a while only outputs of 32 MiB and more a rank fault
+    in every call; another allocator draws the line elsewhere. Of thresholds that fit equally (no measured output
+    lies between them) the largest is taken: fresh pages only where a measurement shows them."""
+    import numpy as np
+
+    times = np.asarray(times, dtype=float)
+    works = [work(plan, *layout) for plan, _ in calls]
+    best = None
+    for threshold in FRESH_THRESHOLDS:
+        trial = dataclasses.replace(shape, fresh_bytes=threshold)
+        rows = np.asarray([row(plan, size, trial, layout, w) for (plan, size), w in zip(calls, works)])
+        model = fit(trial, rows, times)
+        residual = float(np.sum((rows @ vector(model) / times - 1) ** 2))
+        if best is None or residual <= best[0] * (1 + 1e-9):
+            best = (min(residual, best[0]) if best else residual, model)
+    return best[1]
+
+
+def vector(model: MachineModel):
+    """The model's constants in the order of `row`'s columns: [call, *coefficients, network latency]."""
+    import numpy as np
+    return np.concatenate([[model.call_s], model.coefficients(), [model.network_latency_s]])
 
 
 def _default_rates() -> list[tuple[int, float]]:
