@@ -20,6 +20,7 @@
 #include "csrc/layout.hpp"
 #include "csrc/memory.hpp"
 #include "csrc/shared_memory.hpp"
+#include "csrc/trace.hpp"
 #include "csrc/transport.hpp"
 #include "csrc/workers.hpp"
 #include "csrc/world.hpp"
@@ -114,7 +115,10 @@ Status run_call(CrossProcessCall& call) {
   {
     const CallBuffers& b = call.buffers_[0];
     auto group = std::make_shared<GroupRun>(std::move(views), c.local_, c.plan_, b, call.site_, call.deadline_,
-                                            call.block_, me.bell, call, /*whole_group=*/false);
+                                            call.block_, me.bell, call, /*whole_group=*/false, call.job_call());
+    // Every rank of the group has arrived (each peer process published the call once its own ranks had): the
+    // local ranks' waits for their peers end here.
+    for (size_t i = 0; i < c.local_.size(); ++i) group->trace_arrival(c.local_[i], call.arrived_ns_[i]);
     // Larger calls are shared with helpers, one per core this process may use beyond the worker's own (the
     // host's cores split among the job's processes on it); small ones cost more to wake helpers for.
     if (call_traffic_bytes(c.plan_, call.block_, call.dtype_) > solo_bytes()) {
@@ -426,10 +430,12 @@ Status execute_cross_process_rank(CrossProcessCommunicator& c, int64_t run_id, c
     advise_huge_pages(b.output, out_bytes);
   }
 
+  const int64_t arrived_ns = tracing() ? trace_now_ns() : 0;
   bool last = false;
   {
     std::lock_guard<std::mutex> lock(c.mu_);
     call->buffers_[li] = b;
+    call->arrived_ns_[li] = arrived_ns;
     call->copy_out_[li] = std::move(copy_out);
     call->completions_[li] = std::move(completion);
     call->arrived_ranks_[li] = true;

@@ -5,10 +5,11 @@ file per process; `jaxcoll trace show` summarises and draws."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import jax
@@ -234,17 +235,56 @@ def test_a_two_process_job_writes_one_file_per_process_with_its_ranks_steps(tmp_
         assert {e["pid"] for e in events} == {2 * p, 2 * p + 1}  # process p hosts ranks 2p and 2p+1
         assert_each_call_runs_the_plan_once(events, plan, calls=3, ranks={2 * p, 2 * p + 1})
     # Both processes are on this host: one clock, so every wait ends after the signal it consumed, whichever
-    # process sent it.
+    # process sent it. A call is the same call in both files when its launch and count in the launch are.
     both = [e for p in range(2) for e in steps_of(load(tmp_path / f"job.p{p}.json"))]
-    order = defaultdict(list)  # the n-th call of the site in each process is the same call
     for e in both:
-        order[e["pid"] // 2].append(e["args"]["call"])
-    for p, calls in order.items():
-        rank_of = {c: i for i, c in enumerate(sorted(set(calls)))}
-        for e in both:
-            if e["pid"] // 2 == p:
-                e["args"]["call"] = rank_of[e["args"]["call"]]
+        e["args"]["call"] = (e["args"]["launch"], e["args"]["iteration"])
     assert_waits_end_after_their_signals(both)
+    # Each rank of the group arrives once a call, in its own process's file, and its steps start after it.
+    arrivals = [e for p in range(2) for e in arrivals_of(load(tmp_path / f"job.p{p}.json"))]
+    for e in arrivals:
+        e["args"]["call"] = (e["args"]["launch"], e["args"]["iteration"])
+    arrived = by_call(arrivals)
+    assert arrived.keys() == by_call(both).keys() and len(arrived) == 3
+    for key, evs in by_call(both).items():
+        assert sorted(a["pid"] for a in arrived[key]) == [0, 1, 2, 3]
+        for a in arrived[key]:
+            assert a["args"]["ranks"] == 4
+            assert a["ts"] + a["dur"] <= min(e["ts"] for e in evs if e["pid"] == a["pid"])
+        # A rank's wait for its peers ends once the last rank of the group, in either process, has arrived.
+        last = max(a["ts"] for a in arrived[key])
+        assert all(a["ts"] + a["dur"] >= last for a in arrived[key])
+
+
+def test_trace_show_names_the_rank_that_arrived_last_across_processes(tmp_path):
+    # Two processes' files of one call whose rank 3 (process 1) arrived last; jaxcoll trace show reads them together.
+    from jaxcoll.observe import trace_events, trace_show
+
+    def arrival(rank, ts, process):
+        args = {"callsite": 5, "call": 7 * process, "plan": "ring", "launch": 41, "iteration": 1, "ranks": 4}
+        return {"name": "wait for peers", "cat": "all_reduce", "ph": "X", "ts": ts, "dur": 100.0 - ts,
+                "pid": rank, "tid": -1, "args": args}
+
+    def step(rank, process):
+        args = {"callsite": 5, "call": 7 * process, "plan": "ring", "launch": 41, "iteration": 1, "step": 0,
+                "bytes": 64}
+        return {"name": "put", "cat": "all_reduce", "ph": "X", "ts": 100.0, "dur": 1.0, "pid": rank, "tid": 0,
+                "args": args}
+
+    host = {"host": "h", "realtime_minus_monotonic_ns": 0}
+    for p, ranks in ((0, (0, 1)), (1, (2, 3))):
+        doc = {"traceEvents": [e for r in ranks for e in (arrival(r, 10.0 * r, p), step(r, p))], "otherData": host}
+        (tmp_path / f"t.p{p}.json").write_text(json.dumps(doc))
+    def last_in(text):  # the summary's "last in" column, by rank
+        rows = [line.split() for line in text.splitlines()]
+        return {int(row[1]): int(row[7]) for row in rows if row[0] == "rank" and row[1].isdigit()}
+
+    both = trace_show.summary(trace_events.load([tmp_path / "t.p0.json", tmp_path / "t.p1.json"]))
+    assert last_in(both) == {0: 0, 1: 0, 2: 0, 3: 1}
+    # One process's file alone cannot say who was last: it says so instead of naming its own last rank.
+    alone = trace_show.summary(trace_events.load([tmp_path / "t.p0.json"]))
+    assert "1 call(s) have arrivals of only some of their group's ranks" in alone
+    assert last_in(alone) == {0: 0, 1: 0}
 
 
 def test_trace_show_summarises_and_draws_the_lanes(tmp_path):
