@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import jax
@@ -177,12 +178,18 @@ def test_a_call_that_times_out_still_writes_its_steps_up_to_the_hang(tmp_path):
     assert wait["args"]["unfinished"] is True and wait["args"]["signal"] == 1 and "from" not in wait["args"]
 
 
-def run_python(code: str, cwd: Path, **env) -> subprocess.CompletedProcess:
+def python_env(**env) -> dict:
+    """The environment of a Python subprocess that imports this checkout's jaxcoll, with no JAXCOLL_ setting but
+    `env`'s."""
     where = str(Path(jaxcoll.__file__).resolve().parents[1])
     path = os.pathsep.join([where] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     clean = {k: v for k, v in os.environ.items() if not k.startswith("JAXCOLL_")}
+    return dict(clean, PYTHONPATH=path, **env)
+
+
+def run_python(code: str, cwd: Path, **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
-                          env=dict(clean, PYTHONPATH=path, **env), cwd=cwd)
+                          env=python_env(**env), cwd=cwd)
 
 
 def test_jaxcoll_trace_in_the_environment_traces_the_whole_run(tmp_path):
@@ -211,6 +218,93 @@ def test_a_run_that_dies_of_a_timeout_still_writes_its_trace_at_exit(tmp_path):
     assert [(e["pid"], e["name"], e["args"].get("unfinished", False)) for e in sorted(
         events, key=lambda e: (e["pid"], e["args"]["step"]))] == [(0, "put", False), (0, "wait", True),
                                                                   (1, "put", False)]
+
+
+# A program that runs all_gather calls until it is stopped, printing the count after each; `{setup}` runs before the
+# loop, `{trace}` opens the trace around it (or nothing, for JAXCOLL_TRACE).
+LOOP = """\
+import contextlib, signal, sys
+import numpy as np, jaxcoll
+from jaxcoll import algorithms, runtime
+{setup}
+plan = algorithms.select('all_gather', 3, 64, np.float32, 'ring')
+with {trace}:
+    for n in range(1, 100000):
+        runtime.run_plan(plan, [np.ones(4, np.float32)] * 3)
+        print(n, flush=True)
+"""
+
+
+def stop_after_calls(tmp_path, sig, calls=3, setup="", block=True) -> tuple[subprocess.Popen, str]:
+    """Run LOOP tracing to tmp_path/run.json (a `with jaxcoll.trace` block, or JAXCOLL_TRACE), send it `sig` once
+    it has finished `calls` calls, and wait for it to end; the process and its stderr."""
+    path = tmp_path / "run.json"
+    code = LOOP.format(setup=setup, trace=f"jaxcoll.trace({str(path)!r})" if block else "contextlib.nullcontext()")
+    env = python_env() if block else python_env(JAXCOLL_TRACE=str(path))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=tmp_path)
+    try:
+        for line in proc.stdout:
+            if int(line) >= calls:
+                proc.send_signal(sig)
+                break
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return proc, err
+
+
+@pytest.mark.parametrize("block", [True, False], ids=["with_block", "whole_run"])
+def test_a_process_stopped_by_sigterm_writes_its_trace_and_dies_of_the_signal(tmp_path, block):
+    proc, err = stop_after_calls(tmp_path, signal.SIGTERM, block=block)
+    assert proc.returncode == -signal.SIGTERM, err[-2000:]  # the signal took its course: the process died of it
+    doc = load(tmp_path / "run.json")
+    assert_trace_event_schema(doc)
+    events = steps_of(doc)
+    calls = len(by_call(events))
+    assert calls >= 3  # every call that finished before the signal, each the plan's steps once
+    assert_each_call_runs_the_plan_once(events, plan_of(Collective.ALL_GATHER, "ring", 3), calls=calls)
+
+
+def test_a_process_stopped_by_sigint_writes_its_trace_and_raises_keyboard_interrupt(tmp_path):
+    proc, err = stop_after_calls(tmp_path, signal.SIGINT, block=False)
+    # Python ends a program that KeyboardInterrupt stopped by SIGINT itself (its exit status names the signal).
+    assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in err, err[-2000:]
+    events = steps_of(load(tmp_path / "run.json"))
+    assert_each_call_runs_the_plan_once(events, plan_of(Collective.ALL_GATHER, "ring", 3), calls=len(by_call(events)))
+
+
+def test_a_sigterm_handler_of_the_program_is_left_to_run(tmp_path):
+    setup = "signal.signal(signal.SIGTERM, lambda *_: (print('own handler', file=sys.stderr), sys.exit(3)))"
+    proc, err = stop_after_calls(tmp_path, signal.SIGTERM, setup=setup)
+    assert proc.returncode == 3 and "own handler" in err, err[-2000:]
+    events = steps_of(load(tmp_path / "run.json"))  # written as the block ended, by the handler's SystemExit
+    assert len(by_call(events)) >= 3
+
+
+def test_the_stop_signals_are_caught_only_while_a_trace_is_open(tmp_path):
+    def own(*_):
+        pass
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with jaxcoll.trace(tmp_path / "t.json"):
+        inside = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    assert all(h is not b and h.__module__ == "jaxcoll.observe.trace" for h, b in zip(inside, before))
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        with jaxcoll.trace(tmp_path / "t.json"):
+            assert signal.getsignal(signal.SIGTERM) is own
+        assert signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    # Python sets handlers from the main thread only: a trace opened on another works, and catches nothing.
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(jaxcoll.trace(tmp_path / "u.json").__enter__().__exit__(
+        None, None, None)))
+    thread.start()
+    thread.join()
+    assert seen == [False] and signal.getsignal(signal.SIGTERM) is before[0]
 
 
 # shm: the processes share this host's memory; tcp: each counts as a host of its own, so a rank of the other
