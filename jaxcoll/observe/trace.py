@@ -129,8 +129,8 @@ class trace(contextlib.ContextDecorator):
     """Record every step of every jaxcoll call the CPU runtime or the CUDA executor runs in this process inside the
     block (GPU calls captured into a CUDA graph excepted), and write them to `path` as Chrome/Perfetto trace-event
     JSON when the block ends (also when it ends in an error, such as a call's timeout: the file then shows the
-    steps up to the hang), or when SIGTERM or SIGINT stops the process inside it. Open it in https://ui.perfetto.dev or chrome://tracing, or draw it with
-    `jaxcoll trace show path --out lanes.png`.
+    steps up to the hang), or when SIGTERM or SIGINT stops the process inside it. Open it in
+    https://ui.perfetto.dev or chrome://tracing, or draw it with `jaxcoll trace show path --out lanes.png`.
 
     JAX dispatches asynchronously: block on the results (`jax.block_until_ready`) inside the block, or the calls
     may run after it has closed. In a job of several processes each process writes `path` with `.p<process>`
