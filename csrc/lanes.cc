@@ -372,9 +372,8 @@ GroupRun::~GroupRun() = default;
 
 void GroupRun::trace_arrival(int32_t rank, int64_t arrived_ns) {
   if (!traced_ || !arrived_ns) return;
-  TraceEvent e{arrived_ns, trace_now_ns(), traced_->callsite, traced_->call, 0, traced_->group, rank,
-               kTraceArrival, -1, kTraceArrival, -1, -1, 0, 0};
-  traced_->record(e);
+  record_trace_event(arrival_event(traced_->callsite, traced_->call, traced_->group, traced_->job, rank, arrived_ns,
+                                   trace_now_ns(), 0));
 }
 
 // A sleeping runner wakes at least every 50 ms (wait_for) and asks this: polling there is what notices a peer

@@ -51,6 +51,9 @@ inline constexpr int32_t kTraceUnfinished = 1;
 // The op and lane of an arrival event: from a rank's arrival at its call until the call starts (its peers'
 // arrival), on a track of its own.
 inline constexpr int32_t kTraceArrival = -1;
+// Rank `rank`'s wait for its peers at call `call` of (callsite, group), from `arrived_ns` to `end_ns`.
+TraceEvent arrival_event(int64_t callsite, int64_t call, int32_t group, JobCall job, int32_t rank, int64_t arrived_ns,
+                         int64_t end_ns, int32_t flags);
 
 // Whether calls starting now are traced: one relaxed load.
 bool tracing();

@@ -350,6 +350,19 @@ def test_a_two_process_job_writes_one_file_per_process_with_its_ranks_steps(tmp_
         assert all(a["ts"] + a["dur"] >= last for a in arrived[key])
 
 
+def test_a_call_that_a_process_never_arrives_at_leaves_the_waits_for_it_unfinished(tmp_path):
+    # Process 1 (ranks 4-7) never makes the second call: process 0's ranks wait for it until the timeout.
+    results = launch(2, [str(HERE / "multiprocess_cases.py"), "never_arrives_traced"], local_devices=4,
+                     timeout_s=120, env={"JAXCOLL_TIMEOUT": "3", "TRACE_PATH": str(tmp_path / "t.json")})
+    assert "timed out waiting for every process to arrive" in results[0].stdout, results[0].stderr[-3000:]
+    doc = load(tmp_path / "t.p0.json")
+    assert steps_of(doc) == []  # no step ran
+    arrivals = arrivals_of(doc)
+    assert sorted(e["pid"] for e in arrivals) == [0, 1, 2, 3]
+    for e in arrivals:
+        assert e["args"]["unfinished"] is True and e["dur"] > 2e6, e  # until the call failed, 3 s after it began
+
+
 def test_trace_show_names_the_rank_that_arrived_last_across_processes(tmp_path):
     # Two processes' files of one call whose rank 3 (process 1) arrived last; jaxcoll trace show reads them together.
     from jaxcoll.observe import trace_events, trace_show
