@@ -20,6 +20,7 @@
 #include "csrc/layout.hpp"
 #include "csrc/memory.hpp"
 #include "csrc/shared_memory.hpp"
+#include "csrc/trace.hpp"
 #include "csrc/transport.hpp"
 #include "csrc/workers.hpp"
 #include "csrc/world.hpp"
@@ -61,11 +62,10 @@ std::atomic<uint64_t> next_data_id{1};
 
 namespace {
 
-// The worker's part of a call: find the peers, run the local ranks' lanes, wait for every process to finish.
-Status run_call(CrossProcessCall& call) {
+// 1. Every peer process's slot for this call.
+Status find_peers(CrossProcessCall& call) {
   CrossProcessCommunicator& c = call.comm_;
   SlotHeader& me = call.header();
-  // 1. Every peer process's slot for this call.
   for (;;) {
     if (c.failed()) return Status::Error(c.failure());
     const uint32_t seen = me.bell.word.load(std::memory_order_seq_cst);
@@ -102,9 +102,32 @@ Status run_call(CrossProcessCall& call) {
     wait_for(me.bell, [&] { return me.bell.word.load(std::memory_order_seq_cst) != seen; },
              [&] { return c.failed(); }, std::min(call.deadline_, Clock::now() + std::chrono::milliseconds(20)));
   }
-
   // A peer may have failed the call before this process arrived: no step runs with it.
   if (const std::string cause = call.any_peer_failure(); !cause.empty()) return Status::Error(cause);
+  return {};
+}
+
+// A traced call that failed before its steps (a process never arrived, or failed it first): each local rank's wait
+// for its peers, unfinished, until now.
+void trace_unstarted(const CrossProcessCall& call) {
+  if (!tracing()) return;
+  const CrossProcessCommunicator& c = call.comm_;
+  const int64_t number = next_traced_call(), now = trace_now_ns();
+  const JobCall job = call.job_call();
+  for (size_t i = 0; i < c.local_.size(); ++i)
+    if (call.arrived_ns_[i])
+      record_trace_event(arrival_event(call.site_.callsite, number, call.site_.group, job, c.local_[i],
+                                       call.arrived_ns_[i], now, kTraceUnfinished));
+}
+
+// The worker's part of a call: find the peers, run the local ranks' lanes, wait for every process to finish.
+Status run_call(CrossProcessCall& call) {
+  CrossProcessCommunicator& c = call.comm_;
+  SlotHeader& me = call.header();
+  if (Status st = find_peers(call); !st.ok()) {
+    trace_unstarted(call);
+    return st;
+  }
 
   // 2. The local ranks' lanes, every rank addressed where this process reaches it.
   std::vector<PeerView> views(c.plan_.nranks);
@@ -114,7 +137,10 @@ Status run_call(CrossProcessCall& call) {
   {
     const CallBuffers& b = call.buffers_[0];
     auto group = std::make_shared<GroupRun>(std::move(views), c.local_, c.plan_, b, call.site_, call.deadline_,
-                                            call.block_, me.bell, call, /*whole_group=*/false);
+                                            call.block_, me.bell, call, /*whole_group=*/false, call.job_call());
+    // Every rank of the group has arrived (each peer process published the call once its own ranks had): the
+    // local ranks' waits for their peers end here.
+    for (size_t i = 0; i < c.local_.size(); ++i) group->trace_arrival(c.local_[i], call.arrived_ns_[i]);
     // Larger calls are shared with helpers, one per core this process may use beyond the worker's own (the
     // host's cores split among the job's processes on it); small ones cost more to wake helpers for.
     if (call_traffic_bytes(c.plan_, call.block_, call.dtype_) > solo_bytes()) {
@@ -426,10 +452,12 @@ Status execute_cross_process_rank(CrossProcessCommunicator& c, int64_t run_id, c
     advise_huge_pages(b.output, out_bytes);
   }
 
+  const int64_t arrived_ns = tracing() ? trace_now_ns() : 0;
   bool last = false;
   {
     std::lock_guard<std::mutex> lock(c.mu_);
     call->buffers_[li] = b;
+    call->arrived_ns_[li] = arrived_ns;
     call->copy_out_[li] = std::move(copy_out);
     call->completions_[li] = std::move(completion);
     call->arrived_ranks_[li] = true;

@@ -360,7 +360,8 @@ class CrossProcessCall : public CallFailure {
         block_(block), dtype_(dtype), site_(site),
         deadline_(deadline), buffers_(comm.local_.size()), copy_out_(comm.local_.size()),
         completions_(comm.local_.size()), handoff_(std::make_unique<std::atomic<int>[]>(comm.local_.size())),
-        arrived_ranks_(comm.local_.size(), false), found_(comm.peers_.size(), false),
+        arrived_ranks_(comm.local_.size(), false), arrived_ns_(comm.local_.size(), 0),
+        found_(comm.peers_.size(), false),
         peer_run_id_(comm.peers_.size(), run_id), crossed_run_(comm.peers_.size(), run_id),
         crossed_since_(comm.peers_.size()) {
     for (size_t i = 0; i < comm.peers_.size(); ++i) peer_calls_.push_back(comm.links_[i]->join(*this, i));
@@ -451,6 +452,12 @@ class CrossProcessCall : public CallFailure {
     }
     return now - crossed_since_[i] >= kCrossedAfter;
   }
+  // The call as every process of the job names it in its trace: the launch of the group's lowest process (the
+  // launches of a call differ across processes only where they crossed) and the call's count within it.
+  JobCall job_call() const {
+    const bool lowest = comm_.peers_.empty() || comm_.me_ < comm_.peers_[0];
+    return {lowest ? run_id_ : peer_run_id_[0], static_cast<int32_t>(iteration_)};
+  }
   // Whether peer process i has finished this call's steps (its ranks touch no buffer of the call any more).
   bool peer_done(size_t i) { return peer_calls_[i]->done(); }
   void ring_peers() {
@@ -477,6 +484,7 @@ class CrossProcessCall : public CallFailure {
   std::vector<GrowableBuffer> staging_;  // per local rank, in-place reduce_scatter without sharing
   int32_t arrived_ = 0;                  // guarded by comm_.mu_
   std::vector<bool> arrived_ranks_;      // per local rank, guarded by comm_.mu_
+  std::vector<int64_t> arrived_ns_;      // per local rank: when it arrived, while tracing (0: not traced)
   bool arrived(size_t i) {
     std::lock_guard<std::mutex> lock(comm_.mu_);
     return arrived_ranks_[i];

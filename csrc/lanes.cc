@@ -54,12 +54,19 @@ struct LaneState {
 // What a traced call's events share (jaxcoll.trace): its number, and who signals each semaphore, found once per
 // call so that a wait's event can say from whom its signal comes.
 struct TracedCall {
-  TracedCall(const Plan& plan, const CallSite& site)
-      : call(next_traced_call()), callsite(site.callsite), group(site.group), from(signal_sources(plan)) {}
+  TracedCall(const Plan& plan, const CallSite& site, JobCall job)
+      : call(next_traced_call()), callsite(site.callsite), group(site.group), job(job), from(signal_sources(plan)) {}
   int64_t call;
   int64_t callsite;
   int32_t group;
+  JobCall job;
   SignalSources from;
+
+  void record(TraceEvent& e) const {
+    e.iteration = job.iteration;
+    e.launch = job.launch;
+    record_trace_event(e);
+  }
 };
 
 // One rank's program as the CPU interpreter runs it: each lane's position and barrier state, the signals of each
@@ -212,7 +219,7 @@ class RankInterpreter {
       TraceEvent e{start, end, site_.callsite, traced_->call, 0, site_.group, rank_, l, pc + i, 0, -1, -1, 0, flags};
       describe_step(plan_, traced_->from, rank_, s, {k_, block_, dsize_, asize_}, e);
       if (s.op == Op::kWait) e.count = static_cast<int32_t>(consumed_[s.sem]) + (flags & kTraceUnfinished ? 1 : 0);
-      record_trace_event(e);
+      traced_->record(e);
     }
   }
 
@@ -350,10 +357,10 @@ class RankInterpreter {
 
 GroupRun::GroupRun(std::vector<PeerView> views, const std::vector<int32_t>& ranks, const Plan& plan,
                    const CallBuffers& b, const CallSite& site, Clock::time_point deadline, int64_t block,
-                   Doorbell& bell, CallFailure& failure, bool whole_group)
+                   Doorbell& bell, CallFailure& failure, bool whole_group, JobCall job)
     : views_(std::move(views)), bell_(bell), failure_(failure), whole_group_(whole_group),
       claimed_(std::make_unique<std::atomic<bool>[]>(ranks.size())), deadline_(deadline) {
-  if (tracing()) traced_ = std::make_unique<TracedCall>(plan, site);
+  if (tracing()) traced_ = std::make_unique<TracedCall>(plan, site, job);
   runs_.reserve(ranks.size());
   for (int32_t r : ranks) {
     runs_.push_back(std::make_unique<RankInterpreter>(views_.data(), failure, plan, r, b, site, block, traced_.get()));
@@ -365,8 +372,8 @@ GroupRun::~GroupRun() = default;
 
 void GroupRun::trace_arrival(int32_t rank, int64_t arrived_ns) {
   if (!traced_ || !arrived_ns) return;
-  record_trace_event({arrived_ns, trace_now_ns(), traced_->callsite, traced_->call, 0, traced_->group, rank,
-                      kTraceArrival, -1, kTraceArrival, -1, -1, 0, 0});
+  record_trace_event(arrival_event(traced_->callsite, traced_->call, traced_->group, traced_->job, rank, arrived_ns,
+                                   trace_now_ns(), 0));
 }
 
 // A sleeping runner wakes at least every 50 ms (wait_for) and asks this: polling there is what notices a peer

@@ -20,6 +20,7 @@
 #include "csrc/dtype.hpp"
 #include "csrc/plan.hpp"
 #include "csrc/status.hpp"
+#include "csrc/trace.hpp"
 #include "csrc/wait.hpp"
 
 namespace jaxcoll {
@@ -110,9 +111,10 @@ struct TracedCall;
 // another process, and only the deadline ends the wait.
 class GroupRun {
  public:
+  // `job`: how the job's processes name the call, for its trace events (cross-process groups).
   GroupRun(std::vector<PeerView> views, const std::vector<int32_t>& ranks, const Plan& plan, const CallBuffers& b,
            const CallSite& site, Clock::time_point deadline, int64_t block, Doorbell& bell, CallFailure& failure,
-           bool whole_group);
+           bool whole_group, JobCall job = {});
   ~GroupRun();
 
   // A helper's whole part: claim ranks until the call is done, sleeping on the bell while every rank it could
@@ -121,8 +123,9 @@ class GroupRun {
   // The leader's part: run until every rank is done, then wait for the helpers inside to leave.
   Status lead();
   int32_t nruns() const { return static_cast<int32_t>(runs_.size()); }
-  // A traced call: `rank` arrived at `arrived_ns` and waited for its peers until now, when the call starts (an
-  // event of the rank's "arrival" track). Does nothing when the call is not traced or arrived_ns is 0.
+  // A traced call: `rank` arrived at `arrived_ns` and waited for its peers (every rank of the group, in whichever
+  // process) until now, when the call starts (an event of the rank's "arrival" track). Does nothing when the call
+  // is not traced or arrived_ns is 0.
   void trace_arrival(int32_t rank, int64_t arrived_ns);
 
  private:

@@ -52,6 +52,14 @@ void close_tracer() {
   }
 }
 
+TraceEvent arrival_event(int64_t callsite, int64_t call, int32_t group, JobCall job, int32_t rank, int64_t arrived_ns,
+                         int64_t end_ns, int32_t flags) {
+  TraceEvent e{arrived_ns, end_ns, callsite, call, 0, group, rank, kTraceArrival, -1, kTraceArrival, -1, -1, 0, flags};
+  e.iteration = job.iteration;
+  e.launch = job.launch;
+  return e;
+}
+
 int64_t next_traced_call() { return calls.fetch_add(1, std::memory_order_relaxed); }
 
 int64_t trace_now_ns() {

@@ -14,7 +14,8 @@
 namespace jaxcoll {
 
 // One step of one lane of one rank in one call. Plain fields of 8 and 4 bytes, no padding: the Python side reads
-// an array of them with a numpy dtype of the same layout (jaxcoll/observe/trace.py, held to it by trace_layout()).
+// an array of them with a numpy dtype of the same layout (jaxcoll/observe/trace_events.py, which checks the size
+// against trace_event_size()).
 struct TraceEvent {
   int64_t start_ns;  // CLOCK_MONOTONIC (steady_clock), shared by every process of a host
   int64_t end_ns;
@@ -31,14 +32,28 @@ struct TraceEvent {
   int32_t sem;       // signal / wait: the semaphore (on the rank signalled / on this rank); else -1
   int32_t count;     // wait: which signal of the semaphore it consumed (1, 2, ...); signal: 1; else 0
   int32_t flags;     // kTraceUnfinished: the step had not ended when the call failed (end_ns: when it failed)
-  int32_t reserved = 0;
+  // A call of a group spanning processes, as every process of the job names it (each numbers `call` its own way):
+  // its count within its launch at this call site (1, 2, ...; 0: a call of one process's group) and the launch,
+  // XLA's run id of the lowest process of the group, so that the files of a job can be read as one.
+  int32_t iteration = 0;
+  int64_t launch = 0;
 };
-static_assert(sizeof(TraceEvent) == 80, "TraceEvent's layout is read by jaxcoll/observe/trace.py");
+static_assert(sizeof(TraceEvent) == 88, "TraceEvent's layout is read by jaxcoll/observe/trace_events.py");
+
+// A call of a group spanning processes as the job names it (TraceEvent::launch and iteration); {0, 0} for a call
+// of one process's group.
+struct JobCall {
+  int64_t launch = 0;
+  int32_t iteration = 0;
+};
 
 inline constexpr int32_t kTraceUnfinished = 1;
 // The op and lane of an arrival event: from a rank's arrival at its call until the call starts (its peers'
 // arrival), on a track of its own.
 inline constexpr int32_t kTraceArrival = -1;
+// Rank `rank`'s wait for its peers at call `call` of (callsite, group), from `arrived_ns` to `end_ns`.
+TraceEvent arrival_event(int64_t callsite, int64_t call, int32_t group, JobCall job, int32_t rank, int64_t arrived_ns,
+                         int64_t end_ns, int32_t flags);
 
 // Whether calls starting now are traced: one relaxed load.
 bool tracing();

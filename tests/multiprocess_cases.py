@@ -548,6 +548,21 @@ def case_never_arrives() -> str:
     _report(lambda: f(x).block_until_ready())
 
 
+def case_never_arrives_traced() -> str:
+    """never_arrives, with process 0's failing call traced to $TRACE_PATH (its file written as the block ends in the
+    call's error)."""
+    f, x = _fault_call()
+    f(x).block_until_ready()
+    if PROCESS == 1:
+        time.sleep(20)  # alive past process 0's timeout, but never calls again
+        os._exit(0)
+
+    def traced():
+        with jaxcoll.trace(os.environ["TRACE_PATH"]):
+            f(x).block_until_ready()
+    _report(traced)
+
+
 def case_never_starts_jaxcoll() -> str:
     """Process 1 joins the job (jax.distributed, and its devices: the CPU client waits for every process's) but
     never reaches jaxcoll: a process that never starts its part."""

@@ -5,10 +5,12 @@ file per process; `jaxcoll trace show` summarises and draws."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
-from collections import defaultdict
+import threading
 from pathlib import Path
 
 import jax
@@ -176,12 +178,18 @@ def test_a_call_that_times_out_still_writes_its_steps_up_to_the_hang(tmp_path):
     assert wait["args"]["unfinished"] is True and wait["args"]["signal"] == 1 and "from" not in wait["args"]
 
 
-def run_python(code: str, cwd: Path, **env) -> subprocess.CompletedProcess:
+def python_env(**env) -> dict:
+    """The environment of a Python subprocess that imports this checkout's jaxcoll, with no JAXCOLL_ setting but
+    `env`'s."""
     where = str(Path(jaxcoll.__file__).resolve().parents[1])
     path = os.pathsep.join([where] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     clean = {k: v for k, v in os.environ.items() if not k.startswith("JAXCOLL_")}
+    return dict(clean, PYTHONPATH=path, **env)
+
+
+def run_python(code: str, cwd: Path, **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
-                          env=dict(clean, PYTHONPATH=path, **env), cwd=cwd)
+                          env=python_env(**env), cwd=cwd)
 
 
 def test_jaxcoll_trace_in_the_environment_traces_the_whole_run(tmp_path):
@@ -212,6 +220,93 @@ def test_a_run_that_dies_of_a_timeout_still_writes_its_trace_at_exit(tmp_path):
                                                                   (1, "put", False)]
 
 
+# A program that runs all_gather calls until it is stopped, printing the count after each; `{setup}` runs before the
+# loop, `{trace}` opens the trace around it (or nothing, for JAXCOLL_TRACE).
+LOOP = """\
+import contextlib, signal, sys
+import numpy as np, jaxcoll
+from jaxcoll import algorithms, runtime
+{setup}
+plan = algorithms.select('all_gather', 3, 64, np.float32, 'ring')
+with {trace}:
+    for n in range(1, 100000):
+        runtime.run_plan(plan, [np.ones(4, np.float32)] * 3)
+        print(n, flush=True)
+"""
+
+
+def stop_after_calls(tmp_path, sig, calls=3, setup="", block=True) -> tuple[subprocess.Popen, str]:
+    """Run LOOP tracing to tmp_path/run.json (a `with jaxcoll.trace` block, or JAXCOLL_TRACE), send it `sig` once
+    it has finished `calls` calls, and wait for it to end; the process and its stderr."""
+    path = tmp_path / "run.json"
+    code = LOOP.format(setup=setup, trace=f"jaxcoll.trace({str(path)!r})" if block else "contextlib.nullcontext()")
+    env = python_env() if block else python_env(JAXCOLL_TRACE=str(path))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=tmp_path)
+    try:
+        for line in proc.stdout:
+            if int(line) >= calls:
+                proc.send_signal(sig)
+                break
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return proc, err
+
+
+@pytest.mark.parametrize("block", [True, False], ids=["with_block", "whole_run"])
+def test_a_process_stopped_by_sigterm_writes_its_trace_and_dies_of_the_signal(tmp_path, block):
+    proc, err = stop_after_calls(tmp_path, signal.SIGTERM, block=block)
+    assert proc.returncode == -signal.SIGTERM, err[-2000:]  # the signal took its course: the process died of it
+    doc = load(tmp_path / "run.json")
+    assert_trace_event_schema(doc)
+    events = steps_of(doc)
+    calls = len(by_call(events))
+    assert calls >= 3  # every call that finished before the signal, each the plan's steps once
+    assert_each_call_runs_the_plan_once(events, plan_of(Collective.ALL_GATHER, "ring", 3), calls=calls)
+
+
+def test_a_process_stopped_by_sigint_writes_its_trace_and_raises_keyboard_interrupt(tmp_path):
+    proc, err = stop_after_calls(tmp_path, signal.SIGINT, block=False)
+    # Python ends a program that KeyboardInterrupt stopped by SIGINT itself (its exit status names the signal).
+    assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in err, err[-2000:]
+    events = steps_of(load(tmp_path / "run.json"))
+    assert_each_call_runs_the_plan_once(events, plan_of(Collective.ALL_GATHER, "ring", 3), calls=len(by_call(events)))
+
+
+def test_a_sigterm_handler_of_the_program_is_left_to_run(tmp_path):
+    setup = "signal.signal(signal.SIGTERM, lambda *_: (print('own handler', file=sys.stderr), sys.exit(3)))"
+    proc, err = stop_after_calls(tmp_path, signal.SIGTERM, setup=setup)
+    assert proc.returncode == 3 and "own handler" in err, err[-2000:]
+    events = steps_of(load(tmp_path / "run.json"))  # written as the block ended, by the handler's SystemExit
+    assert len(by_call(events)) >= 3
+
+
+def test_the_stop_signals_are_caught_only_while_a_trace_is_open(tmp_path):
+    def own(*_):
+        pass
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with jaxcoll.trace(tmp_path / "t.json"):
+        inside = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    assert all(h is not b and h.__module__ == "jaxcoll.observe.trace" for h, b in zip(inside, before))
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        with jaxcoll.trace(tmp_path / "t.json"):
+            assert signal.getsignal(signal.SIGTERM) is own
+        assert signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    # Python sets handlers from the main thread only: a trace opened on another works, and catches nothing.
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(jaxcoll.trace(tmp_path / "u.json").__enter__().__exit__(
+        None, None, None)))
+    thread.start()
+    thread.join()
+    assert seen == [False] and signal.getsignal(signal.SIGTERM) is before[0]
+
+
 # shm: the processes share this host's memory; tcp: each counts as a host of its own, so a rank of the other
 # process is reached over the network transport (the all_to_all's reads of it are in flight together).
 @pytest.mark.parametrize("collective, name, transport", [("all_reduce", "ring", "shm"),
@@ -234,17 +329,69 @@ def test_a_two_process_job_writes_one_file_per_process_with_its_ranks_steps(tmp_
         assert {e["pid"] for e in events} == {2 * p, 2 * p + 1}  # process p hosts ranks 2p and 2p+1
         assert_each_call_runs_the_plan_once(events, plan, calls=3, ranks={2 * p, 2 * p + 1})
     # Both processes are on this host: one clock, so every wait ends after the signal it consumed, whichever
-    # process sent it.
+    # process sent it. A call is the same call in both files when its launch and count in the launch are.
     both = [e for p in range(2) for e in steps_of(load(tmp_path / f"job.p{p}.json"))]
-    order = defaultdict(list)  # the n-th call of the site in each process is the same call
     for e in both:
-        order[e["pid"] // 2].append(e["args"]["call"])
-    for p, calls in order.items():
-        rank_of = {c: i for i, c in enumerate(sorted(set(calls)))}
-        for e in both:
-            if e["pid"] // 2 == p:
-                e["args"]["call"] = rank_of[e["args"]["call"]]
+        e["args"]["call"] = (e["args"]["launch"], e["args"]["iteration"])
     assert_waits_end_after_their_signals(both)
+    # Each rank of the group arrives once a call, in its own process's file, and its steps start after it.
+    arrivals = [e for p in range(2) for e in arrivals_of(load(tmp_path / f"job.p{p}.json"))]
+    for e in arrivals:
+        e["args"]["call"] = (e["args"]["launch"], e["args"]["iteration"])
+    arrived = by_call(arrivals)
+    assert arrived.keys() == by_call(both).keys() and len(arrived) == 3
+    for key, evs in by_call(both).items():
+        assert sorted(a["pid"] for a in arrived[key]) == [0, 1, 2, 3]
+        for a in arrived[key]:
+            assert a["args"]["ranks"] == 4
+            assert a["ts"] + a["dur"] <= min(e["ts"] for e in evs if e["pid"] == a["pid"])
+        # A rank's wait for its peers ends once the last rank of the group, in either process, has arrived.
+        last = max(a["ts"] for a in arrived[key])
+        assert all(a["ts"] + a["dur"] >= last for a in arrived[key])
+
+
+def test_a_call_that_a_process_never_arrives_at_leaves_the_waits_for_it_unfinished(tmp_path):
+    # Process 1 (ranks 4-7) never makes the second call: process 0's ranks wait for it until the timeout.
+    results = launch(2, [str(HERE / "multiprocess_cases.py"), "never_arrives_traced"], local_devices=4,
+                     timeout_s=120, env={"JAXCOLL_TIMEOUT": "3", "TRACE_PATH": str(tmp_path / "t.json")})
+    assert "timed out waiting for every process to arrive" in results[0].stdout, results[0].stderr[-3000:]
+    doc = load(tmp_path / "t.p0.json")
+    assert steps_of(doc) == []  # no step ran
+    arrivals = arrivals_of(doc)
+    assert sorted(e["pid"] for e in arrivals) == [0, 1, 2, 3]
+    for e in arrivals:
+        assert e["args"]["unfinished"] is True and e["dur"] > 2e6, e  # until the call failed, 3 s after it began
+
+
+def test_trace_show_names_the_rank_that_arrived_last_across_processes(tmp_path):
+    # Two processes' files of one call whose rank 3 (process 1) arrived last; jaxcoll trace show reads them together.
+    from jaxcoll.observe import trace_events, trace_show
+
+    def arrival(rank, ts, process):
+        args = {"callsite": 5, "call": 7 * process, "plan": "ring", "launch": 41, "iteration": 1, "ranks": 4}
+        return {"name": "wait for peers", "cat": "all_reduce", "ph": "X", "ts": ts, "dur": 100.0 - ts,
+                "pid": rank, "tid": -1, "args": args}
+
+    def step(rank, process):
+        args = {"callsite": 5, "call": 7 * process, "plan": "ring", "launch": 41, "iteration": 1, "step": 0,
+                "bytes": 64}
+        return {"name": "put", "cat": "all_reduce", "ph": "X", "ts": 100.0, "dur": 1.0, "pid": rank, "tid": 0,
+                "args": args}
+
+    host = {"host": "h", "realtime_minus_monotonic_ns": 0}
+    for p, ranks in ((0, (0, 1)), (1, (2, 3))):
+        doc = {"traceEvents": [e for r in ranks for e in (arrival(r, 10.0 * r, p), step(r, p))], "otherData": host}
+        (tmp_path / f"t.p{p}.json").write_text(json.dumps(doc))
+    def last_in(text):  # the summary's "last in" column, by rank
+        rows = [line.split() for line in text.splitlines()]
+        return {int(row[1]): int(row[7]) for row in rows if row[0] == "rank" and row[1].isdigit()}
+
+    both = trace_show.summary(trace_events.load([tmp_path / "t.p0.json", tmp_path / "t.p1.json"]))
+    assert last_in(both) == {0: 0, 1: 0, 2: 0, 3: 1}
+    # One process's file alone cannot say who was last: it says so instead of naming its own last rank.
+    alone = trace_show.summary(trace_events.load([tmp_path / "t.p0.json"]))
+    assert "1 call(s) have arrivals of only some of their group's ranks" in alone
+    assert last_in(alone) == {0: 0, 1: 0}
 
 
 def test_trace_show_summarises_and_draws_the_lanes(tmp_path):

@@ -30,6 +30,15 @@ def one_call(events: list[dict], k: int) -> list[dict]:
     return [e for e in events if (e["args"].get("file", 0), e["args"]["callsite"], e["args"]["call"]) in keep]
 
 
+def call_of(e: dict) -> tuple:
+    """The call an event belongs to, as the files read together name it: a call of a group spanning processes by
+    its launch and count within it (alike in every process's file), any other by its file and number there."""
+    a = e["args"]
+    if "launch" in a:
+        return ("job", a["callsite"], e["pid"] // GROUP_STRIDE, a["launch"], a["iteration"])
+    return (a.get("file", 0), a["callsite"], a["call"])
+
+
 def summary(events: list[dict]) -> str:
     """Per rank: its calls' steps, the time its lanes spent in data steps and in waits, how long it waited for
     its peers to arrive and how often it arrived last, its longest wait (where and for whom), and the time other
@@ -44,8 +53,12 @@ def summary(events: list[dict]) -> str:
     calls_arrived = defaultdict(list)
     for e in arrivals:
         for_peers[e["pid"]] += e["dur"]
-        calls_arrived[e["args"].get("file", 0), e["args"]["callsite"], e["args"]["call"]].append(e)
+        calls_arrived[call_of(e)].append(e)
+    partial = 0  # calls whose other ranks' arrivals are in files not read: who was last cannot be told
     for evs in calls_arrived.values():
+        if len({e["pid"] for e in evs}) < evs[0]["args"].get("ranks", 0):
+            partial += 1
+            continue
         last[max(evs, key=lambda e: e["ts"])["pid"]] += 1
     busy = defaultdict(float)
     waiting = defaultdict(float)
@@ -81,8 +94,12 @@ def summary(events: list[dict]) -> str:
         lines.append(f"{track_name(pid):>16} {len(calls[pid]):>5} {steps[pid]:>6} {busy[pid] / 1e3:>13.3f} "
                      f"{waiting[pid] / 1e3:>8.3f} {for_peers[pid] / 1e3:>9.3f} {last[pid]:>7} "
                      f"{waited_for[pid] / 1e3:>18.3f}  {where}")
-    lines.append("for peers: waiting for the call's other ranks to arrive (ranks in one process); last in: calls it "
-                 "was the last to arrive at; others wait for it: other ranks' waits for its signals")
+    lines.append("for peers: waiting for the call's other ranks to arrive (in every process of a group spanning "
+                 "processes); last in: calls it was the last to arrive at; others wait for it: other ranks' waits "
+                 "for its signals")
+    if partial:
+        lines.append(f"{partial} call(s) have arrivals of only some of their group's ranks: read every process's "
+                     "file together to say who arrived last")
     unfinished = [e for e in events if e["args"].get("unfinished")]
     if unfinished:
         lines.append(f"{len(unfinished)} step(s) never finished: the call failed (a timeout?) while they waited")
