@@ -8,7 +8,7 @@ size, the worst (plan, size) pairs with the share of each term in their predicti
 pair spread (the measurement's own noise, a floor under any model's error). `--fit-all` also fits to the cells
 themselves: the error left then is what the model's formula cannot express, whatever its constants.
 
-    python benchmarks/tuning_refit.py S.json [S2.json ...] [--worst 20] [--fit-all] [--tuning T.json]
+    python benchmarks/tuning_refit.py S.json [S2.json ...] [--worst 20] [--fit-all] [--tuning T.json] [--fastest]
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ import sys
 import numpy as np
 
 
-def rows_of(entries, plans, shape, layout):
-    """The fit's rows (`jaxcoll.tune.calibration.row`) and the median seconds of (collective, bytes, name, samples)."""
+def rows_of(entries, plans, shape, layout, statistic=statistics.median):
+    """The fit's rows (`jaxcoll.tune.calibration.row`) and the `statistic` (median, or min: the fastest call) of the
+    seconds of (collective, bytes, name, samples)."""
     from jaxcoll.tune.calibration import row
 
     rows = [row(plans(collective, name), size, shape, layout) for collective, size, name, _ in entries]
-    return np.asarray(rows), np.asarray([statistics.median(samples) for *_, samples in entries])
+    return np.asarray(rows), np.asarray([statistic(samples) for *_, samples in entries])
 
 
 def coefficients(model) -> np.ndarray:
@@ -44,7 +45,8 @@ def file_layout(processes, hosts) -> str:
     return file.layout_key(processes, hosts)
 
 
-def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), tuning=()) -> list[float]:
+def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), tuning=(),
+            statistic=statistics.median) -> list[float]:
     from jaxcoll.sim.machine import MachineModel, cpu_runtime
     from jaxcoll.tune import calibration, registry
 
@@ -72,18 +74,18 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), t
     cal = [(r["collective"], r["bytes"], r["name"], r["seconds"]) for r in data["calibration"]]
     val = [(c["collective"], c["bytes"], name, s) for c in data["cells"] for name, s in c["seconds"].items()]
     if "fresh_bytes" not in overrides:  # the threshold of fresh pages that calibration would choose
-        ctime = np.asarray([statistics.median(samples) for *_, samples in cal])
+        ctime = np.asarray([statistic(samples) for *_, samples in cal])
         chosen = calibration.fit_calls(shape, [(plans(c, name), size) for c, size, name, _ in cal], ctime, layout)
         shape = dataclasses.replace(shape, fresh_bytes=chosen.fresh_bytes)
-    crow, ctime = rows_of(cal, plans, shape, layout)
-    vrow, vtime = rows_of(val, plans, shape, layout)
+    crow, ctime = rows_of(cal, plans, shape, layout, statistic)
+    vrow, vtime = rows_of(val, plans, shape, layout, statistic)
     names = term_names(shape)
     for term in without:  # the model without this term: its column is no work (the fit keeps the default)
         crow[:, names.index(term)] = vrow[:, names.index(term)] = 0.0
     model = calibration.fit(shape, crow, ctime)
     coef = coefficients(model)
-    print(f"## {path}: {len(cal)} calibration calls, {len(val)} (plan, size) pairs; fresh pages from "
-          f"{shape.fresh_bytes >> 10} KiB a rank")
+    print(f"## {path}: {len(cal)} calibration calls, {len(val)} (plan, size) pairs, each call's "
+          f"{'fastest' if statistic is min else 'median'}; fresh pages from {shape.fresh_bytes >> 10} KiB a rank")
     print("constants: " + ", ".join(f"{k} {v:.3g}" for k, v in zip(names, coef)))
     cerr = crow @ coef / ctime - 1
     print(f"calibration fit: median |error| {np.median(np.abs(cerr)):.0%}, 90th {np.percentile(np.abs(cerr), 90):.0%}")
@@ -152,10 +154,14 @@ def main(argv=None) -> int:
     p.add_argument("--tuning", action="append", default=[], metavar="FILE",
                    help="a tuning file: how its choices fare against the fastest measured plan of each cell")
     p.add_argument("--without", default="", help="terms to leave out, comma-separated (e.g. reduce,stream)")
+    p.add_argument("--fastest", action="store_true",
+                   help="fit and judge on each plan's fastest call instead of its median: what the machine does when "
+                   "nothing else runs, which other work on a busy machine moves less than the median")
     args = p.parse_args(argv)
     overrides = {k: float(v) for k, v in (x.split("=", 1) for x in args.set)}
     for path in args.files:
-        analyse(path, args.worst, args.fit_all, overrides, [t for t in args.without.split(",") if t], args.tuning)
+        analyse(path, args.worst, args.fit_all, overrides, [t for t in args.without.split(",") if t], args.tuning,
+                min if args.fastest else statistics.median)
     return 0
 
 
