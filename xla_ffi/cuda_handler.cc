@@ -156,10 +156,27 @@ auto call_binding() {
 }
 }  // namespace
 
+// On the compiling thread, not at initialize: setting the job up reads jax.distributed's key-value store, a Python
+// object, and XLA's device threads reach it only by taking the GIL, which the thread that launched the program may
+// hold (docs/cuda.md).
+ffi::Error Instantiate(ffi::Span<const int32_t>, int32_t, int64_t callsite, ffi::Span<const int32_t> processes) {
+  if (processes.size() == 0) return ffi::Error::Success();
+  if (Status st = set_up_world(); !st.ok())
+    return ffi::Error::Internal(site_of(callsite, "instantiate") + ": " + st.message());
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER(kInstantiate, Instantiate,
+                       ffi::Ffi::BindInstantiate()
+                           .Attr<ffi::Span<const int32_t>>("plan")
+                           .Attr<int32_t>("reduce_op")
+                           .Attr<int64_t>("callsite")
+                           .Attr<ffi::Span<const int32_t>>("processes"));
 XLA_FFI_DEFINE_HANDLER(kInitialize, Initialize, call_binding<ffi::ExecutionStage::kInitialize>());
 XLA_FFI_DEFINE_HANDLER(kExecute, Execute, call_binding<ffi::ExecutionStage::kExecute>(),
                        {ffi::Traits::kCmdBufferCompatible});
 
+XLA_FFI_Error* instantiate(XLA_FFI_CallFrame* frame) { return kInstantiate(frame); }
 XLA_FFI_Error* initialize(XLA_FFI_CallFrame* frame) { return kInitialize(frame); }
 XLA_FFI_Error* execute(XLA_FFI_CallFrame* frame) { return kExecute(frame); }
 

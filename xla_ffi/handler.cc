@@ -72,6 +72,9 @@ ffi::ErrorOr<std::unique_ptr<PlanState>> Instantiate(ffi::Span<const int32_t> wo
   state->processes.assign(processes.begin(), processes.end());
   state->fingerprint = plan_fingerprint(words.begin(), words.size(), reduce_op);
   if (!state->processes.empty()) {
+    // The group spans processes: the job's runtime must be set up before the call runs, and it is here, once,
+    // when the first such call is compiled (the lowering only emits the call: docs/multiprocess.md).
+    if (Status st = set_up_world(); !st.ok()) return ffi::Unexpected(ffi::Error::Internal(st.message()));
     const World* w = world();
     const int64_t first = std::find(state->processes.begin(), state->processes.end(), w ? w->process : 0) -
                           state->processes.begin();  // past the end: this process runs none of the ranks
