@@ -19,6 +19,7 @@
 #include "csrc/plan.hpp"
 #include "csrc/cross_process.hpp"
 #include "csrc/world.hpp"
+#include "xla_ffi/call_attributes.hpp"
 #include "xla_ffi/dtypes.hpp"
 #include "xla/ffi/api/ffi.h"
 
@@ -200,12 +201,7 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER(kInstantiate, Instantiate,
-                       ffi::Ffi::BindInstantiate()
-                           .Attr<ffi::Span<const int32_t>>("plan")
-                           .Attr<int32_t>("reduce_op")
-                           .Attr<int64_t>("callsite")
-                           .Attr<ffi::Span<const int32_t>>("processes"));
+XLA_FFI_DEFINE_HANDLER(kInstantiate, Instantiate, bind_call_attributes(ffi::Ffi::BindInstantiate()));
 
 XLA_FFI_DEFINE_HANDLER(kExecute, Execute,
                        ffi::Ffi::Bind()
