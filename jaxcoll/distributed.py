@@ -108,7 +108,8 @@ def publish() -> None:
     segment, its pid, host and jaxcoll version, and which peers that published before it share its /dev/shm.
     Waits for no peer: the first bind of a jaxcoll primitive runs it, and a process whose collectives all stay
     within it must not wait for peers that may never run jaxcoll. Does nothing without a jax.distributed job of
-    several processes (a later call publishes, once jax.distributed is initialized)."""
+    several processes (a later call publishes, once jax.distributed is initialized). Raises what stopped it (a
+    presence segment it cannot create, a JAXCOLL_TRANSPORT that names no transport); a later call tries again."""
     global _published, _token
     if _published or _jax.distributed_client() is None or jax.process_count() == 1:
         return
@@ -122,11 +123,12 @@ def publish() -> None:
         from jaxcoll import runtime
         mine = {"pid": os.getpid(), "host": _host_identity(), "version": jaxcoll.__version__,
                 "presence": runtime.open_presence(token, me)}
-        client.key_value_set(_PREFIX + f"process/{me}", json.dumps(mine))
+        # Its own keys: a publication that failed half-way (and is tried again) rewrites them, as they were.
+        client.key_value_set(_PREFIX + f"process/{me}", json.dumps(mine), allow_overwrite=True)
         # Read after writing: of any two processes, the later to publish finds the other's record here, so every
         # pair of the job is tested by at least one of the two.
         seen = [] if forced_network else _sharing_memory(client, me, mine, token)
-        client.key_value_set(_PREFIX + f"shm/{me}", json.dumps(seen))
+        client.key_value_set(_PREFIX + f"shm/{me}", json.dumps(seen), allow_overwrite=True)
         runtime.set_world_set_up(connect)
         _token, _published = token, True
 

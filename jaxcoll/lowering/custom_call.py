@@ -61,7 +61,10 @@ def _prepare_runtime():
     global _runtime_prepared
     import jaxcoll.runtime  # noqa: F401  (importing it registers the targets)
     from jaxcoll import distributed
-    distributed.publish()
+    try:
+        distributed.publish()
+    except Exception:  # raised again where the job is needed (distributed.layout() publishes first): a process
+        pass  # whose collectives all stay inside it needs nothing of the job, and must not fail here
     _runtime_prepared = True
 
 
