@@ -297,8 +297,8 @@ std::shared_ptr<CrossProcessCommunicator> cross_process_communicator_for(int64_t
   if (!w) {
     status = Status::Error("jaxcoll callsite " + std::to_string(callsite) +
                            ": this group spans several processes, but jaxcoll's multi-process runtime is not set "
-                           "up in this process (jaxcoll.distributed.connect() runs when a collective over a mesh "
-                           "of several processes is lowered, after jax.distributed.initialize)");
+                           "up in this process (jax.distributed.initialize comes first; then jaxcoll sets it up "
+                           "when such a call is compiled, or jaxcoll.distributed.connect() does)");
     return nullptr;
   }
   for (int32_t p : processes)

@@ -20,6 +20,10 @@ std::atomic<const World*> current{nullptr};
 // not, and means the same in every pid namespace (a pidfd or kill(pid, 0) would ask about another process there).
 std::vector<int> presences;
 
+// Apart from `mu`: the set-up step calls configure_world, and it may wait on the job's other processes.
+std::mutex set_up_mu;
+std::function<Status()> set_up_step;
+
 }  // namespace
 
 std::string World::segment_prefix(int32_t p) const { return jaxcoll::segment_prefix(token, p); }
@@ -59,6 +63,18 @@ Status configure_world(int32_t process, std::vector<int64_t> pids, std::vector<i
 }
 
 const World* world() { return current.load(); }
+
+void set_world_set_up(std::function<Status()> set_up) {
+  std::lock_guard<std::mutex> lock(set_up_mu);
+  set_up_step = std::move(set_up);
+}
+
+Status set_up_world() {
+  if (world()) return {};
+  std::lock_guard<std::mutex> lock(set_up_mu);  // one thread sets up; the others wait for it, then find the world
+  if (world() || !set_up_step) return {};
+  return set_up_step();
+}
 
 bool process_alive(int32_t p) {
   const World* w = world();

@@ -1,10 +1,12 @@
 // The job this process belongs to, when jaxcoll spans processes: which process this is, every process's pid and
 // host, and the job's random token (names of shared-memory segments). jaxcoll.distributed fills it in once,
-// through jax.distributed's key-value store, before the first collective whose group spans processes runs
+// through jax.distributed's key-value store: through the set-up step it registers, which the runtime runs when it
+// instantiates the first compiled call whose group spans processes, or by an explicit jaxcoll.distributed.connect()
 // (docs/multiprocess.md). A process that never calls configure_world runs every group in-process, as before.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,13 @@ Status configure_world(int32_t process, std::vector<int64_t> pids, std::vector<i
                        std::vector<std::string> host_names = {});
 // The job, or null before configure_world.
 const World* world();
+
+// The step that sets the job up (configure_world and the network transport's connections): registered by a
+// process that is part of a job of several processes, run by set_up_world.
+void set_world_set_up(std::function<Status()> set_up);
+// Run the registered set-up step once, unless the job is set up already: what a call whose group spans processes
+// does before it needs world(). OK, leaving world() null, when no step is registered (no job).
+Status set_up_world();
 
 // Whether process `p` of the job still runs: on this host, false once it has exited (or been killed), even
 // before its parent reaps it, in any pid namespace (its presence's lock, shared_memory.hpp); on another host,

@@ -1,18 +1,22 @@
 """jaxcoll across the processes of a `jax.distributed` job: the bootstrap (docs/multiprocess.md).
 
 jax.distributed's coordinator and key-value store are the only rendezvous: no second launcher and no port for
-the user to configure. `connect()` runs once per process, when the first collective over a mesh of several
-processes is lowered (every process lowers the same program, so every process gets here):
+the user to configure. It happens in three steps, each where it is first needed, so a process that never runs a
+collective across processes never waits for its peers:
 
-1. process 0 draws the job's random token (it names the shared-memory segments, so no other job or user can
-   guess or collide with them) and publishes it;
-2. every process publishes its pid, host and jaxcoll version, and reads every other process's;
-3. the native runtime learns the job (`_jaxcoll.configure_world`), which also removes segments a crashed
-   earlier run left behind.
+1. `publish()`, at the first bind of a jaxcoll primitive in a job of several processes (tracing a collective):
+   the job's random token (drawn by whichever process comes first; it names the shared-memory segments, so no
+   other job or user can guess or collide with them), this process's presence segment, and its pid, host,
+   jaxcoll version and which earlier peers share its /dev/shm. It waits for no peer.
+2. `layout()`, when a collective whose groups span processes is lowered (its plan depends on the hosts): reads
+   what every process published and computes the same hosts in each. It only reads.
+3. `connect()`, when the runtime first compiles such a call (it runs the step registered by `publish()`), or
+   when called explicitly: the native runtime learns the job (`_jaxcoll.configure_world`, which also removes
+   segments a crashed earlier run left behind) and opens the network transport's connections.
 
 A process that never publishes (it crashed, or runs another program) is named in the error after the timeout
 (JAXCOLL_TIMEOUT); a process running another jaxcoll version is refused at once. A process that imports jaxcoll
-without jax.distributed never calls this and runs every group in-process.
+without jax.distributed (or before its initialize) publishes nothing and runs every group in-process.
 """
 
 from __future__ import annotations
@@ -45,7 +49,11 @@ class World:
         return len(self.pids)
 
 
-_world: World | None = None
+_published = False  # this process's part of the job is in the key-value store (publish())
+_token = ""
+_layout: World | None = None  # the job as every process published it (layout())
+_host_names: tuple[str, ...] = ()
+_world: World | None = None  # set once the runtime is set up for the job (connect())
 _lock = threading.Lock()
 
 
@@ -90,49 +98,99 @@ def _net_port() -> int:
 
 
 def world() -> World | None:
-    """The job, once `connect()` has run in this process; None before (or without jax.distributed)."""
+    """The job, once the runtime is set up for it (`connect()`, which compiling a collective over a mesh of
+    several processes runs); None before (or without jax.distributed)."""
     return _world
 
 
-def connect() -> World | None:
-    """Join this process to the job's other processes through jax.distributed's key-value store (once; later
-    calls return the same World). None when the job has one process. Raises RuntimeError naming a process
-    that does not publish within the timeout, or one that runs another jaxcoll version."""
-    global _world
+def publish() -> None:
+    """Publish what this process's peers need to join it, once: the job's token, this process's presence
+    segment, its pid, host and jaxcoll version, and which peers that published before it share its /dev/shm.
+    Waits for no peer: the first bind of a jaxcoll primitive runs it, and a process whose collectives all stay
+    within it must not wait for peers that may never run jaxcoll. Does nothing without a jax.distributed job of
+    several processes (a later call publishes, once jax.distributed is initialized). Raises what stopped it (a
+    presence segment it cannot create, a JAXCOLL_TRANSPORT that names no transport); a later call tries again."""
+    global _published, _token
+    if _published or _jax.distributed_client() is None or jax.process_count() == 1:
+        return
+    with _lock:
+        if _published:
+            return
+        client = _jax.distributed_client()
+        me = jax.process_index()
+        forced_network = _forced_network()
+        token = _job_token(client)
+        from jaxcoll import runtime
+        mine = {"pid": os.getpid(), "host": _host_identity(), "version": jaxcoll.__version__,
+                "presence": runtime.open_presence(token, me)}
+        # Its own keys: a publication that failed half-way (and is tried again) rewrites them, as they were.
+        client.key_value_set(_PREFIX + f"process/{me}", json.dumps(mine), allow_overwrite=True)
+        # Read after writing: of any two processes, the later to publish finds the other's record here, so every
+        # pair of the job is tested by at least one of the two.
+        seen = [] if forced_network else _sharing_memory(client, me, mine, token)
+        client.key_value_set(_PREFIX + f"shm/{me}", json.dumps(seen), allow_overwrite=True)
+        runtime.set_world_set_up(connect)
+        _token, _published = token, True
+
+
+def layout() -> World | None:
+    """The job as its processes published it: this process's index, every process's pid and host (the same in
+    every process). Waits until every process has published (`publish()`); sets nothing up. None when the job
+    has one process. Raises RuntimeError naming a process that does not publish within the timeout, or one that
+    runs another jaxcoll version."""
+    global _layout, _host_names
+    if _layout is not None:
+        return _layout
     if jax.process_count() == 1:
+        return None
+    client = _jax.distributed_client()
+    if client is None:
+        raise RuntimeError(
+            f"jaxcoll: this job has {jax.process_count()} processes but jax.distributed's key-value store is "
+            "not available; call jax.distributed.initialize() before running jaxcoll collectives")
+    publish()  # this process's own part, where no jaxcoll primitive was bound yet (an explicit connect())
+    with _lock:
+        if _layout is not None:
+            return _layout
+        me, n = jax.process_index(), jax.process_count()
+        timeout = _timeout_ms()
+        peers = [json.loads(_get(client, _PREFIX + f"process/{q}", timeout, f"process {q}", "its pid and host"))
+                 for q in range(n)]
+        for q, peer in enumerate(peers):
+            if peer["version"] != peers[me]["version"]:
+                raise RuntimeError(f"jaxcoll: process {q} runs jaxcoll {peer['version']}, process {me} runs "
+                                   f"{peers[me]['version']}; every process of a job must run the same version")
+        if _forced_network():
+            hosts = tuple(range(n))
+        else:
+            sees = [set(json.loads(_get(client, _PREFIX + f"shm/{q}", timeout, f"process {q}",
+                                        "which processes share its /dev/shm")))
+                    for q in range(n)]
+            hosts = _shared_memory_hosts(sees)
+        _host_names = tuple(peer["host"].split("/")[0] for peer in peers)
+        _layout = World(me, tuple(int(peer["pid"]) for peer in peers), hosts)
+        return _layout
+
+
+def connect() -> World | None:
+    """Set the runtime up for the job, once (later calls return the same World): the native runtime learns the
+    job's processes and hosts, and this process connects to those on other hosts. The runtime runs it when it
+    compiles its first call whose group spans processes; calling it earlier is the explicit step. None when the
+    job has one process. Raises RuntimeError as `layout()` does, or naming a process whose network transport
+    could not open."""
+    global _world
+    job = layout()
+    if job is None:
         return None
     with _lock:
         if _world is not None:
             return _world
-        client = _jax.distributed_client()
-        if client is None:
-            raise RuntimeError(
-                f"jaxcoll: this job has {jax.process_count()} processes but jax.distributed's key-value store is "
-                "not available; call jax.distributed.initialize() before running jaxcoll collectives")
-        me, n = jax.process_index(), jax.process_count()
-        timeout = _timeout_ms()
-        forced_network = _forced_network()
-        if me == 0:
-            client.key_value_set(_PREFIX + "token", secrets.token_hex(16))
-        token = _get(client, _PREFIX + "token", timeout, "process 0", "the job's token")
         from jaxcoll import runtime
-        mine = {"pid": os.getpid(), "host": _host_identity(), "version": jaxcoll.__version__,
-                "presence": runtime.open_presence(token, me)}
-        client.key_value_set(_PREFIX + f"process/{me}", json.dumps(mine))
-        peers = [mine if q == me else json.loads(_get(client, _PREFIX + f"process/{q}", timeout, f"process {q}",
-                                                      "its pid and host"))
-                 for q in range(n)]
-        for q, peer in enumerate(peers):
-            if peer["version"] != mine["version"]:
-                raise RuntimeError(f"jaxcoll: process {q} runs jaxcoll {peer['version']}, process {me} runs "
-                                   f"{mine['version']}; every process of a job must run the same version")
-        hosts = tuple(range(n)) if forced_network else _shared_memory_hosts(client, me, peers, token, timeout)
-        pids = tuple(int(peer["pid"]) for peer in peers)
-        runtime.configure_world(me, pids, hosts, token, [peer["host"].split("/")[0] for peer in peers])
-        remote = [q for q in range(n) if hosts[q] != hosts[me]]
+        runtime.configure_world(job.process, job.pids, job.hosts, _token, _host_names)
+        remote = [q for q in range(job.nprocesses) if job.hosts[q] != job.hosts[job.process]]
         if remote:
-            _connect_network(client, me, n, remote, token, timeout)
-        _world = World(me, pids, hosts)
+            _connect_network(_jax.distributed_client(), job.process, job.nprocesses, remote, _token, _timeout_ms())
+        _world = job
         return _world
 
 
@@ -141,12 +199,11 @@ def agree(key: str, decide) -> str:
     key-value store, the others read it (within JAXCOLL_TIMEOUT). What must be the same in every process though
     each could decide it differently (a choice made from measurements) goes through here. Without a job of
     several processes it is `decide()`."""
-    world_ = connect()
-    if world_ is None:
-        return decide()
     client = _jax.distributed_client()
+    if client is None or jax.process_count() == 1:
+        return decide()
     full = _PREFIX + "agree/" + key
-    if world_.process == 0:
+    if jax.process_index() == 0:
         value = decide()
         try:
             client.key_value_set(full, value)
@@ -156,23 +213,40 @@ def agree(key: str, decide) -> str:
     return _get(client, full, _timeout_ms(), "process 0", f"its choice for {key!r}")
 
 
-def _shared_memory_hosts(client, me: int, peers: list[dict], token: str, timeout_ms: int) -> tuple[int, ...]:
-    """The host of each process: processes share one when they share /dev/shm, which each tests by reading the
-    nonce in the other's presence segment (a hostname and boot id alike are not enough: containers on one kernel
-    may have /dev/shm of their own). Every process publishes which peers it could read and reads everyone's, so
-    all compute the same hosts: a process joins the first host whose every process it shares with both ways."""
+def _job_token(client) -> str:
+    """The job's token: the first process to publish draws it; the store keeps the first value set."""
+    key = _PREFIX + "token"
+    try:
+        client.key_value_set(key, secrets.token_hex(16))
+    except Exception:  # another process drew it first (the key exists): that one stands
+        pass
+    return _get(client, key, _timeout_ms(), "the process that drew it", "the job's token")
+
+
+def _sharing_memory(client, me: int, mine: dict, token: str) -> list[int]:
+    """The processes that published before this one (those in the store now) and share its /dev/shm: a peer of the
+    same host identity whose presence nonce this process reads in its own /dev/shm (a hostname and boot id alike
+    are not enough: containers on one kernel may have /dev/shm of their own)."""
     from jaxcoll import runtime
-    n = len(peers)
-    seen = [q for q in range(n) if q != me and peers[q]["host"] == peers[me]["host"] and
-            runtime.read_presence(token, q) == peers[q]["presence"]]
-    client.key_value_set(_PREFIX + f"shm/{me}", json.dumps(seen))
-    sees = [set(seen) if q == me else set(json.loads(_get(client, _PREFIX + f"shm/{q}", timeout_ms, f"process {q}",
-                                                           "which processes share its /dev/shm")))
-            for q in range(n)]
+    seen = []
+    for key, value in client.key_value_dir_get(_PREFIX + "process/"):
+        q, peer = int(key.rsplit("/", 1)[-1]), json.loads(value)
+        if q != me and peer["host"] == mine["host"] and runtime.read_presence(token, q) == peer["presence"]:
+            seen.append(q)
+    return sorted(seen)
+
+
+def _shared_memory_hosts(sees: list[set[int]]) -> tuple[int, ...]:
+    """The host of each process, the same in every process: from `sees[q]`, the earlier processes that process q
+    found sharing its /dev/shm. Sharing a /dev/shm goes both ways, and each pair was tested by the later of the
+    two to publish (or both), so p and q share one when either found the other; a process joins the first host
+    whose every process it shares with."""
+    def sharing(p: int, q: int) -> bool:
+        return p in sees[q] or q in sees[p]
     members: list[list[int]] = []
     hosts = []
-    for q in range(n):
-        host = next((h for h, ps in enumerate(members) if all(q in sees[p] and p in sees[q] for p in ps)), None)
+    for q in range(len(sees)):
+        host = next((h for h, ps in enumerate(members) if all(sharing(p, q) for p in ps)), None)
         if host is None:
             host = len(members)
             members.append([])

@@ -100,6 +100,19 @@ def configure_world(process: int, pids: Sequence[int], hosts: Sequence[int], tok
                              [str(h) for h in host_names])
 
 
+def set_world_set_up(set_up) -> None:
+    """Register `set_up()` (jaxcoll.distributed.connect) as the step the native runtime runs, once, before the
+    first call whose group spans processes needs the job: when XLA instantiates that call (it compiles the
+    program). An exception it raises fails that compilation with its message."""
+    def step() -> str:
+        try:
+            set_up()
+        except Exception as e:  # crosses into C++ as a message, and back to the user as XLA's compile error
+            return str(e)
+        return ""
+    _jaxcoll.set_world_set_up(step)
+
+
 def open_presence(token: str, process: int) -> str:
     """Create this process's presence segment (a nonce, locked while the process lives: csrc/shared_memory.hpp);
     returns the nonce."""

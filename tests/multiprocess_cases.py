@@ -391,6 +391,54 @@ def case_replace_groups_ragged_unreduced() -> str:
            f"{jaxcoll.distributed.world().hosts}"
 
 
+def case_lowering_sets_up_nothing() -> str:
+    """Lowering a collective across processes only emits IR: the runtime is set up for the job (the native world,
+    the network connections) when the program is compiled; the program then runs as if it had been before."""
+    from jaxcoll import runtime
+    set_up = []
+    for name in ("configure_world", "net_listen", "net_connect"):
+        def recording(*args, _name=name, _set_up=getattr(runtime, name)):
+            set_up.append(_name)
+            return _set_up(*args)
+        setattr(runtime, name, recording)
+    mesh = mesh_1d()
+    x_np = small_ints(np.random.default_rng(0), (mesh.devices.size * 8,), np.float32)
+    x = put(x_np, mesh)
+    f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    lowered = f.lower(x)
+    assert "jaxcoll_all_reduce" in lowered.as_text()
+    assert set_up == [] and jaxcoll.distributed.world() is None, (set_up, jaxcoll.distributed.world())
+    compiled = lowered.compile()
+    assert set_up[:1] == ["configure_world"] and jaxcoll.distributed.world() is not None, set_up
+    y = compiled(x)
+    total = x_np.reshape(mesh.devices.size, -1).sum(0)
+    for shard in y.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), total)
+    return f"set up {set_up} when compiled, hosts {jaxcoll.distributed.world().hosts}"
+
+
+def case_local_collectives_wait_for_no_peer() -> str:
+    """Process 0 runs collectives over its own devices only; process 1 never runs jaxcoll (a short
+    JAXCOLL_TIMEOUT): process 0 must not wait for it."""
+    from jaxcoll import _jax
+    client = _jax.distributed_client()
+    if PROCESS == 1:
+        jax.devices()  # the CPU client starts once every process has given its devices
+        client.blocking_key_value_get("case/local_done", 120_000)
+        return "never ran jaxcoll"
+    mesh = Mesh(np.array(jax.local_devices()), ("i",))
+    x_np = small_ints(np.random.default_rng(0), (mesh.devices.size * 8,), np.float32)
+    start = time.monotonic()
+    y = run(lambda v: jaxcoll.all_reduce(v, "i"), mesh, put(x_np, mesh))
+    seconds = time.monotonic() - start
+    total = x_np.reshape(mesh.devices.size, -1).sum(0)
+    for shard in y.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), total)
+    client.key_value_set("case/local_done", "1")
+    assert jaxcoll.distributed.world() is None
+    return f"in {seconds:.1f} s"
+
+
 def case_large() -> str:
     """A call larger than the segments first made: the data segment grows, results stay right."""
     mesh = mesh_1d()
@@ -665,7 +713,7 @@ def case_gpu_lowering() -> str:
     lowered("ppermute", lambda v: jaxcoll.ppermute(v, ("x", "y"), [(r, r + 4) for r in range(4)]), spec)
     lowered("all_to_all_algorithm", lambda v: jaxcoll.all_to_all(v, ("x", "y"), 0, 0, tiled=True,
                                                                   algorithm="direct"), spec)
-    return f"hosts {jaxcoll.distributed.world().hosts}"
+    return f"hosts {jaxcoll.distributed.layout().hosts}"
 
 
 def _exchange(fingerprint=7, bus_of_rank2="gpu-2", publish=True, everyone_reports=True) -> None:

@@ -87,6 +87,20 @@ def test_across_two_processes(case, transport):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_lowering_across_processes_sets_nothing_up_and_compiling_sets_the_runtime_up(transport):
+    results = job("lowering_sets_up_nothing", **TRANSPORTS[transport])
+    assert_all_ok(results, "lowering_sets_up_nothing")
+    set_up = ["configure_world", "net_listen", "net_connect"] if transport == "tcp" else ["configure_world"]
+    assert all(f"set up {set_up} when compiled" in r.stdout for r in results), [r.stdout[-300:] for r in results]
+
+
+def test_a_process_running_collectives_within_it_waits_for_no_peer():
+    # Its first bind publishes its part of the job and waits for nobody: process 1 never runs jaxcoll.
+    results = job("local_collectives_wait_for_no_peer", JAXCOLL_TIMEOUT=5)
+    assert_all_ok(results, "local_collectives_wait_for_no_peer")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_two_threads_dispatching_one_function_finish_every_call(transport):
     # jax takes a launch id per dispatch and XLA runs a process's launches one at a time: two threads racing
     # between the two run launches 7 and 8 in opposite orders in the two processes, and each waited for the

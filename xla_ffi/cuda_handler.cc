@@ -10,6 +10,7 @@
 #include "csrc/cuda/device_group.hpp"
 #include "csrc/executor.hpp"
 #include "csrc/world.hpp"
+#include "xla_ffi/call_attributes.hpp"
 #include "xla_ffi/cuda_nvtx.hpp"
 #include "xla_ffi/dtypes.hpp"
 #include "xla/ffi/api/ffi.h"
@@ -142,24 +143,32 @@ namespace {
 // Both stages see the whole call: stream, device, operands, result and attributes.
 template <ffi::ExecutionStage stage>
 auto call_binding() {
-  return ffi::Ffi::Bind<stage>()
-      .template Ctx<ffi::PlatformStream<cudaStream_t>>()
-      .template Ctx<ffi::DeviceOrdinal>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::Buffer<ffi::S32>>()
-      .template Arg<ffi::Buffer<ffi::S32>>()
-      .template Ret<ffi::AnyBuffer>()
-      .template Attr<ffi::Span<const int32_t>>("plan")
-      .template Attr<int32_t>("reduce_op")
-      .template Attr<int64_t>("callsite")
-      .template Attr<ffi::Span<const int32_t>>("processes");
+  return bind_call_attributes(ffi::Ffi::Bind<stage>()
+                                  .template Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .template Ctx<ffi::DeviceOrdinal>()
+                                  .template Arg<ffi::AnyBuffer>()
+                                  .template Arg<ffi::Buffer<ffi::S32>>()
+                                  .template Arg<ffi::Buffer<ffi::S32>>()
+                                  .template Ret<ffi::AnyBuffer>());
 }
 }  // namespace
 
+// On the compiling thread, not at initialize: setting the job up reads jax.distributed's key-value store, a Python
+// object, and XLA's device threads reach it only by taking the GIL, which the thread that launched the program may
+// hold (docs/cuda.md).
+ffi::Error Instantiate(ffi::Span<const int32_t>, int32_t, int64_t callsite, ffi::Span<const int32_t> processes) {
+  if (processes.size() == 0) return ffi::Error::Success();
+  if (Status st = set_up_world(); !st.ok())
+    return ffi::Error::Internal(site_of(callsite, "instantiate") + ": " + st.message());
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER(kInstantiate, Instantiate, bind_call_attributes(ffi::Ffi::BindInstantiate()));
 XLA_FFI_DEFINE_HANDLER(kInitialize, Initialize, call_binding<ffi::ExecutionStage::kInitialize>());
 XLA_FFI_DEFINE_HANDLER(kExecute, Execute, call_binding<ffi::ExecutionStage::kExecute>(),
                        {ffi::Traits::kCmdBufferCompatible});
 
+XLA_FFI_Error* instantiate(XLA_FFI_CallFrame* frame) { return kInstantiate(frame); }
 XLA_FFI_Error* initialize(XLA_FFI_CallFrame* frame) { return kInitialize(frame); }
 XLA_FFI_Error* execute(XLA_FFI_CallFrame* frame) { return kExecute(frame); }
 

@@ -6,6 +6,9 @@
 
 namespace jaxcoll::xla_cuda {
 
+// Instantiate (XLA:GPU runs it when it compiles the call, on the compiling thread): a call over a mesh of several
+// processes needs the job's runtime set up (jaxcoll.distributed.connect), and it is, once.
+XLA_FFI_Error* instantiate(XLA_FFI_CallFrame* frame);
 // Initialize (XLA:GPU runs it before executing, outside any CUDA graph capture): on a device's first call of a
 // call site, read its rank and group from the operands and join the group, which sets up the workspace.
 XLA_FFI_Error* initialize(XLA_FFI_CallFrame* frame);

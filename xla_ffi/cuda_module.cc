@@ -99,6 +99,7 @@ void add_bindings(nb::module_& m) {
     nb::dict out;
     for (const std::string& name : ffi_targets()) {
       nb::dict bundle;
+      bundle["instantiate"] = nb::capsule(reinterpret_cast<void*>(&instantiate));
       bundle["initialize"] = nb::capsule(reinterpret_cast<void*>(&initialize));
       bundle["execute"] = nb::capsule(reinterpret_cast<void*>(&execute));
       out[name.c_str()] = bundle;

@@ -19,6 +19,7 @@
 #include "csrc/plan.hpp"
 #include "csrc/cross_process.hpp"
 #include "csrc/world.hpp"
+#include "xla_ffi/call_attributes.hpp"
 #include "xla_ffi/dtypes.hpp"
 #include "xla/ffi/api/ffi.h"
 
@@ -72,6 +73,9 @@ ffi::ErrorOr<std::unique_ptr<PlanState>> Instantiate(ffi::Span<const int32_t> wo
   state->processes.assign(processes.begin(), processes.end());
   state->fingerprint = plan_fingerprint(words.begin(), words.size(), reduce_op);
   if (!state->processes.empty()) {
+    // The group spans processes: the job's runtime must be set up before the call runs, and it is here, once,
+    // when the first such call is compiled (the lowering only emits the call: docs/multiprocess.md).
+    if (Status st = set_up_world(); !st.ok()) return ffi::Unexpected(ffi::Error::Internal(st.message()));
     const World* w = world();
     const int64_t first = std::find(state->processes.begin(), state->processes.end(), w ? w->process : 0) -
                           state->processes.begin();  // past the end: this process runs none of the ranks
@@ -197,12 +201,7 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER(kInstantiate, Instantiate,
-                       ffi::Ffi::BindInstantiate()
-                           .Attr<ffi::Span<const int32_t>>("plan")
-                           .Attr<int32_t>("reduce_op")
-                           .Attr<int64_t>("callsite")
-                           .Attr<ffi::Span<const int32_t>>("processes"));
+XLA_FFI_DEFINE_HANDLER(kInstantiate, Instantiate, bind_call_attributes(ffi::Ffi::BindInstantiate()));
 
 XLA_FFI_DEFINE_HANDLER(kExecute, Execute,
                        ffi::Ffi::Bind()

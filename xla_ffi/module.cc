@@ -233,6 +233,25 @@ NB_MODULE(_jaxcoll, m) {
         nb::arg("host_names") = std::vector<std::string>(),
         "Tell the runtime which job this process belongs to (jaxcoll.distributed.connect does it once).");
 
+  m.def("set_world_set_up",
+        [](nb::callable set_up) {
+          // Never freed: the runtime may run it from XLA's threads until the process exits, and a Python object
+          // must not be released after the interpreter has gone.
+          auto* step = new nb::callable(std::move(set_up));
+          jaxcoll::set_world_set_up([step]() -> jaxcoll::Status {
+            nb::gil_scoped_acquire gil;
+            try {
+              const std::string error = nb::cast<std::string>((*step)());
+              return error.empty() ? jaxcoll::Status{} : jaxcoll::Status::Error(error);
+            } catch (const std::exception& e) {
+              return jaxcoll::Status::Error(std::string("jaxcoll: setting up the job's runtime failed: ") + e.what());
+            }
+          });
+        },
+        nb::arg("set_up"),
+        "Register the step that sets the job's runtime up (a callable returning \"\" or an error message); the "
+        "runtime runs it once, when it instantiates the first call whose group spans processes.");
+
   m.def("open_presence",
         [](std::string token, int32_t process) {
           std::string nonce;

@@ -116,7 +116,7 @@ def _tune_here(args, collectives, sizes, path) -> int:
     hosts = None
     if len(set(processes)) > 1:
         from jaxcoll import distributed
-        hosts = distributed.connect().hosts
+        hosts = distributed.layout().hosts
     layout = file.layout_key(processes, hosts)
     console.print(f"[bold]jaxcoll tune[/]: {len(devices)} CPU devices, layout {layout}, "
                   f"{file.machine()['cores']} cores; file {path}")

@@ -41,23 +41,31 @@ def _row_major(ndim: int) -> tuple[int, ...]:
 
 
 class CollectivePrimitive(Primitive):
-    """A primitive that lowers to the jaxcoll custom call. XLA must know the custom call's targets before it
-    compiles the program, so the first bind in a process (tracing a jaxcoll collective: the runtime's first use)
-    registers them, by importing the runtime; the lowering rule itself only emits IR."""
+    """A primitive that lowers to the jaxcoll custom call. The first bind in a process (tracing a jaxcoll
+    collective: the runtime's first use) prepares what compiling and running the call needs, so the lowering rule
+    only emits IR: XLA must know the custom call's targets before it compiles the program, so it registers them
+    (by importing the runtime); in a job of several processes it publishes this process's part of the job, which
+    peers read when they lower a collective across processes (jaxcoll.distributed.publish: it waits for no peer).
+    The runtime itself is set up for the job when such a call is first compiled (docs/multiprocess.md)."""
 
     def bind(self, *args, **params):
-        if not _runtime_loaded:
-            _load_runtime()
+        if not _runtime_prepared:
+            _prepare_runtime()
         return super().bind(*args, **params)
 
 
-_runtime_loaded = False
+_runtime_prepared = False
 
 
-def _load_runtime():
-    global _runtime_loaded
+def _prepare_runtime():
+    global _runtime_prepared
     import jaxcoll.runtime  # noqa: F401  (importing it registers the targets)
-    _runtime_loaded = True
+    from jaxcoll import distributed
+    try:
+        distributed.publish()
+    except Exception:  # raised again where the job is needed (distributed.layout() publishes first): a process
+        pass  # whose collectives all stay inside it needs nothing of the job, and must not fail here
+    _runtime_prepared = True
 
 
 def emit(x: LoweredValue, out_shape, collective: Collective, *, axes: tuple, algorithm, op: str = "sum",
@@ -78,11 +86,11 @@ def emit(x: LoweredValue, out_shape, collective: Collective, *, axes: tuple, alg
     processes = groups.process_map(ctx, axes, axis_index_groups)
     hosts = None
     if processes is not None:
-        # Groups span processes: the plan depends on the job's hosts, which jaxcoll.distributed learns when first
-        # asked (joining the job's processes, once; docs/multiprocess.md). Only here is it known that a group spans
-        # processes (the trace sees the mesh without its devices), so the first such lowering asks.
+        # Groups span processes: the plan depends on the job's hosts. Only here is it known that a group spans
+        # processes (the trace sees the mesh without its devices), so the lowering reads the hosts that every
+        # process published at its first bind; it sets nothing up (the runtime does, when it compiles the call).
         from jaxcoll import distributed
-        hosts = distributed.connect().hosts
+        hosts = distributed.layout().hosts
     if hosts is not None and "cuda" in ctx.module_context.platforms and \
             _spans_hosts(processes.reshape(-1, nranks), hosts):
         # GPUs of several hosts: host-local plans and network steps on XLA's communicator (a plan's steps on the

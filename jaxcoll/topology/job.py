@@ -34,8 +34,8 @@ def job(devices: Sequence | None = None, *, hosts: Sequence[int] | None = None,
         network_GBps: float = NETWORK_GBPS) -> Topology:
     """The topology of `devices` (default `jax.devices()`): one box per process, processes grouped by host.
 
-    `hosts[p]` is the host of process p; by default the job's own (`jaxcoll.distributed.world()`, which joins
-    the job's processes when it has several: every process must call this), one host when it has one process.
+    `hosts[p]` is the host of process p; by default the job's own (`jaxcoll.distributed.layout()`, which waits
+    for every process's part of the job when it has several), one host when it has one process.
     Bandwidths are per direction in GB/s; the memory ones default to the CPU runtime's and must be given for
     other platforms."""
     import jax
@@ -92,7 +92,7 @@ def _job_hosts(nprocesses: int) -> list[int]:
     if nprocesses == 1:
         return [0]
     from jaxcoll import distributed
-    world = distributed.connect()
+    world = distributed.layout()
     if world is None or world.nprocesses != nprocesses:
         raise TopologyError(f"the devices name {nprocesses} processes but this job has "
                             f"{1 if world is None else world.nprocesses}; pass hosts= for devices of another job")
