@@ -76,9 +76,9 @@ def measure_here(args) -> int:
     processes = tuple(int(d.process_index) for d in devices)
     spans = len(set(processes)) > 1
     hosts = None
+    from jaxcoll import distributed
     if spans:
-        from jaxcoll import distributed
-        hosts = distributed.connect().hosts
+        hosts = distributed.layout().hosts
     procs = processes if spans else None
     hs = tuple(hosts) if spans and len(set(hosts)) > 1 else None
     say = print if process == 0 else (lambda *a, **k: None)
@@ -115,8 +115,12 @@ def measure_here(args) -> int:
             if cell and cell["choice"] in medians:
                 auto, source = cell["choice"], "file"
             default = run.default_name(collective, n, size, processes)
+            # Every process of a job must time the same programs: process 0's measurements decide.
+            fastest, confirm = json.loads(distributed.agree(
+                f"bench/tuning/{collective}/{size}",
+                lambda: json.dumps([fastest, bool(args.confirm) and medians[auto] > 1.10 * medians[fastest]])))
             first = medians[auto] / medians[fastest]
-            if first > 1.10 and args.confirm:
+            if confirm:
                 # The fastest median of a dozen candidates, a few noisy calls each, is the luckiest as often as the
                 # fastest (the winner's curse): time the two again, head to head, before calling auto slower.
                 again = measure.time_cell(collective, size, {auto: plans[auto], fastest: plans[fastest]}, mesh,
