@@ -37,7 +37,7 @@ def coefficients(model) -> np.ndarray:
 
 def term_names(shape) -> list[str]:
     return (["call", "helpers", "steps"] + [f"cache{size >> 20}M" for size, _ in shape.caches] +
-            ["memory", "reduce", "stream", "fresh", "crossing", "net bytes", "net msgs", "rounds"])
+            ["memory", "reduce", "stream", "fresh", "crossing", "net bytes", "net msgs", "process rounds", "rounds"])
 
 
 def file_layout(processes, hosts) -> str:

@@ -95,6 +95,22 @@ def test_a_ring_across_hosts_waits_on_every_exchange_in_turn():
     assert machine.work(plan, (0, 1, 2, 3), hosts=(0, 1, 2, 3)).rounds == 3
 
 
+def test_a_ring_across_processes_of_one_host_waits_on_every_signal_between_them_in_turn():
+    from jaxcoll.synth import ring
+    from jaxcoll.topology import layout
+    topo = layout((0, 1, 2, 3))
+    plan = ring(topo, "all_gather")
+    # The same ring over 4 processes of one host: nothing crosses a network, but each hop waits for another
+    # process's signal; in one process nothing does.
+    w = machine.work(plan, (0, 1, 2, 3))
+    assert (w.rounds, w.process_rounds) == (0, 3)
+    assert machine.work(plan).process_rounds == 0
+    # Each such signal costs the crossing latency once.
+    slow = machine.MachineModel(**{**MODEL.__dict__, "crossing_latency_s": 1e-3})
+    assert math.isclose(machine.seconds(plan, 4096, slow, w) - machine.seconds(plan, 4096, MODEL, w),
+                        3 * (1e-3 - MODEL.crossing_latency_s), rel_tol=1e-9)
+
+
 def test_the_model_round_trips_through_json_and_refuses_bad_constants():
     assert machine.MachineModel.from_json(MODEL.to_json()) == MODEL
     for bad in ({"memory_rate": 0}, {"call_s": -1.0}, {"threads": 0}, {"caches": [[0, 1e9]]}, {"speed": 1.0},

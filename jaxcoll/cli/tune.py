@@ -163,9 +163,11 @@ def _print_model(console, model) -> None:
     t.add_row("memory rate, per thread", f"{model.memory_rate / 1e9:.2f} GB/s")
     t.add_row("reductions' sources, beyond their touches, per thread", f"{model.reduce_rate / 1e9:.2f} GB/s")
     t.add_row("streaming stores, per thread", f"{model.stream_rate / 1e9:.2f} GB/s")
-    t.add_row("fresh output pages, per thread", f"{model.fresh_rate / 1e9:.2f} GB/s")
+    t.add_row(f"fresh output pages (outputs from {model.fresh_bytes >> 10} KiB a rank), per thread",
+              f"{model.fresh_rate / 1e9:.2f} GB/s")
     t.add_row("threads per process", str(model.threads))
-    t.add_row("crossing rate (shm)", f"{model.crossing_rate / 1e9:.2f} GB/s")
+    t.add_row("crossing rate / latency (shm)",
+              f"{model.crossing_rate / 1e9:.2f} GB/s / {model.crossing_latency_s * 1e6:.0f} us")
     t.add_row("network rate / latency", f"{model.network_rate / 1e9:.2f} GB/s / {model.network_latency_s * 1e6:.0f} us")
     console.print(t)
 

@@ -29,6 +29,8 @@ memory traffic of its steps, and where that traffic is served from:
                                                  "Fresh pages"), for outputs of at least `fresh_bytes` a rank
   + crossing bytes / crossing rate               chunks of XLA's buffers copied through shared segments for
                                                  peer processes
+  + process rounds x crossing latency             the longest chain of steps that wait on another process: each
+                                                 link a signal that wakes a thread of another process
   + network bytes / network rate + messages x t_message + rounds x network latency
                                                  puts and gets to processes on other hosts, what each message
                                                  costs, and the longest chain of dependent exchanges
@@ -81,6 +83,7 @@ class MachineModel:
     # (`jaxcoll.tune.calibration.fit_calls`).
     fresh_bytes: int = 32 << 20
     crossing_rate: float = 4e9  # bytes/s of chunks copied through shared segments between processes
+    crossing_latency_s: float = 20e-6  # one dependent signal between processes: the peer's thread woken
     network_rate: float = 1.25e9  # bytes/s per TCP connection, one direction
     network_latency_s: float = 50e-6  # one dependent message exchange between hosts
     network_message_s: float = 20e-6  # what each message to another host costs its sender and receiver
@@ -96,7 +99,7 @@ class MachineModel:
         """The model's constants in the order of `terms`' columns: seconds per unit of each."""
         return np.array([self.helpers_s, self.step_s, *(1 / r for _, r in self.caches), 1 / self.memory_rate,
                          1 / self.reduce_rate, 1 / self.stream_rate, 1 / self.fresh_rate, 1 / self.crossing_rate,
-                         1 / self.network_rate, self.network_message_s])
+                         1 / self.network_rate, self.network_message_s, self.crossing_latency_s])
 
     def with_coefficients(self, c: Sequence[float], call_s: float, network_latency_s: float) -> "MachineModel":
         """This model with the constants `coefficients` orders (a fitted vector; a zero rate term is an
@@ -109,7 +112,7 @@ class MachineModel:
             caches=tuple((size, rate(x)) for (size, _), x in zip(self.caches, c[2:2 + k])),
             memory_rate=rate(c[2 + k]), reduce_rate=rate(c[3 + k]), stream_rate=rate(c[4 + k]),
             fresh_rate=rate(c[5 + k]), crossing_rate=rate(c[6 + k]), network_rate=rate(c[7 + k]),
-            network_message_s=c[8 + k], network_latency_s=network_latency_s)
+            network_message_s=c[8 + k], crossing_latency_s=c[9 + k], network_latency_s=network_latency_s)
 
     def rate(self, reach: np.ndarray) -> np.ndarray:
         """Bytes per second per thread of touches that need a cache of `reach` bytes to hit."""
@@ -169,6 +172,7 @@ class Work:
     steps: tuple[int, ...]  # per process: data and sync steps
     traffic: float  # the whole call's chunks read + written (what the executor's solo threshold reads)
     rounds: int  # dependent exchanges between hosts on the longest chain
+    process_rounds: int = 0  # dependent signals between processes on the longest chain
 
 
 def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int] | None = None) -> Work:
@@ -254,14 +258,17 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
     crossing = tuple(2.0 * len(f) for f in foreign)
     multi_host = hosts is not None and len({host_of(p) for p in procs}) > 1
     rounds = _network_rounds(plan, processes, host_of) if multi_host else 0
+    process_rounds = _network_rounds(plan, processes, lambda p: p) if np_ > 1 else 0
     return Work(tuple(np.asarray(d, dtype=float) for d in reuse), tuple(np.asarray(t, dtype=float) for t in touched),
                 tuple(np.asarray(x, dtype=bool) for x in scratch), tuple(np.asarray(x, dtype=bool) for x in written),
                 tuple(np.asarray(x, dtype=float) for x in after), tuple(np.asarray(x, dtype=bool) for x in reduced),
-                footprint, outputs, crossing, tuple(network), tuple(messages), tuple(steps), float(traffic), rounds)
+                footprint, outputs, crossing, tuple(network), tuple(messages), tuple(steps), float(traffic), rounds,
+                process_rounds)
 
 
 def _network_rounds(plan: Plan, processes, host_of) -> int:
-    """The longest chain of steps that cross hosts, following each lane's order and each signal to its wait."""
+    """The longest chain of steps that cross hosts, following each lane's order and each signal to its wait
+    (`host_of(p)`: process p's host; the identity counts the crossings between processes)."""
     from jaxcoll.sim.engine import simulate
     from jaxcoll.topology import Topology
 
@@ -305,7 +312,8 @@ def terms(w: Work, chunk: float, model: MachineModel, widen: float = 1.0) -> np.
     """Per process, what each of the model's constants multiplies (`MachineModel.coefficients`' order): helpers
     (1 when the call is shared with helper threads), steps per thread, bytes per thread served by each cache
     level and by memory, source bytes per thread of reductions, bytes per thread written with streaming stores,
-    fresh output bytes per thread, bytes through segments, bytes and messages over the network. `widen` is how
+    fresh output bytes per thread, bytes through segments, bytes and messages over the network, and the call's
+    dependent signals between processes (the same in every process's row). `widen` is how
     many times larger a scratch element is than a data element (2 for 16-bit floats, whose partial sums scratch
     holds as float32)."""
     threads = 1 if w.traffic * chunk <= model.solo_bytes else model.threads
@@ -324,7 +332,8 @@ def terms(w: Work, chunk: float, model: MachineModel, widen: float = 1.0) -> np.
         fresh = sum(c for c in w.outputs[p] if c * chunk >= model.fresh_bytes) * chunk
         rows.append([float(threads > 1), w.steps[p] / threads, *served, weights[w.reduced[p]].sum() * chunk / threads,
                      weights[streamed].sum() * chunk / threads,
-                     fresh / threads, w.crossing[p] * chunk, w.network[p] * chunk, float(w.messages[p])])
+                     fresh / threads, w.crossing[p] * chunk, w.network[p] * chunk, float(w.messages[p]),
+                     float(w.process_rounds)])
     return np.asarray(rows)
 
 
