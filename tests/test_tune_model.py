@@ -95,6 +95,21 @@ def test_a_ring_across_hosts_waits_on_every_exchange_in_turn():
     assert machine.work(plan, (0, 1, 2, 3), hosts=(0, 1, 2, 3)).rounds == 3
 
 
+def test_a_get_from_another_host_waits_for_its_request_and_its_answer():
+    # Each rank fetches the other's input (a get) or sends its own (a put): over the network a get is a request
+    # and an answer, two trips on the chain; through shared memory it reads the peer's segment in place, one.
+    def exchange(op):
+        def step(r):
+            src, dst = (ChunkRef(1 - r, IN, 0), ChunkRef(r, OUT, 0)) if op is Op.GET else \
+                (ChunkRef(r, IN, 0), ChunkRef(1 - r, OUT, 0))
+            return Step(op, (src,), (dst,))
+        return Plan(Collective.PPERMUTE, 2, tuple(RankProgram(1, 1, lanes=(Lane((step(r),)),)) for r in range(2)),
+                    perm=((0, 1), (1, 0)))
+    assert machine.work(exchange(Op.GET), (0, 1), hosts=(0, 1)).rounds == 2
+    assert machine.work(exchange(Op.PUT), (0, 1), hosts=(0, 1)).rounds == 1
+    assert machine.work(exchange(Op.GET), (0, 1)).process_rounds == 1
+
+
 def test_a_ring_across_processes_of_one_host_waits_on_every_signal_between_them_in_turn():
     from jaxcoll.synth import ring
     from jaxcoll.topology import layout

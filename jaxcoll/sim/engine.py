@@ -58,18 +58,23 @@ def chunk_bytes(plan: Plan, nbytes: float) -> float:
     return float(nbytes) / max(plan.in_blocks, plan.out_blocks) / plan.chunk_factor
 
 
-def simulate(plan: Plan, topology: Topology, nbytes: float, trace: list | None = None) -> float:
+def simulate(plan: Plan, topology: Topology, nbytes: float, trace: list | None = None, *,
+             requested_pulls: bool = False) -> float:
     """Seconds the plan takes on the topology for a message of `nbytes` (see the module docstring for the
-    model). If `trace` is a list, (start, end, rank, lane, step) tuples of data steps are appended to it."""
+    model). If `trace` is a list, (start, end, rank, lane, step) tuples of data steps are appended to it.
+    `requested_pulls`: a pull's bytes land a route latency later than by default, for transports that answer a
+    get with a message (the request's trip), as jaxcoll's network transport does, where a GPU's load from peer
+    memory does not."""
     if plan.nranks != topology.nranks:
         raise ValueError(f"plan is for nranks={plan.nranks} but topology {topology.name!r} has "
                          f"{topology.nranks} ranks")
-    return _Simulation(plan, topology, nbytes, trace).run()
+    return _Simulation(plan, topology, nbytes, trace, 2.0 if requested_pulls else 1.0).run()
 
 
 class _Simulation:
-    def __init__(self, plan: Plan, topo: Topology, nbytes: float, trace):
+    def __init__(self, plan: Plan, topo: Topology, nbytes: float, trace, pull_trips: float = 1.0):
         self.plan, self.topo, self.trace = plan, topo, trace
+        self.pull_trips = pull_trips  # route latencies a pull waits for its bytes: 2 when a request goes first
         self.chunk = chunk_bytes(plan, nbytes)
         # A transfer within this many bytes of done when another finishes finishes with it (floating error of
         # transfers that end together).
@@ -121,7 +126,7 @@ class _Simulation:
                     self.end = max(self.end, self.now + f.latency)
                     entry = self.pending[f.owner]
                     entry[0] -= 1
-                    entry[1] = max(entry[1], f.latency if entry[3] else 0.0)
+                    entry[1] = max(entry[1], self.pull_trips * f.latency if entry[3] else 0.0)
                     if entry[0] == 0:
                         del self.pending[f.owner]
                         self.push(max(self.now + entry[1] + entry[2], entry[4]), "lane", f.owner)

@@ -257,7 +257,7 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
                     for p in range(np_))
     crossing = tuple(2.0 * len(f) for f in foreign)
     multi_host = hosts is not None and len({host_of(p) for p in procs}) > 1
-    rounds = _network_rounds(plan, processes, host_of) if multi_host else 0
+    rounds = _network_rounds(plan, processes, host_of, requested_pulls=True) if multi_host else 0
     process_rounds = _network_rounds(plan, processes, lambda p: p) if np_ > 1 else 0
     return Work(tuple(np.asarray(d, dtype=float) for d in reuse), tuple(np.asarray(t, dtype=float) for t in touched),
                 tuple(np.asarray(x, dtype=bool) for x in scratch), tuple(np.asarray(x, dtype=bool) for x in written),
@@ -266,9 +266,11 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
                 process_rounds)
 
 
-def _network_rounds(plan: Plan, processes, host_of) -> int:
+def _network_rounds(plan: Plan, processes, host_of, requested_pulls: bool = False) -> int:
     """The longest chain of steps that cross hosts, following each lane's order and each signal to its wait
-    (`host_of(p)`: process p's host; the identity counts the crossings between processes)."""
+    (`host_of(p)`: process p's host; the identity counts the crossings between processes). With
+    `requested_pulls`, a get counts its request and its answer: the network transport sends one, then the other
+    (csrc/transport/tcp.cc); through shared memory a process reads its peer's segment in place."""
     from jaxcoll.sim.engine import simulate
     from jaxcoll.topology import Topology
 
@@ -283,7 +285,7 @@ def _network_rounds(plan: Plan, processes, host_of) -> int:
     for h in hosts:
         links += [(f"h{h}", "net", 1e12, 0.5), ("net", f"h{h}", 1e12, 0.5)]
     topo = Topology("hosts", n, [f"h{h}" for h in hosts] + ["net"], links)
-    return int(round(simulate(plan, topo, 1.0) / 1e-6))
+    return int(round(simulate(plan, topo, 1.0, requested_pulls=requested_pulls) / 1e-6))
 
 
 # The CPU runtime's defaults for when a call streams (csrc/reduce.cc: JAXCOLL_NT_CALL_BYTES, JAXCOLL_NT_BYTES;
