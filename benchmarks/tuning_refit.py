@@ -31,13 +31,9 @@ def rows_of(entries, plans, shape, layout, statistic=statistics.median):
     return np.asarray(rows), np.asarray([statistic(samples) for *_, samples in entries])
 
 
-def coefficients(model) -> np.ndarray:
-    return np.concatenate([[model.call_s], model.coefficients(), [model.network_latency_s]])
-
-
 def term_names(shape) -> list[str]:
     return (["call", "helpers", "steps"] + [f"cache{size >> 20}M" for size, _ in shape.caches] +
-            ["memory", "reduce", "stream", "fresh", "crossing", "net bytes", "net msgs", "process rounds", "rounds"])
+            ["memory", "reduce", "stream", "fresh", "crossing", "net bytes", "net msgs", "process rounds", "rounds", "launch"])
 
 
 def file_layout(processes, hosts) -> str:
@@ -83,7 +79,7 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), t
     for term in without:  # the model without this term: its column is no work (the fit keeps the default)
         crow[:, names.index(term)] = vrow[:, names.index(term)] = 0.0
     model = calibration.fit(shape, crow, ctime)
-    coef = coefficients(model)
+    coef = calibration.vector(model)
     print(f"## {path}: {len(cal)} calibration calls, {len(val)} (plan, size) pairs, each call's "
           f"{'fastest' if statistic is min else 'median'}; fresh pages from {shape.fresh_bytes >> 10} KiB a rank")
     print("constants: " + ", ".join(f"{k} {v:.3g}" for k, v in zip(names, coef)))
@@ -137,7 +133,7 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), t
               + (f"; missed: {', '.join(missed)}" if missed else ""))
     if fit_all:
         both = calibration.fit(shape, np.vstack([crow, vrow]), np.concatenate([ctime, vtime]))
-        e = np.abs(vrow @ coefficients(both) / vtime - 1)
+        e = np.abs(vrow @ calibration.vector(both) / vtime - 1)
         print(f"fitted to calibration and cells together: median |error| {np.median(e):.1%}, "
               f"90th {np.percentile(e, 90):.1%}")
     print()

@@ -214,13 +214,14 @@ def test_the_sources_of_a_reduction_pay_the_reduce_rate_on_top_of_their_touches(
 
 @pytest.mark.parametrize("threshold", [2 * MiB, 32 * MiB])
 def test_calibration_finds_where_the_allocator_starts_handing_out_fresh_pages(threshold):
-    # Times from a model whose outputs come fresh from `threshold` a rank up: the fit, started from another
-    # threshold, finds it (the calibration set has outputs on both sides of each) and then every constant.
-    from jaxcoll.tune import calibration
+    # Times from a model whose outputs come fresh from `threshold` a rank up, as measured: each program's launch
+    # shared among the calls it runs. The fit, started from another threshold, finds it (the calibration set has
+    # outputs on both sides of each) and then every constant, the launch apart from the calls.
+    from jaxcoll.tune import calibration, measure
 
-    truth = machine.MachineModel(**{**MODEL.__dict__, "fresh_bytes": threshold})
+    truth = machine.MachineModel(**{**MODEL.__dict__, "fresh_bytes": threshold, "launch_s": 150e-6})
     calls = [(plan, size) for _, size, plans in calibration.training((0,) * 8) for plan in plans.values()]
-    times = [machine.seconds(plan, size, truth) for plan, size in calls]
+    times = [machine.seconds(plan, size, truth) + truth.launch_s / measure.iterations(size) for plan, size in calls]
     fitted = calibration.fit_calls(machine.MachineModel(**{**MODEL.__dict__, "fresh_bytes": 1 * MiB}), calls, times)
     assert fitted.fresh_bytes == threshold
     assert np.allclose(calibration.vector(fitted), calibration.vector(truth), rtol=1e-6)

@@ -94,6 +94,10 @@ class MachineModel:
     stream_bytes: int = 1 << 62
     nt_bytes: int = 256 << 10
     threads: int = 2  # threads a process's call uses once helpers join (one per core)
+    # Not a call's: what a measured program adds once however many calls it runs (starting it on every device and
+    # waiting for them; jaxcoll.tune.measure shares it among its calls). Calibration fits it so that the call's
+    # constants are not, and `seconds` leaves it out: in a user's program the launch is the program's.
+    launch_s: float = 0.0
 
     def coefficients(self) -> np.ndarray:
         """The model's constants in the order of `terms`' columns: seconds per unit of each."""

@@ -170,18 +170,19 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LAR
 
 
 def row(plan: Plan, nbytes: int, shape: MachineModel, layout=(None, None), w: Work | None = None) -> list[float]:
-    """One measured call's row of the fit: [1 (the call), *the busiest process's terms, network rounds] of `plan`
-    with `nbytes` per rank, its ranks laid out as `layout` (processes, hosts); `w`, the plan's work there, when
-    already known."""
+    """One measured call's row of the fit: [1 (the call), *the busiest process's terms, network rounds, the share
+    of its program's launch] of `plan` with `nbytes` per rank, its ranks laid out as `layout` (processes, hosts);
+    `w`, the plan's work there, when already known. A measurement (`jaxcoll.tune.measure`) times a program that
+    runs `iterations(nbytes)` calls: each carries that fraction of the launch."""
     w = w if w is not None else work(plan, *layout)
     per_process = terms(w, chunk_bytes(plan, nbytes), shape)
     busiest = int(per_process[:, 2:].sum(axis=1).argmax())
-    return [1.0, *per_process[busiest], float(w.rounds)]
+    return [1.0, *per_process[busiest], float(w.rounds), 1.0 / measure.iterations(nbytes)]
 
 
 def fit(shape: MachineModel, rows, times) -> MachineModel:
     """The constants that make `shape`'s formula closest to `times` (relative least squares, all >= 0): `rows`
-    are [1 (the call), *terms, network rounds] per measured call. A byte served by a farther level never costs
+    are `row`'s per measured call. A byte served by a farther level never costs
     less than one served by a nearer (caches, then memory): the fit solves for the increments from level to
     level, each >= 0."""
     import numpy as np
@@ -199,11 +200,12 @@ def fit(shape: MachineModel, rows, times) -> MachineModel:
     coef = np.zeros(rows.shape[1])
     coef[used], _ = nnls(cumulative[:, used] / times[:, None], np.ones(len(times)))
     coef[levels] = np.cumsum(coef[levels])
-    defaults = np.concatenate([[shape.call_s], shape.coefficients(), [shape.network_latency_s]])
+    defaults = vector(shape)
     unset = ~used
     unset[levels] = unset[levels] & (coef[levels] == 0)  # a level fitted through its nearer ones is set
     coef[unset] = defaults[unset]
-    return shape.with_coefficients(coef[1:-1], call_s=coef[0], network_latency_s=coef[-1])
+    return dataclasses.replace(shape.with_coefficients(coef[1:-2], call_s=coef[0], network_latency_s=coef[-2]),
+                               launch_s=float(coef[-1]))
 
 
 def fit_calls(shape: MachineModel, calls, times, layout=(None, None)) -> MachineModel:
@@ -231,9 +233,9 @@ def fit_calls(shape: MachineModel, calls, times, layout=(None, None)) -> Machine
 
 
 def vector(model: MachineModel):
-    """The model's constants in the order of `row`'s columns: [call, *coefficients, network latency]."""
+    """The model's constants in the order of `row`'s columns: [call, *coefficients, network latency, launch]."""
     import numpy as np
-    return np.concatenate([[model.call_s], model.coefficients(), [model.network_latency_s]])
+    return np.concatenate([[model.call_s], model.coefficients(), [model.network_latency_s, model.launch_s]])
 
 
 def _default_rates() -> list[tuple[int, float]]:
