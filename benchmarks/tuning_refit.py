@@ -33,7 +33,8 @@ def rows_of(entries, plans, shape, layout, statistic=statistics.median):
 
 def term_names(shape) -> list[str]:
     return (["call", "helpers", "steps"] + [f"cache{size >> 20}M" for size, _ in shape.caches] +
-            ["memory", "reduce", "stream", "fresh", "crossing", "net bytes", "net msgs", "process rounds", "rounds", "launch"])
+            ["memory", "reduce", "stream", "fresh", "crossing", "net bytes", "net msgs", "process rounds", "rounds",
+             "launch"])
 
 
 def file_layout(processes, hosts) -> str:

@@ -2,7 +2,8 @@
 
 The model (`jaxcoll.sim.machine`) is one formula: a fixed cost per call plus the work each of the plan's terms names
 (helper threads joined, steps, bytes served by each cache level and by memory, fresh output pages, bytes through
-shared segments or over the network, dependent network rounds) times a constant. Calibration measures a set of
+shared segments or over the network, dependent signals between processes and network rounds) times a constant,
+and a measured program's launch shared among its calls. Calibration measures a set of
 calls whose terms differ, and fits the constants to their times by non-negative least squares on the relative
 error (the same weight for a 50 us call as for a 50 ms one). The set (`training`):
 
@@ -12,6 +13,8 @@ error (the same weight for a 50 us call as for a 50 ms one). The set (`training`
 - **the simplest plans of each collective**: the direct all_reduce (every rank rereads every input), the two-shot
   all_reduce, the direct all_gather and reduce_scatter, at 16 KiB, 1 MiB and 16 MiB per rank: reductions, and
   writes to many outputs;
+- an all_gather of 4 MiB a rank, whose outputs (32 MiB a rank) lie past glibc's largest threshold of fresh pages,
+  where the 16 MiB shift's lie before it: the fit chooses the threshold too (`fit_calls`);
 - across processes, the shift to the next process (every chunk through a segment, or over the network) and the
   hierarchical plans.
 
@@ -115,7 +118,8 @@ def training(processes: tuple[int, ...], probe_bytes: int = LARGE_BYTES) -> list
     # Outputs on both sides of glibc's largest mmap threshold (32 MiB a rank, `fit_calls`): the 16 MiB shift's
     # outputs lie below it, this all_gather's (N times its input) at or above it.
     if FRESH_PROBE_BYTES <= probe_bytes:
-        out.append(("all_gather", FRESH_PROBE_BYTES, {"direct": algorithms.builtin(Collective.ALL_GATHER, "direct", n)}))
+        gather = algorithms.builtin(Collective.ALL_GATHER, "direct", n)
+        out.append(("all_gather", FRESH_PROBE_BYTES, {"direct": gather}))
     return out
 
 
