@@ -63,8 +63,10 @@ def _prepare_runtime():
     from jaxcoll import distributed
     try:
         distributed.publish()
-    except Exception:  # raised again where the job is needed (distributed.layout() publishes first): a process
-        pass  # whose collectives all stay inside it needs nothing of the job, and must not fail here
+    except Exception:
+        # Raised again where the job is needed (distributed.layout() publishes first): a process whose collectives
+        # all stay inside it needs nothing of the job, and must not fail here.
+        pass
     _runtime_prepared = True
 
 
