@@ -104,10 +104,13 @@ def case_namespaces() -> str:
 
 def case_threads() -> str:
     """Two threads of each process dispatch one jaxcoll function 20 times each, at once: every call completes,
-    equal to numpy (the launches of the two threads interleave differently in each process)."""
+    equal to numpy (the launches of the two threads interleave differently in each process). The all_reduce runs
+    the plan JAXCOLL_TEST_ALGORITHM names (default auto)."""
     import threading
     mesh, want, x = _summed(1024)
-    f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    algorithm = os.environ.get("JAXCOLL_TEST_ALGORITHM", "auto")
+    f = jax.jit(jax.shard_map(lambda v: jaxcoll.all_reduce(v, "i", algorithm=algorithm), mesh=mesh, in_specs=P("i"),
+                              out_specs=P("i")))
     f(x).block_until_ready()
     errors = []
 

@@ -100,12 +100,23 @@ def test_a_process_running_collectives_within_it_waits_for_no_peer():
     assert_all_ok(results, "local_collectives_wait_for_no_peer")
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_two_threads_dispatching_one_function_finish_every_call(transport):
+# A plan that crosses on the processes' scratch (hierarchical) and one that names the peers' XLA buffers, staged
+# through the call's segment (two_shot): over shared memory the second fails in most runs, a call of each process
+# waiting out JAXCOLL_TIMEOUT for the other's (found 2026-11-28, when the model began to choose two_shot there;
+# docs/multiprocess.md, "Faults"). Not strict: some runs pass.
+THREADED = [pytest.param(t, a, marks=pytest.mark.xfail(
+    strict=False, reason="crossed launches of a plan staged through shared memory are not always matched: a call "
+    "waits out the timeout")) if (t, a) == ("shm", "two_shot") else (t, a)
+            for t in TRANSPORTS for a in ("hierarchical", "two_shot")]
+
+
+@pytest.mark.parametrize("transport, algorithm", THREADED)
+def test_two_threads_dispatching_one_function_finish_every_call(transport, algorithm):
     # jax takes a launch id per dispatch and XLA runs a process's launches one at a time: two threads racing
     # between the two run launches 7 and 8 in opposite orders in the two processes, and each waited for the
     # other's (every run hung on shared memory). Such crossed launches are matched in execution order.
-    results = job("threads", JAXCOLL_TIMEOUT=20, cases=RELIABILITY, timeout_s=150, **TRANSPORTS[transport])
+    results = job("threads", JAXCOLL_TIMEOUT=20, cases=RELIABILITY, timeout_s=150, JAXCOLL_TEST_ALGORITHM=algorithm,
+                  **TRANSPORTS[transport])
     assert_all_ok(results, "threads")
 
 
