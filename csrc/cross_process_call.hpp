@@ -43,7 +43,6 @@ constexpr size_t kPage = 4096;
 // see the mirror image and decide alike). Which thread's launch pairs with which across processes was a race in
 // jax already; within one thread's dispatches launches run in launch-id order in every process.
 constexpr auto kCrossedAfter = std::chrono::seconds(1);
-constexpr size_t kCrossedKept = 64;  // calls of each peer matched across launches, remembered (see ShmLink::consumed_)
 
 // A slot's state word: generation << 3 | phase. The generation grows each time the owner reuses the slot, so a
 // peer that matched a call can tell it from a later one in the same slot.

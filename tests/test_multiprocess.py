@@ -104,13 +104,8 @@ def test_a_process_running_collectives_within_it_waits_for_no_peer():
 # through the call's segment (two_shot): over shared memory the second fails in most runs, a call of each process
 # waiting out JAXCOLL_TIMEOUT for the other's (found 2026-11-28, when the model began to choose two_shot there;
 # docs/multiprocess.md, "Faults"). Not strict: some runs pass.
-THREADED = [pytest.param(t, a, marks=pytest.mark.xfail(
-    strict=False, reason="crossed launches of a plan staged through shared memory are not always matched: a call "
-    "waits out the timeout")) if (t, a) == ("shm", "two_shot") else (t, a)
-            for t in TRANSPORTS for a in ("hierarchical", "two_shot")]
-
-
-@pytest.mark.parametrize("transport, algorithm", THREADED)
+@pytest.mark.parametrize("algorithm", ["hierarchical", "two_shot"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_two_threads_dispatching_one_function_finish_every_call(transport, algorithm):
     # jax takes a launch id per dispatch and XLA runs a process's launches one at a time: two threads racing
     # between the two run launches 7 and 8 in opposite orders in the two processes, and each waited for the

@@ -5,7 +5,6 @@
 // whether it lives, its presence's lock (shared_memory.hpp).
 #include <algorithm>
 #include <atomic>
-#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -26,7 +25,17 @@ class ShmCall;
 // A peer process of this host at one call site: its directory and the data segments of its slots, as mapped here.
 class ShmLink : public PeerLink {
  public:
-  ShmLink(CrossProcessCommunicator& comm, size_t peer) : comm_(comm), peer_(peer), data_(kSlots), data_ids_(kSlots) {}
+  ShmLink(CrossProcessCommunicator& comm, size_t peer)
+      : comm_(comm), peer_(peer), data_(kSlots), data_ids_(kSlots), taken_(kSlots, 0) {
+    // The processes of the group that map the peer's segments (each acknowledges each of its slots it used).
+    const int32_t p = comm.peers_[peer];
+    std::vector<int32_t> seen;
+    for (int32_t q : comm.processes_)
+      if (q != p && std::find(seen.begin(), seen.end(), q) == seen.end()) {
+        seen.push_back(q);
+        mappers_ += transport_between(comm.world_, p, q).maps_segments;
+      }
+  }
   std::unique_ptr<PeerCall> join(CrossProcessCall& call, size_t peer) override;
   bool alive() const override { return process_alive(comm_.peers_[peer_]); }
   bool flush(Clock::time_point) override { return true; }  // what a peer reads from a slot is there already
@@ -38,9 +47,10 @@ class ShmLink : public PeerLink {
   SharedSegment dir_;
   std::vector<SharedSegment> data_;  // per slot
   std::vector<uint64_t> data_ids_;   // per slot
-  // Its calls (launch id, count) that a call of another launch here was matched with (kCrossedAfter), newest
-  // last. Its slot of such a call is no match for this process's call of that launch, done though it is.
-  std::deque<std::pair<int64_t, uint64_t>> consumed_;
+  // Per slot: the generation of it that a call here was matched with, plus one (0: none). A peer's call is the
+  // match of one call here: a slot so taken is no match for any other, whatever its launch id and phase.
+  std::vector<uint64_t> taken_;
+  uint32_t mappers_ = 0;  // processes of the group that map the peer's segments, as its maps_segments_
 };
 
 // One call through a peer of this host: the peer's slot holding the call, once found.
@@ -115,14 +125,17 @@ class ShmCall : public PeerCall {
       slot_ = s;
       generation_ = generation_of(st1);
       call.peer_run_id_[i] = seen.run_id;
-      if (seen.run_id != call.run_id_) {
-        link_.consumed_.emplace_back(seen.run_id, call.iteration_);
-        if (link_.consumed_.size() > kCrossedKept) link_.consumed_.pop_front();
-      }
+      link_.taken_[s] = generation_ + 1;
       found = true;
       return Status{};
     };
-    Seen other;  // the peer's one published call of another launch at this call's count, if exactly one
+    // The peer's one unmatched call of another launch at this call's count, if exactly one. Done counts as
+    // unmatched here: the peer may have matched its call with this one first and, where its steps need nothing
+    // of this process's ranks (two-shot reads the inputs staged at publication and writes the outputs' copies),
+    // run them all already; it waits in phase done for this process to decide alike. A slot taken by a call
+    // here is skipped, so a done slot of the peer at this count not taken here ran with a call here that has not
+    // found its peer yet: this one, where it is the only call of the site here (as crossing requires).
+    Seen other;
     int32_t others = 0;
     for (int32_t s = 0; s < kSlots; ++s) {
       SlotHeader& h = d->slots[s];
@@ -137,10 +150,10 @@ class ShmCall : public PeerCall {
       std::atomic_thread_fence(std::memory_order_acquire);
       if (generation_of(h.state.load(std::memory_order_relaxed)) != generation_of(seen.state)) continue;  // reused
       if (iteration != call.iteration_) continue;
-      const std::pair<int64_t, uint64_t> key{seen.run_id, iteration};
-      if (std::find(link_.consumed_.begin(), link_.consumed_.end(), key) != link_.consumed_.end()) continue;
+      if (link_.taken_[s] == generation_of(seen.state) + 1) continue;
       if (seen.run_id == call.run_id_) return take(seen);
-      if (ph == kPublished) {
+      // (A done slot that every process acknowledged is an old call, finished everywhere.)
+      if (ph == kPublished || (ph == kDone && h.acks.load(std::memory_order_acquire) < link_.mappers_)) {
         other = seen;
         ++others;
       }
