@@ -106,26 +106,70 @@ inline void stream_fence() {
 #endif
 }
 
-// The accumulator tile stays in L1 while every source streams through it once.
+// The accumulator tile stays in L1 while the sources stream through it.
 constexpr int64_t kTileBytes = 8192;
 
-template <class Tr, class R>
-JAXCOLL_INLINE void combine_into(typename Tr::A* __restrict acc, const Operand& src, int64_t t0, int64_t len,
-                                 bool first) {
+// Sources folded into the tile per pass. A pass that adds one source loads and stores the whole tile for it, and
+// those tile accesses, not the source's, bound it; folding four per pass reads four streams at once and touches
+// the tile once (eight per pass measured no faster). `jaxcoll bench`, 8 ranks on 2 cores, two runs each: the
+// direct reduce_scatter of 4 MiB a rank 0.94-0.95 ms one source a pass, 0.65-0.68 ms four; 16 MiB 3.8-4.1 ms,
+// 2.7-3.4 ms.
+constexpr int kFold = 4;
+
+// Element i of a source held in the accumulation type (scratch, `kAccum`) or in the data type.
+template <class Tr, bool kAccum>
+struct Source {
+  using T = std::conditional_t<kAccum, typename Tr::A, typename Tr::D>;
+  static JAXCOLL_INLINE typename Tr::A at(const T* __restrict p, int64_t i) {
+    if constexpr (kAccum)
+      return p[i];
+    else
+      return Tr::load(p[i]);
+  }
+};
+
+// Fold `M` sources of one representation into the tile, in order (the same sums, bit for bit, as one at a time):
+// acc = ((acc (+) s0) (+) s1) ..., or s0 (+) s1 ... for the first pass.
+template <class Tr, class R, int M, bool kAccum>
+JAXCOLL_INLINE void fold(typename Tr::A* __restrict acc, const Operand* srcs, int64_t t0, int64_t len, bool first) {
+  using S = Source<Tr, kAccum>;
+  using T = typename S::T;
   using A = typename Tr::A;
-  using D = typename Tr::D;
-  if (src.accum) {
-    const A* __restrict p = static_cast<const A*>(src.ptr) + t0;
-    if (first)
-      for (int64_t i = 0; i < len; ++i) acc[i] = p[i];
+  const T* __restrict p0 = static_cast<const T*>(srcs[0].ptr) + t0;
+  const T* __restrict p1 = static_cast<const T*>(srcs[M > 1 ? 1 : 0].ptr) + t0;
+  const T* __restrict p2 = static_cast<const T*>(srcs[M > 2 ? 2 : 0].ptr) + t0;
+  const T* __restrict p3 = static_cast<const T*>(srcs[M > 3 ? 3 : 0].ptr) + t0;
+  for (int64_t i = 0; i < len; ++i) {
+    A v = first ? S::at(p0, i) : R::apply(acc[i], S::at(p0, i));
+    if constexpr (M > 1) v = R::apply(v, S::at(p1, i));
+    if constexpr (M > 2) v = R::apply(v, S::at(p2, i));
+    if constexpr (M > 3) v = R::apply(v, S::at(p3, i));
+    acc[i] = v;
+  }
+}
+
+template <class Tr, class R, bool kAccum>
+JAXCOLL_INLINE void fold_n(typename Tr::A* __restrict acc, const Operand* srcs, int m, int64_t t0, int64_t len,
+                           bool first) {
+  switch (m) {
+    case 1: return fold<Tr, R, 1, kAccum>(acc, srcs, t0, len, first);
+    case 2: return fold<Tr, R, 2, kAccum>(acc, srcs, t0, len, first);
+    case 3: return fold<Tr, R, 3, kAccum>(acc, srcs, t0, len, first);
+    default: return fold<Tr, R, 4, kAccum>(acc, srcs, t0, len, first);
+  }
+}
+
+// Every source into the tile, in order, up to `kFold` of one representation per pass.
+template <class Tr, class R>
+JAXCOLL_INLINE void combine(typename Tr::A* __restrict acc, const Operand* srcs, int nsrc, int64_t t0, int64_t len) {
+  for (int s = 0; s < nsrc;) {
+    int m = 1;
+    while (m < kFold && s + m < nsrc && srcs[s + m].accum == srcs[s].accum) ++m;
+    if (srcs[s].accum)
+      fold_n<Tr, R, true>(acc, srcs + s, m, t0, len, s == 0);
     else
-      for (int64_t i = 0; i < len; ++i) acc[i] = R::apply(acc[i], p[i]);
-  } else {
-    const D* __restrict p = static_cast<const D*>(src.ptr) + t0;
-    if (first)
-      for (int64_t i = 0; i < len; ++i) acc[i] = Tr::load(p[i]);
-    else
-      for (int64_t i = 0; i < len; ++i) acc[i] = R::apply(acc[i], Tr::load(p[i]));
+      fold_n<Tr, R, false>(acc, srcs + s, m, t0, len, s == 0);
+    s += m;
   }
 }
 
@@ -170,8 +214,7 @@ JAXCOLL_INLINE void reduce_typed(const Operand* srcs, int nsrc, const Operand* d
   alignas(64) typename Tr::D conv[kTile];
   for (int64_t t0 = 0; t0 < n; t0 += kTile) {
     const int64_t len = std::min(kTile, n - t0);
-    combine_into<Tr, R>(acc, srcs[0], t0, len, true);
-    for (int s = 1; s < nsrc; ++s) combine_into<Tr, R>(acc, srcs[s], t0, len, false);
+    combine<Tr, R>(acc, srcs, nsrc, t0, len);
     for (int d = 0; d < ndst; ++d) store_from<Tr>(acc, conv, dsts[d], t0, len, stream);
   }
   if (stream) stream_fence();

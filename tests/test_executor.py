@@ -196,6 +196,28 @@ def test_every_dtype_and_op_reduces_in_rank_order_and_rounds_once(dtype, op):
     assert_all_equal(outs, reduce_ref(xs, op))
 
 
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16, np.float32], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_sources_of_both_representations_reduce_in_order(dtype, op):
+    """One step reads nine sources, two of them float32 partials in scratch among data-type inputs: the kernel
+    folds several sources per pass over its accumulator, yet the result is the rank-order reduction in the
+    accumulation type, rounded once, bit for bit; 3,001 elements span two tiles and a ragged end."""
+    n = 9
+    ranks = []
+    for r in range(n):
+        steps = ()
+        if r == 0:  # partials of ranks 5 and 6 staged in rank 0's scratch, then every source reduced in rank order
+            srcs = tuple(ref(p, IN, 0) for p in range(5)) + (ref(0, SCR, 0), ref(0, SCR, 1)) + \
+                tuple(ref(p, IN, 0) for p in range(7, n))
+            steps = (Step(Op.GET, (ref(5, IN, 0),), (ref(0, SCR, 0),)),
+                     Step(Op.GET, (ref(6, IN, 0),), (ref(0, SCR, 1),)),
+                     Step(Op.READ_REDUCE, srcs, tuple(ref(p, OUT, 0) for p in range(n))))
+        ranks.append(RankProgram(1, 1, 2, 0, (Lane(steps),)))
+    plan = validate(Plan(Collective.ALL_REDUCE, n, tuple(ranks), name="mixed-sources"))
+    xs = random_inputs(n, (3001,), dtype, seed=7)
+    assert_all_equal(run(plan, xs, op=op), reduce_ref(xs, op))
+
+
 def test_float_max_and_min_propagate_nan():
     xs = [np.array([1.0, np.nan, 3.0], np.float32), np.array([np.nan, 2.0, 1.0], np.float32)]
     for op, want in [("max", [np.nan, np.nan, 3.0]), ("min", [np.nan, np.nan, 1.0])]:
