@@ -139,6 +139,8 @@ def measure_here(args) -> int:
     for collective in dict.fromkeys(c for c, *_ in errors):
         e = np.abs([x for c, *_, x in errors if c == collective])
         lines.append(f"- {collective}: median {np.median(e):.0%}, 90th percentile {np.percentile(e, 90):.0%}")
+    from tuning_refit import repeatability, repeatability_line
+    lines += ["", repeatability_line(repeatability(record, samples["cells"]))]
     lines += ["", "### auto against the fastest measured", "",
               "| collective | size/rank | auto | us | fastest | us | auto / fastest | first pass | default | us |",
               "|---|---:|---|---:|---|---:|---:|---:|---|---:|"]

@@ -5,7 +5,8 @@
 every cell). This program reads one or more such files, fits the model to each run's calibration calls exactly as
 `jaxcoll.tune.calibrate` does, and reports the prediction error over the run's cells: overall, per collective and
 size, the worst (plan, size) pairs with the share of each term in their prediction, and how far the samples of a
-pair spread (the measurement's own noise, a floor under any model's error). `--fit-all` also fits to the cells
+pair spread and how far the pairs measured twice (in calibration and in a cell) moved between the two (the
+measurement's own noise, a floor under any model's error). `--fit-all` also fits to the cells
 themselves: the error left then is what the model's formula cannot express, whatever its constants.
 
     python benchmarks/tuning_refit.py S.json [S2.json ...] [--worst 20] [--fit-all] [--tuning T.json] [--fastest]
@@ -29,6 +30,29 @@ def rows_of(entries, plans, shape, layout, statistic=statistics.median):
 
     rows = [row(plans(collective, name), size, shape, layout) for collective, size, name, _ in entries]
     return np.asarray(rows), np.asarray([statistic(samples) for *_, samples in entries])
+
+
+def repeatability(calibration, cells) -> list[tuple[str, int, str, float]]:
+    """The (plan, size) pairs a run measured twice, in calibration and among its cells' candidates: (collective,
+    bytes, name, cell median / calibration median - 1). How far one measurement of a call moves from another of
+    the same call in the same run is a floor under what any model's error can show."""
+    cal = {(r["collective"], r["bytes"], r["name"]): statistics.median(r["seconds"]) for r in calibration}
+    out = []
+    for c in cells:
+        for name, samples in c["seconds"].items():
+            first = cal.get((c["collective"], c["bytes"], name))
+            if first:
+                out.append((c["collective"], c["bytes"], name, statistics.median(samples) / first - 1))
+    return out
+
+
+def repeatability_line(pairs) -> str:
+    if not pairs:
+        return "repeatability: no (plan, size) pair measured both in calibration and in a cell"
+    d = np.abs([x for *_, x in pairs])
+    return (f"repeatability: the same (plan, size) measured in calibration and again in its cell differs by "
+            f"{np.median(d):.0%} at the median, {np.percentile(d, 90):.0%} at the 90th percentile "
+            f"({len(d)} pairs): a floor under the prediction error this run can show")
 
 
 def term_names(shape) -> list[str]:
@@ -92,6 +116,7 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), t
     a = np.abs(err)
     print(f"validation: median |error| {np.median(a):.1%}, 90th {np.percentile(a, 90):.1%}; samples' own spread "
           f"(max-min)/median: median {np.median(spread):.0%}, 90th {np.percentile(spread, 90):.0%}")
+    print(repeatability_line(repeatability(data["calibration"], data["cells"])))
     for collective in dict.fromkeys(c for c, *_ in val):
         idx = [i for i, v in enumerate(val) if v[0] == collective]
         by_size = {}

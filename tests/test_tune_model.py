@@ -225,3 +225,23 @@ def test_calibration_finds_where_the_allocator_starts_handing_out_fresh_pages(th
     fitted = calibration.fit_calls(machine.MachineModel(**{**MODEL.__dict__, "fresh_bytes": 1 * MiB}), calls, times)
     assert fitted.fresh_bytes == threshold
     assert np.allclose(calibration.vector(fitted), calibration.vector(truth), rtol=1e-6)
+
+
+def test_calibration_across_processes_times_many_small_messages():
+    # Plans that cross in many small chunks (the synthesized forests) are priced by what a message costs; across
+    # processes the calibration set times the shift to the next process split into ACROSS_CHUNKS puts, each of
+    # them to a rank of the other process.
+    from jaxcoll.plan import Op
+    from jaxcoll.tune import calibration
+
+    processes = (0, 0, 0, 0, 1, 1, 1, 1)
+    probes = [plans["across-steps"] for _, _, plans in calibration.training(processes) if "across-steps" in plans]
+    assert len(probes) == 1
+    (plan,) = probes
+    for r, program in enumerate(plan.ranks):
+        puts = [s for lane in program.lanes for s in lane.steps]
+        assert len(puts) == calibration.ACROSS_CHUNKS and all(s.op is Op.PUT for s in puts)
+        assert {processes[d.rank] for s in puts for d in s.dsts} == {1 - processes[r]}
+    w = machine.work(plan, processes, (0, 1))
+    assert w.messages == (4 * calibration.ACROSS_CHUNKS,) * 2
+    assert not any("across-steps" in plans for _, _, plans in calibration.training((0,) * 8))

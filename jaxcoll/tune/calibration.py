@@ -38,6 +38,7 @@ from jaxcoll.tune import measure
 from jaxcoll.tune.choice import threads_per_process
 
 STEP_CHUNKS = 1024
+ACROSS_CHUNKS = 64
 REPEATS = 8
 LARGE_BYTES = 64 << 20
 SHIFT_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
@@ -93,6 +94,8 @@ def training(processes: tuple[int, ...], probe_bytes: int = LARGE_BYTES) -> list
     local, repeated = shift_plan(processes, False), shift_plan(processes, False, repeats=REPEATS)
     steps = shift_plan(processes, False, STEP_CHUNKS)
     out = [("ppermute", 4 * n, {"shift": local, "steps": steps}), ("ppermute", 64 << 10, {"steps": steps})]
+    if spans:  # many small chunks to the next process: what a step and a message across processes cost
+        out.append(("ppermute", 64 << 10, {"across-steps": shift_plan(processes, True, ACROSS_CHUNKS)}))
     for size in sorted({*(s for s in SHIFT_SIZES if s <= probe_bytes), probe_bytes}):
         cells = {"shift": local, "repeated": repeated} if size * REPEATS <= 16 << 20 else {"shift": local}
         if size == probe_bytes:
