@@ -148,6 +148,10 @@ JAXCOLL_INLINE void fold(typename Tr::A* __restrict acc, const Operand* srcs, in
   }
 }
 
+// `fold` names four source pointers and `fold_n` has a case for each count up to four: a larger `kFold` would
+// drop sources.
+static_assert(kFold >= 1 && kFold <= 4, "fold and fold_n handle one to four sources a pass");
+
 template <class Tr, class R, bool kAccum>
 JAXCOLL_INLINE void fold_n(typename Tr::A* __restrict acc, const Operand* srcs, int m, int64_t t0, int64_t len,
                            bool first) {
@@ -155,7 +159,7 @@ JAXCOLL_INLINE void fold_n(typename Tr::A* __restrict acc, const Operand* srcs, 
     case 1: return fold<Tr, R, 1, kAccum>(acc, srcs, t0, len, first);
     case 2: return fold<Tr, R, 2, kAccum>(acc, srcs, t0, len, first);
     case 3: return fold<Tr, R, 3, kAccum>(acc, srcs, t0, len, first);
-    default: return fold<Tr, R, 4, kAccum>(acc, srcs, t0, len, first);
+    default: return fold<Tr, R, kFold, kAccum>(acc, srcs, t0, len, first);
   }
 }
 
