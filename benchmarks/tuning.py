@@ -83,13 +83,14 @@ def measure_here(args) -> int:
     hs = tuple(hosts) if spans and len(set(hosts)) > 1 else None
     say = print if process == 0 else (lambda *a, **k: None)
     record: list = []
-    model = calibrate(devices, reps=args.reps, hosts=hosts, record=record)
+    measured: list = []
+    model = calibrate(devices, reps=args.reps, hosts=hosts, record=record, measured=measured)
     samples = {"layout": {"processes": list(processes), "hosts": list(hs) if hs else None},
                "model": model.to_json(), "calibration": record, "cells": []}
     where = (f"{n} CPU devices, layout {file.layout_key(processes, hs)}, {file.machine()['cores']} cores, "
              f"{os.environ.get('JAXCOLL_NET_DELAY_US', '0')} us network delay")
     lines = [f"{where}", "", f"model: `{json.dumps(model.to_json())}`", ""]
-    errors, verdicts = [], []
+    errors, verdicts, timed = [], [], []
     for collective in [c.strip() for c in args.collectives.split(",") if c.strip()]:
         lines += [f"### {collective}", "", "| size/rank | plan | predicted us | measured us (min-max) | error |",
                   "|---:|---|---:|---:|---:|"]
@@ -99,6 +100,7 @@ def measure_here(args) -> int:
             times = measure.time_cell(collective, size, plans, mesh, reps=args.reps)
             medians = {k: statistics.median(v) for k, v in times.items()}
             samples["cells"].append({"collective": collective, "bytes": size, "seconds": times})
+            timed += [(plans[name], size, m) for name, m in medians.items()]
             ranked = choice.rank_by_model(collective, n, size, procs, hs, large=args.large, the_model=model)
             # What the measurement also holds: its program's launch, shared among its calls (predict() leaves it out)
             launch = model.launch_s / measure.iterations(size)
@@ -139,8 +141,10 @@ def measure_here(args) -> int:
     for collective in dict.fromkeys(c for c, *_ in errors):
         e = np.abs([x for c, *_, x in errors if c == collective])
         lines.append(f"- {collective}: median {np.median(e):.0%}, 90th percentile {np.percentile(e, 90):.0%}")
-    from tuning_refit import repeatability, repeatability_line
+    from tuning_refit import held_out_by_size, held_out_line, repeatability, repeatability_line
     lines += ["", repeatability_line(repeatability(record, samples["cells"]))]
+    if len({s for _, s, _ in timed}) > 1:
+        lines += ["", held_out_line(held_out_by_size(model, measured, timed, (procs, hs)))]
     lines += ["", "### auto against the fastest measured", "",
               "| collective | size/rank | auto | us | fastest | us | auto / fastest | first pass | default | us |",
               "|---|---:|---|---:|---|---:|---:|---:|---|---:|"]

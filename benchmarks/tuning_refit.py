@@ -32,6 +32,28 @@ def rows_of(entries, plans, shape, layout, statistic=statistics.median):
     return np.asarray(rows), np.asarray([statistic(samples) for *_, samples in entries])
 
 
+def held_out_by_size(model, measured, cells, layout=(None, None)) -> list[float]:
+    """The model a tuning run keeps (`jaxcoll.tune.run.refined`: calibration's calls and the cells' fitted
+    together) checked on sizes it did not measure: each size's cells predicted by `model` refitted to the
+    calibration calls `measured` [(plan, bytes, seconds)] and the `cells` [(plan, bytes, seconds)] of every other
+    size, the prediction with its program's launch share as measured. Returns each cell's relative error."""
+    from jaxcoll.sim.machine import seconds
+    from jaxcoll.tune import calibration, measure
+
+    errors = []
+    for size in sorted({s for _, s, _ in cells}):
+        fitted = calibration.refit(model, [*measured, *((p, s, t) for p, s, t in cells if s != size)], layout)
+        errors += [(seconds(p, s, fitted, processes=layout[0], hosts=layout[1])
+                    + fitted.launch_s / measure.iterations(s)) / t - 1 for p, s, t in cells if s == size]
+    return errors
+
+
+def held_out_line(errors) -> str:
+    a = np.abs(errors)
+    return (f"the model refitted to the run's other sizes (what a tuning run keeps), each size held out: median "
+            f"|error| {np.median(a):.1%}, 90th {np.percentile(a, 90):.1%}")
+
+
 def repeatability(calibration, cells) -> list[tuple[str, int, str, float]]:
     """The (plan, size) pairs a run measured twice, in calibration and among its cells' candidates: (collective,
     bytes, name, cell median / calibration median - 1). How far one measurement of a call moves from another of
@@ -67,7 +89,7 @@ def file_layout(processes, hosts) -> str:
 
 
 def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), tuning=(),
-            statistic=statistics.median) -> list[float]:
+            statistic=statistics.median, train=(), drop=()) -> list[float]:
     from jaxcoll.sim.machine import MachineModel, cpu_runtime
     from jaxcoll.tune import calibration, registry
 
@@ -92,8 +114,10 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), t
         found = candidates[collective].get(name)
         return found if found is not None else training[collective, name]
 
-    cal = [(r["collective"], r["bytes"], r["name"], r["seconds"]) for r in data["calibration"]]
+    cal = [(r["collective"], r["bytes"], r["name"], r["seconds"]) for r in data["calibration"] if r["name"] not in drop]
     val = [(c["collective"], c["bytes"], name, s) for c in data["cells"] for name, s in c["seconds"].items()]
+    # Cells' calls taken into the fit as well: what a calibration that also measured them would make of the rest
+    cal += [v for v in val if (v[2], v[1]) in train]
     if "fresh_bytes" not in overrides:  # the threshold of fresh pages that calibration would choose
         ctime = np.asarray([statistic(samples) for *_, samples in cal])
         chosen = calibration.fit_calls(shape, [(plans(c, name), size) for c, size, name, _ in cal], ctime, layout)
@@ -117,6 +141,9 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), t
     print(f"validation: median |error| {np.median(a):.1%}, 90th {np.percentile(a, 90):.1%}; samples' own spread "
           f"(max-min)/median: median {np.median(spread):.0%}, 90th {np.percentile(spread, 90):.0%}")
     print(repeatability_line(repeatability(data["calibration"], data["cells"])))
+    print(held_out_line(held_out_by_size(
+        model, [(plans(c, name), size, statistic(x)) for c, size, name, x in cal],
+        [(plans(c, name), size, statistic(x)) for c, size, name, x in val], layout)))
     for collective in dict.fromkeys(c for c, *_ in val):
         idx = [i for i, v in enumerate(val) if v[0] == collective]
         by_size = {}
@@ -161,7 +188,8 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), t
         both = calibration.fit(shape, np.vstack([crow, vrow]), np.concatenate([ctime, vtime]))
         e = np.abs(vrow @ calibration.vector(both) / vtime - 1)
         print(f"fitted to calibration and cells together: median |error| {np.median(e):.1%}, "
-              f"90th {np.percentile(e, 90):.1%}")
+              f"90th {np.percentile(e, 90):.1%}; constants: "
+              + ", ".join(f"{k} {v:.3g}" for k, v in zip(names, calibration.vector(both))))
     print()
     return list(a)
 
@@ -179,11 +207,16 @@ def main(argv=None) -> int:
     p.add_argument("--fastest", action="store_true",
                    help="fit and judge on each plan's fastest call instead of its median: what the machine does when "
                    "nothing else runs, which other work on a busy machine moves less than the median")
+    p.add_argument("--train", default="", metavar="NAME@SIZE,...",
+                   help="also fit to these cells' calls (e.g. direct@262144,two_shot@262144): what a calibration "
+                   "that measured them would predict for the rest")
+    p.add_argument("--drop", default="", metavar="NAME,...", help="calibration probes to leave out of the fit")
     args = p.parse_args(argv)
+    train = {(name, int(size)) for name, size in (x.split("@") for x in args.train.split(",") if x)}
     overrides = {k: float(v) for k, v in (x.split("=", 1) for x in args.set)}
     for path in args.files:
         analyse(path, args.worst, args.fit_all, overrides, [t for t in args.without.split(",") if t], args.tuning,
-                min if args.fastest else statistics.median)
+                min if args.fastest else statistics.median, train, [x for x in args.drop.split(",") if x])
     return 0
 
 

@@ -1,6 +1,7 @@
 """The CPU executor's cost model (jaxcoll.sim.machine) against closed forms: the work it reads off a plan, and the
 seconds it gives for plans whose every touch is known by hand."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -227,6 +228,37 @@ def test_calibration_finds_where_the_allocator_starts_handing_out_fresh_pages(th
     assert np.allclose(calibration.vector(fitted), calibration.vector(truth), rtol=1e-6)
 
 
+def test_calibration_has_a_pair_of_probes_that_differ_only_in_streaming_stores():
+    # Where the repeated shift streams its writes, the calibration set also has the same copies in steps too small
+    # to stream: the same bytes from the same footprint, written through the caches. Without the pair, only
+    # differences between plans (which noise swamps) part a streamed write from a read served by memory.
+    from jaxcoll.tune import calibration
+
+    model = machine.cpu_runtime(**{**MODEL.__dict__, "stream_bytes": machine.CPU_STREAM_BYTES})
+    sizes = {size: plans for _, size, plans in calibration.training((0,) * 8) if "repeated-cached" in plans}
+    assert list(sizes) == [1 * MiB]  # the only repeated shift whose call moves 32 MiB or more
+    plans = sizes[1 * MiB]
+    streamed, cached = (machine.terms(machine.work(plans[k]), machine.chunk_bytes(plans[k], MiB), model)[0]
+                        for k in ("repeated", "repeated-cached"))
+    stream = 4 + len(model.caches)  # [helpers, steps, *caches, memory, reduce, stream, ...]
+    assert streamed[stream] == 8 * 8 * MiB / model.threads and cached[stream] == 0  # every write, or none
+    assert streamed[2:stream].sum() + streamed[stream] == pytest.approx(cached[2:stream].sum())  # the same bytes
+
+
+def test_calibration_finds_every_constant_with_streaming_stores_priced():
+    # Times from a model that prices the runtime's streaming stores, each program's launch shared among its calls;
+    # the fit, started from other rates and no launch, finds every constant.
+    from jaxcoll.tune import calibration, measure
+
+    truth = machine.cpu_runtime(**{**MODEL.__dict__, "stream_bytes": machine.CPU_STREAM_BYTES,
+                                   "stream_rate": 11e9, "memory_rate": 7e9, "launch_s": 230e-6})
+    calls = [(plan, size) for _, size, plans in calibration.training((0,) * 8) for plan in plans.values()]
+    times = [machine.seconds(plan, size, truth) + truth.launch_s / measure.iterations(size) for plan, size in calls]
+    start = dataclasses.replace(truth, stream_rate=30e9, memory_rate=20e9, launch_s=0.0)
+    fitted = calibration.fit_calls(start, calls, times)
+    assert np.allclose(calibration.vector(fitted), calibration.vector(truth), rtol=1e-6)
+
+
 def test_calibration_across_processes_times_many_small_messages():
     # Plans that cross in many small chunks (the synthesized forests) are priced by what a message costs; across
     # processes the calibration set times the shift to the next process split into ACROSS_CHUNKS puts, each of
@@ -245,3 +277,36 @@ def test_calibration_across_processes_times_many_small_messages():
     w = machine.work(plan, processes, (0, 1))
     assert w.messages == (4 * calibration.ACROSS_CHUNKS,) * 2
     assert not any("across-steps" in plans for _, _, plans in calibration.training((0,) * 8))
+
+
+def test_the_tuning_run_refits_the_model_to_the_cells_it_timed():
+    # Calibration measured at a moment the machine ran 30% slow (its probes are minutes apart from the cells, and
+    # this machine's speed drifts that much); the cells, hundreds of calls later, at its usual speed. The model
+    # the tuning file keeps is fitted to both: a size the run never measured is priced at the usual speed, where
+    # calibration's model is 30% off.
+    from jaxcoll.tune import calibration, measure, registry
+    from jaxcoll.tune import run as tuning_run
+
+    truth = machine.cpu_runtime(**{**MODEL.__dict__, "stream_bytes": machine.CPU_STREAM_BYTES,
+                                   "launch_s": 200e-6})
+
+    def timed(plan, size, slow=1.0):
+        return slow * (machine.seconds(plan, size, truth) + truth.launch_s / measure.iterations(size))
+
+    n, processes = 8, (0,) * 8
+    measured = [(plan, size, timed(plan, size, 1.3)) for _, size, plans in calibration.training(processes)
+                for plan in plans.values()]
+    calibrated = calibration.refit(truth, measured)
+    cells, plans = [], {}
+    for collective in ("all_reduce", "all_gather", "reduce_scatter"):
+        found = registry.candidates(collective, n)
+        plans.update({(collective, name): plan for name, plan in found.items()})
+        for size in (4 << 10, 64 << 10, 1 * MiB, 16 * MiB):
+            cells.append(tuning_run.Cell(collective, n, size, "float32", "direct", "direct", "direct",
+                                         {name: [timed(plan, size)] for name, plan in found.items()}, {}))
+    kept = tuning_run.refined(calibrated, measured, cells, plans, processes, None)
+    unmeasured = [(plan, 256 << 10) for (_, _), plan in plans.items()]
+    off = [machine.seconds(p, s, calibrated) / machine.seconds(p, s, truth) - 1 for p, s in unmeasured]
+    kept_off = [machine.seconds(p, s, kept) / machine.seconds(p, s, truth) - 1 for p, s in unmeasured]
+    assert np.median(off) > 0.25
+    assert np.median(np.abs(kept_off)) < 0.05

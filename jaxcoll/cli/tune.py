@@ -132,8 +132,9 @@ def _tune_here(args, collectives, sizes, path) -> int:
         def step(what: str) -> None:
             bar.update(task, advance=1, description=what)
 
+        measured: list = []
         model = calibration.calibrate(devices, reps=args.reps, hosts=hosts, probe_bytes=args.probe_bytes,
-                                      progress=step)
+                                      progress=step, measured=measured)
         _print_model(console, model)
         if args.calibrate_only:
             return 0
@@ -141,6 +142,10 @@ def _tune_here(args, collectives, sizes, path) -> int:
                                              hosts=hosts, top=args.top, reps=args.reps, dtype=args.dtype,
                                              progress=step)
     _print_cells(console, cells)
+    # What the file keeps: the model fitted to calibration and every call the cells timed
+    model = tuning_run.refined(model, measured, cells, plans, processes, hosts)
+    _print_model(console, model, f"the model the file keeps: fitted again to calibration's {len(measured)} calls "
+                                 f"and the cells' {sum(len(c.seconds) for c in cells)}")
     busy = busy_meanwhile(clock)
     if busy:
         console.print(f"warning: {busy}")
@@ -150,9 +155,9 @@ def _tune_here(args, collectives, sizes, path) -> int:
     return 0
 
 
-def _print_model(console, model) -> None:
+def _print_model(console, model, title="measured model (jaxcoll.sim.machine.MachineModel)") -> None:
     from rich.table import Table
-    t = Table(title="measured model (jaxcoll.sim.machine.MachineModel)")
+    t = Table(title=title)
     t.add_column("constant")
     t.add_column("value", justify="right")
     t.add_row("call", f"{model.call_s * 1e6:.1f} us")

@@ -90,7 +90,7 @@ class MachineModel:
     solo_bytes: int = 4 << 20  # JAXCOLL_SOLO_BYTES: above it a call is shared with helper threads
     # A call that reads and writes at least `stream_bytes` in all writes its destinations of at least `nt_bytes` a
     # step with non-temporal stores (the CPU runtime's JAXCOLL_NT_CALL_BYTES and JAXCOLL_NT_BYTES: CPU_STREAM_BYTES
-    # and CPU_NT_BYTES). Off here, and in `cpu_runtime` for now (see there); the GPU round's executor never streams.
+    # and CPU_NT_BYTES, which `cpu_runtime` sets). Off here: the GPU round's executor never streams.
     stream_bytes: int = 1 << 62
     nt_bytes: int = 256 << 10
     threads: int = 2  # threads a process's call uses once helpers join (one per core)
@@ -299,14 +299,10 @@ CPU_NT_BYTES = 256 << 10
 
 
 def cpu_runtime(**constants) -> MachineModel:
-    """A model of the CPU runtime: `constants` over the defaults.
-
-    Its streaming stores are priced as ordinary stores for now (`stream_bytes` off): the calibration set cannot
-    tell a streamed write from a read served by memory (every streaming probe has as many of each), and with the
-    term on, the fitted model's 90th-percentile error rose by 3-26 points in each of three runs of
-    benchmarks/tuning.py (2026-11-27, refitted on the same samples by benchmarks/tuning_refit.py; docs/tuning.md).
-    `--set stream_bytes=33554432` there prices them, for a calibration set that can."""
-    return MachineModel(**{"nt_bytes": CPU_NT_BYTES, **constants})
+    """A model of the CPU runtime: `constants` over the defaults, its streaming stores priced where the executor
+    makes them (`CPU_STREAM_BYTES`, `CPU_NT_BYTES`). Calibration tells them from reads served by memory with a
+    pair of probes that differ only in them (`jaxcoll.tune.calibration.training`, "repeated-cached")."""
+    return MachineModel(**{"stream_bytes": CPU_STREAM_BYTES, "nt_bytes": CPU_NT_BYTES, **constants})
 
 
 def chunk_bytes(plan: Plan, input_bytes: float) -> float:

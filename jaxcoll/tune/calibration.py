@@ -9,7 +9,8 @@ error (the same weight for a 50 us call as for a 50 ms one). The set (`training`
 
 - **shifts**: a ppermute that moves each rank's input to the next rank of its process, once or repeated 8 times in
   one call, and split into 1024 puts: copies at every footprint from 4 KiB to `probe_bytes` per rank (each cache
-  level, then memory and fresh pages), alone and with helper threads, and the cost of a step;
+  level, then memory and fresh pages), alone and with helper threads, and the cost of a step; where the repeated
+  shift is written with streaming stores, the same copies again in steps too small to stream ("repeated-cached");
 - **the simplest plans of each collective**: the direct all_reduce (every rank rereads every input), the two-shot
   all_reduce, the direct all_gather and reduce_scatter, at 16 KiB, 1 MiB and 16 MiB per rank: reductions, and
   writes to many outputs;
@@ -33,7 +34,8 @@ from collections.abc import Callable
 
 from jaxcoll import distributed
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
-from jaxcoll.sim.machine import MachineModel, Work, chunk_bytes, cpu_runtime, terms, work
+from jaxcoll.sim.machine import (CPU_NT_BYTES, CPU_STREAM_BYTES, MachineModel, Work, chunk_bytes, cpu_runtime, terms,
+                                 work)
 from jaxcoll.tune import measure
 from jaxcoll.tune.choice import threads_per_process
 
@@ -98,6 +100,13 @@ def training(processes: tuple[int, ...], probe_bytes: int = LARGE_BYTES) -> list
         out.append(("ppermute", 64 << 10, {"across-steps": shift_plan(processes, True, ACROSS_CHUNKS)}))
     for size in sorted({*(s for s in SHIFT_SIZES if s <= probe_bytes), probe_bytes}):
         cells = {"shift": local, "repeated": repeated} if size * REPEATS <= 16 << 20 else {"shift": local}
+        if "repeated" in cells and streamed(size, n):
+            # The same copies in steps below the streaming threshold: the same bytes and footprint, written
+            # through the caches. The pair parts a streamed write from a cached one; without it every other
+            # streaming probe has a read served by memory beside each streamed write, and only the differences
+            # between plans, which a noisy machine swamps, part the two rates.
+            chunks = -(-2 * size // CPU_NT_BYTES)
+            cells["repeated-cached"] = shift_plan(processes, False, chunks, repeats=REPEATS)
         if size == probe_bytes:
             cells["twice"] = shift_plan(processes, False, repeats=2)
         out.append(("ppermute", size, cells))
@@ -126,13 +135,21 @@ def training(processes: tuple[int, ...], probe_bytes: int = LARGE_BYTES) -> list
     return out
 
 
+def streamed(size: int, n: int) -> bool:
+    """Whether the executor writes the repeated shift of `size` bytes a rank over `n` ranks of a process with
+    streaming stores (csrc/reduce.cc: the call's traffic, then each step's destination)."""
+    return n * REPEATS * 2 * size >= CPU_STREAM_BYTES and size >= CPU_NT_BYTES
+
+
 def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LARGE_BYTES,
-              progress: Callable[[str], None] | None = None, record: list | None = None) -> MachineModel:
+              progress: Callable[[str], None] | None = None, record: list | None = None,
+              measured: list | None = None) -> MachineModel:
     """Measure this job's `MachineModel` on `devices` (default: every device of the job), `reps` samples per call,
     no call larger than `probe_bytes` per rank (smaller ones fit memory's rate less well: a footprint should
     outgrow the caches). `hosts[p]` is the host of process p (default: the job's own). Every process of the job
     must call it. `record`, a list, receives each measured call as {collective, bytes, name, seconds} (samples),
-    for refitting or checking the fit apart."""
+    for refitting or checking the fit apart; `measured`, a list, receives what the fit took, (plan, per-rank bytes,
+    median seconds) each, for fitting again with more measurements (`refit`)."""
     import jax
     import numpy as np
 
@@ -161,19 +178,35 @@ def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LAR
         size = measure.per_rank_elements(nbytes, n, "float32") * 4
         say(f"{collective} {nbytes >> 10} KiB")
         perm = next(iter(plans.values())).perm if collective == "ppermute" else ()
-        measured = measure.time_cell(collective, size, plans, mesh, reps=reps, perm=perm)
+        samples = measure.time_cell(collective, size, plans, mesh, reps=reps, perm=perm)
         for name, plan in plans.items():
             calls.append((plan, size))
-            times.append(statistics.median(measured[name]))
+            times.append(statistics.median(samples[name]))
             if record is not None:
-                record.append({"collective": collective, "bytes": size, "name": name, "seconds": measured[name]})
-    model = fit_calls(shape, calls, times, layout)
-    if spans:
-        # Each process measured on its own; the job goes on with process 0's fit, so that every process ranks
-        # and runs the same candidates.
-        model = MachineModel.from_json(json.loads(distributed.agree(f"tune/calibration/{_next_run()}",
-                                                                lambda: json.dumps(model.to_json()))))
-    return model
+                record.append({"collective": collective, "bytes": size, "name": name, "seconds": samples[name]})
+    if measured is not None:
+        measured.extend((plan, size, t) for (plan, size), t in zip(calls, times))
+    return _agreed(spans, fit_calls(shape, calls, times, layout))
+
+
+def refit(model: MachineModel, measured, layout=(None, None), spans: bool = False) -> MachineModel:
+    """`model` fitted again to measured calls [(plan, per-rank bytes, seconds)] laid out as `layout` (processes,
+    hosts): calibration's (`calibrate(measured=...)`) and more, such as the candidates a tuning run timed in its
+    cells. Calibration's probes are measured once, minutes before the cells, on a machine whose speed drifts between
+    minutes (the same call 10-30% apart at the median here, docs/tuning.md); a fit to hundreds of calls spread over
+    the run averages that drift out, and prices the sizes and plans the run did not measure from all it did. With
+    `spans`, every process of the job must call it and the job goes on with process 0's fit."""
+    calls = [(plan, size) for plan, size, _ in measured]
+    return _agreed(spans, fit_calls(model, calls, [t for *_, t in measured], layout))
+
+
+def _agreed(spans: bool, model: MachineModel) -> MachineModel:
+    """`model` here, or across a job process 0's: each process measured on its own, and every process must rank
+    and run the same candidates."""
+    if not spans:
+        return model
+    return MachineModel.from_json(json.loads(distributed.agree(f"tune/calibration/{_next_run()}",
+                                                            lambda: json.dumps(model.to_json()))))
 
 
 def row(plan: Plan, nbytes: int, shape: MachineModel, layout=(None, None), w: Work | None = None) -> list[float]:

@@ -104,6 +104,23 @@ def tune_cells(collectives: Sequence[str], sizes: Sequence[int], *, model: Machi
     return cells, plans
 
 
+def refined(model: MachineModel, measured, cells: list[Cell], plans: dict, processes, hosts) -> MachineModel:
+    """The calibrated `model` fitted again to calibration's calls (`measured`, from `calibrate(measured=...)`)
+    and every candidate the `cells` timed (`calibration.refit`): the model the tuning file keeps, which auto and
+    `jaxcoll.tune.predict` price sizes, dtypes and plans the run did not measure with. Cells of 16-bit floats
+    are left out: their scratch holds float32, twice their bytes, which calibration's rows do not count. Every
+    process of a job calls it and goes on with process 0's fit."""
+    from jaxcoll.sim.machine import widen
+    from jaxcoll.tune import calibration
+
+    spans = len(set(processes)) > 1
+    procs = tuple(processes) if spans else None
+    hs = tuple(hosts) if spans and hosts is not None and len(set(hosts)) > 1 else None
+    more = [(plans[c.collective, name], c.nbytes, c.median(name)) for c in cells if widen(c.dtype) == 1.0
+            for name in c.seconds]
+    return calibration.refit(model, [*measured, *more], (procs, hs), spans)
+
+
 # Medians this close to the best are within this machine's noise (the calls of one plan in one cell spread by 30-60%
 # of their median, max to min, on this VM under load; docs/tuning.md): such candidates are measured again, and the
 # model's pick among them stays.
