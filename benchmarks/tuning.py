@@ -68,6 +68,7 @@ def measure_here(args) -> int:
     from jaxcoll import launch
     process = launch.start(args.devices)
     from jaxcoll.cli.bench import format_size, parse_size
+    from jaxcoll.sim.machine import seconds
     from jaxcoll.tune import calibrate, choice, file, measure, registry, run
 
     devices = jax.devices()
@@ -145,6 +146,19 @@ def measure_here(args) -> int:
     lines += ["", repeatability_line(repeatability(record, samples["cells"]))]
     if len({s for _, s, _ in timed}) > 1:
         lines += ["", held_out_line(held_out_by_size(model, measured, timed, (procs, hs)))]
+    tf = file.current()
+    kept = tf and tf.model(file.layout_key(processes, hs))
+    if kept:
+        # The tuning file's model (`jaxcoll tune`, run earlier): its error on this run's cells, apart for the sizes
+        # its run did not measure
+        tuned = {c["bytes"] for c in tf.layouts[file.layout_key(processes, hs)]["cells"]}
+        e = [(s in tuned, (seconds(p, s, kept, processes=procs, hosts=hs) + kept.launch_s / measure.iterations(s))
+              / t - 1) for p, s, t in timed]
+        for label, part in (("every cell", [x for _, x in e]), ("sizes it did not measure", [x for m, x in e if not m])):
+            if part:
+                a = np.abs(part)
+                lines.append(f"- the tuning file's model ({tf.path}), {label}: median |error| {np.median(a):.1%}, "
+                             f"90th {np.percentile(a, 90):.1%} ({len(a)} pairs)")
     lines += ["", "### auto against the fastest measured", "",
               "| collective | size/rank | auto | us | fastest | us | auto / fastest | first pass | default | us |",
               "|---|---:|---|---:|---|---:|---:|---:|---|---:|"]

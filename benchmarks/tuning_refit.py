@@ -114,7 +114,9 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), t
         found = candidates[collective].get(name)
         return found if found is not None else training[collective, name]
 
-    cal = [(r["collective"], r["bytes"], r["name"], r["seconds"]) for r in data["calibration"] if r["name"] not in drop]
+    # Probes this jaxcoll's calibration no longer has are left out: their plans cannot be rebuilt by name
+    cal = [(r["collective"], r["bytes"], r["name"], r["seconds"]) for r in data["calibration"]
+           if r["name"] not in drop and (r["collective"], r["name"]) in training]
     val = [(c["collective"], c["bytes"], name, s) for c in data["cells"] for name, s in c["seconds"].items()]
     # Cells' calls taken into the fit as well: what a calibration that also measured them would make of the rest
     cal += [v for v in val if (v[2], v[1]) in train]
