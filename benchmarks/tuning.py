@@ -154,7 +154,8 @@ def measure_here(args) -> int:
         tuned = {c["bytes"] for c in tf.layouts[file.layout_key(processes, hs)]["cells"]}
         e = [(s in tuned, (seconds(p, s, kept, processes=procs, hosts=hs) + kept.launch_s / measure.iterations(s))
               / t - 1) for p, s, t in timed]
-        for label, part in (("every cell", [x for _, x in e]), ("sizes it did not measure", [x for m, x in e if not m])):
+        parts = (("every cell", [x for _, x in e]), ("sizes it did not measure", [x for m, x in e if not m]))
+        for label, part in parts:
             if part:
                 a = np.abs(part)
                 lines.append(f"- the tuning file's model ({tf.path}), {label}: median |error| {np.median(a):.1%}, "
