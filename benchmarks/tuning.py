@@ -119,6 +119,11 @@ def measure_here(args) -> int:
             source = "model"
             if cell and cell["choice"] in medians:
                 auto, source = cell["choice"], "file"
+            elif tf and tf.model(file.layout_key(processes, hs)):
+                # as auto does: a cell the file lacks is ranked by the file's model, not this run's calibration
+                kept = tf.model(file.layout_key(processes, hs))
+                auto, source = choice.rank_by_model(collective, n, size, procs, hs, large=args.large,
+                                                    the_model=kept)[0][1], "file's model"
             default = run.default_name(collective, n, size, processes)
             # Every process of a job must time the same programs: process 0's measurements decide.
             fastest, confirm = json.loads(distributed.agree(
