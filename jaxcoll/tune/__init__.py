@@ -6,7 +6,8 @@
   plan with the model.
 - `register(plan)` adds a user's plan to what auto chooses among.
 - `jaxcoll tune` (`jaxcoll.tune.run`) measures the leading candidates of each cell and writes the tuning file
-  (`jaxcoll.tune.file`) that auto then follows.
+  (`jaxcoll.tune.file`) that auto then follows, with the model fitted again to every call the run measured, which
+  prices what the run did not measure.
 
 docs/tuning.md has the model, the calibration, its validation against measurement, and how to tune a job.
 """
