@@ -193,7 +193,7 @@ def refit(model: MachineModel, measured, layout=(None, None), spans: bool = Fals
     """`model` fitted again to measured calls [(plan, per-rank bytes, seconds)] laid out as `layout` (processes,
     hosts): calibration's (`calibrate(measured=...)`) and more, such as the candidates a tuning run timed in its
     cells. Calibration's probes are measured once, minutes before the cells, on a machine whose speed drifts between
-    minutes (the same call 10-30% apart at the median here, docs/tuning.md); a fit to hundreds of calls spread over
+    minutes (the same call 6-32% apart at the median here, docs/tuning.md); a fit to hundreds of calls spread over
     the run averages that drift out, and prices the sizes and plans the run did not measure from all it did. With
     `spans`, every process of the job must call it and the job goes on with process 0's fit."""
     calls = [(plan, size) for plan, size, _ in measured]
