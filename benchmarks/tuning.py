@@ -92,6 +92,10 @@ def measure_here(args) -> int:
              f"{os.environ.get('JAXCOLL_NET_DELAY_US', '0')} us network delay")
     lines = [f"{where}", "", f"model: `{json.dumps(model.to_json())}`", ""]
     errors, verdicts, timed = [], [], []
+    # A tuning file `jaxcoll tune` wrote earlier for this layout: its cells and its model, read once
+    tf = file.current()
+    key = file.layout_key(processes, hs)
+    kept = tf and tf.model(key)
     for collective in [c.strip() for c in args.collectives.split(",") if c.strip()]:
         lines += [f"### {collective}", "", "| size/rank | plan | predicted us | measured us (min-max) | error |",
                   "|---:|---|---:|---:|---:|"]
@@ -114,14 +118,12 @@ def measure_here(args) -> int:
                              f" | {err:+.0%} |")
             fastest = min(medians, key=medians.get)
             auto = ranked[0][1]
-            tf = file.current()
-            cell = tf and tf.cell(file.layout_key(processes, hs), collective, n, size, "float32")
+            cell = tf and tf.cell(key, collective, n, size, "float32")
             source = "model"
             if cell and cell["choice"] in medians:
                 auto, source = cell["choice"], "file"
-            elif tf and tf.model(file.layout_key(processes, hs)):
+            elif kept:
                 # as auto does: a cell the file lacks is ranked by the file's model, not this run's calibration
-                kept = tf.model(file.layout_key(processes, hs))
                 auto, source = choice.rank_by_model(collective, n, size, procs, hs, large=args.large,
                                                     the_model=kept)[0][1], "file's model"
             default = run.default_name(collective, n, size, processes)
@@ -151,12 +153,9 @@ def measure_here(args) -> int:
     lines += ["", repeatability_line(repeatability(record, samples["cells"]))]
     if len({s for _, s, _ in timed}) > 1:
         lines += ["", held_out_line(held_out_by_size(model, measured, timed, (procs, hs)))]
-    tf = file.current()
-    kept = tf and tf.model(file.layout_key(processes, hs))
     if kept:
-        # The tuning file's model (`jaxcoll tune`, run earlier): its error on this run's cells, apart for the sizes
-        # its run did not measure
-        tuned = {c["bytes"] for c in tf.layouts[file.layout_key(processes, hs)]["cells"]}
+        # The tuning file's model: its error on this run's cells, apart for the sizes its run did not measure
+        tuned = {c["bytes"] for c in tf.layouts[key]["cells"]}
         e = [(s in tuned, (seconds(p, s, kept, processes=procs, hosts=hs) + kept.launch_s / measure.iterations(s))
               / t - 1) for p, s, t in timed]
         parts = (("every cell", [x for _, x in e]), ("sizes it did not measure", [x for m, x in e if not m]))

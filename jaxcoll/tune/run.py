@@ -68,9 +68,7 @@ def tune_cells(collectives: Sequence[str], sizes: Sequence[int], *, model: Machi
 
     say = progress or (lambda _: None)
     n = mesh.devices.size
-    spans = len(set(processes)) > 1
-    procs = tuple(processes) if spans else None
-    hs = tuple(hosts) if spans and hosts is not None and len(set(hosts)) > 1 else None
+    spans, procs, hs = _group(processes, hosts)
     cells, plans = [], {}
     for collective in collectives:
         for nbytes in sizes:
@@ -113,9 +111,7 @@ def refined(model: MachineModel, measured, cells: list[Cell], plans: dict, proce
     from jaxcoll.sim.machine import widen
     from jaxcoll.tune import calibration
 
-    spans = len(set(processes)) > 1
-    procs = tuple(processes) if spans else None
-    hs = tuple(hosts) if spans and hosts is not None and len(set(hosts)) > 1 else None
+    spans, procs, hs = _group(processes, hosts)
     more = [(plans[c.collective, name], c.nbytes, c.median(name)) for c in cells if widen(c.dtype) == 1.0
             for name in c.seconds]
     return calibration.refit(model, [*measured, *more], (procs, hs), spans)
@@ -155,6 +151,15 @@ def steadiest(times: dict[str, list[float]], close: float = CLOSE / 2) -> str:
         return v[min(len(v) - 1, (3 * len(v)) // 4)]
     near = contenders(times, close)
     return min(near, key=lambda k: (upper(k), k))
+
+
+def _group(processes, hosts) -> tuple[bool, tuple | None, tuple | None]:
+    """Whether the group spans processes, and its layout as the model takes it: (processes, hosts), each None
+    where the group has one (one process, one host)."""
+    spans = len(set(processes)) > 1
+    procs = tuple(processes) if spans else None
+    hs = tuple(hosts) if spans and hosts is not None and len(set(hosts)) > 1 else None
+    return spans, procs, hs
 
 
 def _agreed(spans: bool, decide: Callable[[], str]) -> str:
