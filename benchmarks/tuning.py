@@ -5,6 +5,8 @@ In one job (one process of `--devices` CPU devices, or `--processes` processes o
 the model (`jaxcoll.tune.calibrate`), then for every collective and size time every candidate plan (built-ins and
 the plans synthesized for the job's layout, the large tree packings left out unless `--large`), alternating call by
 call, `--reps` calls each, and put each plan's predicted time beside its measured median (and the spread, min-max).
+The cells are visited in turn `--passes` times, the calls split among the visits, so that each cell's calls span
+the run rather than the minute of its turn (`jaxcoll.tune.measure.time_cells`).
 Then, per cell, what auto runs against the fastest median of the cell, and what the hand-tuned default
 (`jaxcoll.algorithms.tuning`) ran: auto is the tuning file's choice where a usable one has the cell (`jaxcoll
 tune` wrote it earlier; `JAXCOLL_TUNING` says where), else the model's pick with the calibration just made. Where
@@ -37,6 +39,9 @@ def parse_args(argv=None):
     p.add_argument("--processes", type=int, default=1)
     p.add_argument("--transport", choices=("shm", "tcp"), default="shm")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--passes", type=int, default=None, help="visit every cell this many times, --reps calls of "
+                   "each candidate split among the visits: a cell's samples then span the run, not the minute of its "
+                   "turn (jaxcoll.tune.measure.time_cells; default 3, at most --reps)")
     p.add_argument("--confirm", type=int, default=15, help="calls of auto's choice and the fastest plan timed again "
                    "head to head where the first pass found auto more than 10%% slower (0: no second pass)")
     p.add_argument("--large", action="store_true", help="also time the tree packings at their throughput chunks")
@@ -86,23 +91,30 @@ def measure_here(args) -> int:
     record: list = []
     measured: list = []
     model = calibrate(devices, reps=args.reps, hosts=hosts, record=record, measured=measured)
+    passes = args.passes or min(measure.PASSES, args.reps)
     samples = {"layout": {"processes": list(processes), "hosts": list(hs) if hs else None},
-               "model": model.to_json(), "calibration": record, "cells": []}
+               "model": model.to_json(), "calibration": record, "cells": [], "passes": passes}
     where = (f"{n} CPU devices, layout {file.layout_key(processes, hs)}, {file.machine()['cores']} cores, "
-             f"{os.environ.get('JAXCOLL_NET_DELAY_US', '0')} us network delay")
+             f"{os.environ.get('JAXCOLL_NET_DELAY_US', '0')} us network delay, {args.reps} calls a candidate in "
+             f"{passes} passes over the cells")
     lines = [f"{where}", "", f"model: `{json.dumps(model.to_json())}`", ""]
     errors, verdicts, timed = [], [], []
     # A tuning file `jaxcoll tune` wrote earlier for this layout: its cells and its model, read once
     tf = file.current()
     key = file.layout_key(processes, hs)
     kept = tf and tf.model(key)
-    for collective in [c.strip() for c in args.collectives.split(",") if c.strip()]:
+    collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
+    cells = [(collective, measure.per_rank_elements(parse_size(text), n, "float32") * 4) for collective in collectives
+             for text in args.sizes.split(",")]
+    candidates = {(c, size): registry.candidates(c, n, procs, hs, large=args.large) for c, size in cells}
+    measured_cells = dict(zip(cells, measure.time_cells([(c, size, candidates[c, size]) for c, size in cells], mesh,
+                                                        reps=args.reps, passes=passes)))
+    for collective in collectives:
         lines += [f"### {collective}", "", "| size/rank | plan | predicted us | measured us (min-max) | error |",
                   "|---:|---|---:|---:|---:|"]
-        for text in args.sizes.split(","):
-            size = measure.per_rank_elements(parse_size(text), n, "float32") * 4
-            plans = registry.candidates(collective, n, procs, hs, large=args.large)
-            times = measure.time_cell(collective, size, plans, mesh, reps=args.reps)
+        for size in [size for c, size in cells if c == collective]:
+            plans = candidates[collective, size]
+            times = measured_cells[collective, size]
             medians = {k: statistics.median(v) for k, v in times.items()}
             samples["cells"].append({"collective": collective, "bytes": size, "seconds": times})
             timed += [(plans[name], size, m) for name, m in medians.items()]

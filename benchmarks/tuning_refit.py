@@ -131,8 +131,9 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), t
         crow[:, names.index(term)] = vrow[:, names.index(term)] = 0.0
     model = calibration.fit(shape, crow, ctime)
     coef = calibration.vector(model)
-    print(f"## {path}: {len(cal)} calibration calls, {len(val)} (plan, size) pairs, each call's "
-          f"{'fastest' if statistic is min else 'median'}; fresh pages from {shape.fresh_bytes >> 10} KiB a rank")
+    print(f"## {path}: {len(cal)} calibration calls, {len(val)} (plan, size) pairs measured in "
+          f"{data.get('passes', 1)} pass(es) over the cells, each call's {'fastest' if statistic is min else 'median'}"
+          f"; fresh pages from {shape.fresh_bytes >> 10} KiB a rank")
     print("constants: " + ", ".join(f"{k} {v:.3g}" for k, v in zip(names, coef)))
     cerr = crow @ coef / ctime - 1
     print(f"calibration fit: median |error| {np.median(np.abs(cerr)):.0%}, 90th {np.percentile(np.abs(cerr), 90):.0%}")

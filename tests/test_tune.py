@@ -326,3 +326,18 @@ def test_the_tuning_run_keeps_the_models_pick_unless_it_measured_clearly_slower(
     times["pick"] = [1.20 * ms] * 3
     assert run.decide(times, "pick") == "other"  # 20% slower: the measurement decides
     assert run.decide(times, "unmeasured") == "other"
+
+
+def test_cells_visited_in_passes_split_the_calls_and_interleave_the_cells():
+    from jaxcoll.tune import measure
+    mesh = jax.make_mesh((N,), ("i",))
+    visits = []
+    cells = [("all_reduce", 4096, {"direct": "direct", "two_shot": "two_shot"}),
+             ("all_gather", 16384, {"direct": "direct"})]
+    times = measure.time_cells(cells, mesh, reps=5, warmup=1, passes=2, progress=visits.append)
+    assert visits == [0, 1, 0, 1]  # every cell in each pass, in turn
+    assert [sorted(t) for t in times] == [["direct", "two_shot"], ["direct"]]
+    # 5 calls a candidate split 3 + 2 between the visits, each a positive time
+    assert all(len(v) == 5 and min(v) > 0 for t in times for v in t.values())
+    with pytest.raises(ValueError, match="passes must be between 1 and reps=2, got 3"):
+        measure.time_cells(cells, mesh, reps=2, passes=3)

@@ -73,8 +73,8 @@ def run_tune(*args, timeout=600):
 def test_jaxcoll_tune_writes_a_file_auto_can_use(processes, transport, layout, tmp_path):
     out = tmp_path / "tuning.json"
     r = run_tune("--processes", str(processes), "--transport", transport, "--sizes", "16K",
-                 "--collectives", "all_reduce,all_gather", "--reps", "1", "--top", "2", "--probe-bytes", "256K",
-                 "--out", str(out))
+                 "--collectives", "all_reduce,all_gather", "--reps", "2", "--passes", "2", "--top", "2",
+                 "--probe-bytes", "256K", "--out", str(out))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"wrote {out}" in r.stdout.replace("\n", "")
     loaded = file.read(str(out))
@@ -90,6 +90,7 @@ def test_jaxcoll_tune_writes_a_file_auto_can_use(processes, transport, layout, t
 def test_jaxcoll_tune_names_bad_arguments():
     for args, message in ((["--sizes", "lots"], "--sizes='lots'"), (["--collectives", "broadcast"], "broadcast"),
                           (["--devices", "6", "--processes", "4"], "--devices=6"),
-                          (["--probe-bytes", "1K"], "--probe-bytes must be at least 4K")):
+                          (["--probe-bytes", "1K"], "--probe-bytes must be at least 4K"),
+                          (["--reps", "2", "--passes", "3"], "--passes=3 must be at most --reps=2")):
         r = run_tune(*args, timeout=120)
         assert r.returncode != 0 and message in r.stderr, (args, r.stderr[-2000:])

@@ -35,6 +35,9 @@ def add_parser(sub) -> None:
                    help="candidates measured per cell, by the model's ranking, beside the default and any other "
                         "the model predicts within 30%% of its pick (up to 8 in all)")
     p.add_argument("--reps", type=int, default=5, help="timed calls per candidate and cell")
+    p.add_argument("--passes", type=int, default=None,
+                   help="visit every cell this many times, --reps calls a candidate split among the visits: a "
+                        "cell's calls then span the run, not the minute of its turn (default: 3, at most --reps)")
     p.add_argument("--dtype", default="float32", help="element type of the measured calls")
     p.add_argument("--probe-bytes", default="64M",
                    help="largest calibration probe per rank; its footprint should outgrow the caches")
@@ -48,9 +51,15 @@ def run(args) -> int:
     from jaxcoll import launch
     from jaxcoll.cli.bench import parse_size
 
-    for name in ("devices", "processes", "top", "reps"):
+    from jaxcoll.tune.measure import PASSES
+    if args.passes is None:
+        args.passes = min(PASSES, args.reps)
+    for name in ("devices", "processes", "top", "reps", "passes"):
         if getattr(args, name) < 1:
             raise SystemExit(f"jaxcoll tune: --{name} must be at least 1, got {getattr(args, name)}")
+    if args.passes > args.reps:
+        raise SystemExit(f"jaxcoll tune: --passes={args.passes} must be at most --reps={args.reps}: each visit of a "
+                         f"cell times every candidate at least once")
     if args.devices % args.processes:
         raise SystemExit(f"jaxcoll tune: --devices={args.devices} does not split evenly over "
                          f"--processes={args.processes}")
@@ -89,7 +98,8 @@ def run(args) -> int:
 
 def _argv(args) -> list[str]:
     out = []
-    for name in ("collectives", "sizes", "devices", "processes", "transport", "top", "reps", "dtype", "probe_bytes"):
+    for name in ("collectives", "sizes", "devices", "processes", "transport", "top", "reps", "passes", "dtype",
+                 "probe_bytes"):
         out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     return out + (["--calibrate-only"] if args.calibrate_only else [])
 
@@ -124,7 +134,7 @@ def _tune_here(args, collectives, sizes, path) -> int:
     busy, clock = busy_machine(), cpu_clock()
     if busy:
         console.print(f"warning: {busy}")
-    total = len(calibration.training(processes, args.probe_bytes)) + len(collectives) * len(sizes)
+    total = len(calibration.training(processes, args.probe_bytes)) + len(collectives) * len(sizes) * args.passes
     with Progress(TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True, disable=process != 0) as bar:
         task = bar.add_task("calibrating", total=total)
@@ -139,7 +149,8 @@ def _tune_here(args, collectives, sizes, path) -> int:
         if args.calibrate_only:
             return 0
         cells, plans = tuning_run.tune_cells(collectives, sizes, model=model, mesh=mesh, processes=processes,
-                                             hosts=hosts, top=args.top, reps=args.reps, dtype=args.dtype,
+                                             hosts=hosts, top=args.top, reps=args.reps, passes=args.passes,
+                                             dtype=args.dtype,
                                              progress=step)
     _print_cells(console, cells)
     # What the file keeps: the model fitted to calibration and every call the cells timed

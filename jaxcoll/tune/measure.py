@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 LOOP_BYTES = 1 << 20
 MAX_ITERS = 20
+# Visits of every cell a tuning run and the validation make by default (`time_cells`). On this project's VM, four
+# one-process validation runs of 2026-11-28 (docs/tuning.md, "Cells in passes") put each size's cells, predicted
+# from the others, within 6.5-7.5% at the median and 23-28% at the 90th percentile in three passes, 13-18% and
+# 43-48% in one.
+PASSES = 3
 
 
 def iterations(nbytes: int) -> int:
@@ -84,27 +89,52 @@ def time_cell(collective: str, nbytes: int, candidates: Mapping[str, object], me
               reps: int = 5, warmup: int = 2, dtype="float32", perm=()) -> dict[str, list[float]]:
     """Seconds per call of each candidate (name -> algorithm) for `collective` at `nbytes` per rank over the
     mesh axis `axis`, `reps` samples each, the candidates alternating call by call (`perm`: ppermute's)."""
+    return time_cells([(collective, nbytes, candidates)], mesh, axis=axis, reps=reps, warmup=warmup, dtype=dtype,
+                      perm=perm)[0]
+
+
+def time_cells(cells: Sequence[tuple[str, int, Mapping[str, object]]], mesh, *, axis: str = "i", reps: int = 5,
+               warmup: int = 2, passes: int = 1, dtype="float32", perm=(),
+               progress: Callable[[int], None] | None = None) -> list[dict[str, list[float]]]:
+    """`time_cell` for each (collective, nbytes, candidates) of `cells`, visiting the cells in turn `passes` times
+    and taking about `reps / passes` rounds of each at every visit. Within a visit the candidates alternate call
+    by call, as in `time_cell`; across visits, a cell's samples span the whole measurement rather than the minute
+    its turn came. On a machine whose speed drifts from minute to minute (this project's VM: the same call, timed
+    twice minutes apart, differs by 6-32% at the median), one visit puts every candidate of a cell in the same
+    slow or fast minute, and that minute, not the plans, then sets the cell's times. A later visit starts with one
+    untimed call of each candidate: what the cells between left in the caches and the allocator is not the
+    cell's own. `progress(i)` is called after each visit of cell i."""
     import jax
 
+    if passes < 1 or reps < passes:
+        raise ValueError(f"time_cells: passes must be between 1 and reps={reps}, got {passes}")
     n = mesh.shape[axis]
-    count = per_rank_elements(nbytes, n, dtype)
-    iters = iterations(count * np.dtype(dtype).itemsize)
-    programs = {name: program(collective, mesh, axis, iters, alg, perm) for name, alg in candidates.items()}
     sharding = jax.NamedSharding(mesh, jax.P(axis))
-    x = jax.make_array_from_callback((n * count,), sharding,
-                                     lambda index: np.full(n * count, 1e-3, dtype)[index])
-    # Compile all before timing any, then warm up: a new program's first calls fault in fresh pages.
-    for f in programs.values():
-        jax.block_until_ready(f(x))
-    for _ in range(warmup):
+    prepared = []
+    for collective, nbytes, candidates in cells:
+        count = per_rank_elements(nbytes, n, dtype)
+        iters = iterations(count * np.dtype(dtype).itemsize)
+        programs = {name: program(collective, mesh, axis, iters, alg, perm) for name, alg in candidates.items()}
+        x = jax.make_array_from_callback((n * count,), sharding,
+                                         lambda index, c=count: np.full(n * c, 1e-3, dtype)[index])
+        # Compile every program before timing any: a new program's first calls fault in fresh pages.
         for f in programs.values():
             jax.block_until_ready(f(x))
-    times: dict[str, list[float]] = {name: [] for name in programs}
-    for _ in range(reps):
-        for name, f in programs.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(x))
-            times[name].append((time.perf_counter() - t0) / iters)
+        prepared.append((programs, x, iters))
+    times: list[dict[str, list[float]]] = [{name: [] for name in programs} for programs, _, _ in prepared]
+    for visit in range(passes):
+        rounds = reps // passes + (visit < reps % passes)
+        for i, ((programs, x, iters), out) in enumerate(zip(prepared, times)):
+            for _ in range(warmup if visit == 0 else 1):
+                for f in programs.values():
+                    jax.block_until_ready(f(x))
+            for _ in range(rounds):
+                for name, f in programs.items():
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(f(x))
+                    out[name].append((time.perf_counter() - t0) / iters)
+            if progress:
+                progress(i)
     return times
 
 

@@ -60,45 +60,53 @@ def default_name(collective: str, nranks: int, nbytes: int, processes: Sequence[
 
 
 def tune_cells(collectives: Sequence[str], sizes: Sequence[int], *, model: MachineModel, mesh, processes, hosts,
-               top: int = 3, margin: float = MARGIN, most: int = 8, reps: int = 5, warmup: int = 2,
+               top: int = 3, margin: float = MARGIN, most: int = 8, reps: int = 5, warmup: int = 2, passes: int = 1,
                dtype: str = "float32",
                progress: Callable[[str], None] | None = None) -> tuple[list[Cell], dict]:
-    """Measure each cell's leading candidates; returns the cells and every measured plan by (collective, name)."""
-    from jaxcoll.tune import choice, measure, registry
+    """Measure each cell's leading candidates; returns the cells and every measured plan by (collective, name).
+    The cells are timed together, visited in turn `passes` times (`jaxcoll.tune.measure.time_cells`); `progress`
+    hears of each visit."""
+    from jaxcoll.tune import choice, measure
 
     say = progress or (lambda _: None)
     n = mesh.devices.size
     spans, procs, hs = _group(processes, hosts)
-    cells, plans = [], {}
+    plans = {}
+    shortlists = []  # (collective, size, ranked, default, {name: plan})
     for collective in collectives:
         for nbytes in sizes:
             size = measure.per_rank_elements(nbytes, n, dtype) * _itemsize(dtype)
-            say(f"{collective} {size} B")
             ranked = choice.rank_by_model(collective, n, size, procs, hs, large=True, the_model=model)
             default = default_name(collective, n, size, processes)
             # The model's top `top`, and every other candidate it cannot tell from its pick: within `margin` of its
             # predicted time (the model's error here is 15-35%), up to `most` in all.
             names = [name for i, (s, name, _) in enumerate(ranked)
                      if i < top or (i < most and s <= ranked[0][0] * (1 + margin))]
-            for extra in (default,):
-                if extra not in names:
-                    names.append(extra)
+            if default not in names:
+                names.append(default)
             by_name = {name: plan for _, name, plan in ranked}
             plans.update({(collective, name): by_name[name] for name in names})
-            times = measure.time_cell(collective, size, {name: by_name[name] for name in names}, mesh, reps=reps,
-                                      warmup=warmup, dtype=dtype)
-            # Candidates whose medians lie within CLOSE of the best are told apart by a second round of as many
-            # calls: one round of a few calls on a busy machine crowns whichever plan had the lucky calls.
-            close = json.loads(_agreed(spans, lambda: json.dumps(contenders(times))))
-            if len(close) > 1:
-                again = measure.time_cell(collective, size, {name: by_name[name] for name in close}, mesh,
-                                          reps=reps, warmup=1, dtype=dtype)
-                for name in close:
-                    times[name] = times[name] + again[name]
-            # the job's choice is process 0's measurement
-            fastest = _agreed(spans, lambda: decide(times, ranked[0][1]))
-            cells.append(Cell(collective, n, size, dtype, fastest, default, ranked[0][1], times,
-                              {name: s for s, name, _ in ranked}))
+            shortlists.append((collective, size, ranked, default, {name: by_name[name] for name in names}))
+
+    which = [(c, size, shortlist) for c, size, _, _, shortlist in shortlists]
+    times = measure.time_cells(which, mesh, reps=reps, warmup=warmup, passes=passes, dtype=dtype,
+                               progress=lambda i: say(f"{which[i][0]} {which[i][1]} B"))
+    # Candidates whose medians lie within CLOSE of the best are told apart by a second round of as many calls:
+    # one round of a few calls on a busy machine crowns whichever plan had the lucky calls.
+    close = [json.loads(_agreed(spans, lambda t=t: json.dumps(contenders(t)))) for t in times]
+    again = [i for i, names in enumerate(close) if len(names) > 1]
+    if again:
+        more = measure.time_cells([(which[i][0], which[i][1], {name: which[i][2][name] for name in close[i]})
+                                   for i in again], mesh, reps=reps, warmup=1, passes=passes, dtype=dtype)
+        for i, extra in zip(again, more):
+            for name, samples in extra.items():
+                times[i][name] = times[i][name] + samples
+    cells = []
+    for (collective, size, ranked, default, _), t in zip(shortlists, times):
+        # the job's choice is process 0's measurement
+        fastest = _agreed(spans, lambda t=t, ranked=ranked: decide(t, ranked[0][1]))
+        cells.append(Cell(collective, n, size, dtype, fastest, default, ranked[0][1], t,
+                          {name: s for s, name, _ in ranked}))
     return cells, plans
 
 
