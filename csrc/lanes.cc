@@ -27,6 +27,11 @@ int64_t call_traffic_bytes(const Plan& plan, int64_t block, DType dtype) {
   return plan.traffic_chunks * block / plan.chunk_factor * int64_t(dtype_size(dtype));
 }
 
+int64_t call_footprint_bytes(const Plan& plan, int64_t block, DType dtype) {
+  const int64_t chunk = block / plan.chunk_factor;
+  return chunk * (plan.buffer_chunks * int64_t(dtype_size(dtype)) + plan.scratch_chunks * int64_t(accum_size(dtype)));
+}
+
 // A small array on the stack, on the heap only when a plan is unusually wide.
 template <class T, size_t N>
 class SmallVec {
@@ -78,7 +83,7 @@ class RankInterpreter {
       : views_(views), failure_(failure), plan_(plan), rank_(rank), prog_(plan.ranks[rank]), b_(b), site_(site),
         traced_(traced), k_(plan.chunk_factor), dsize_(dtype_size(b.dtype)), asize_(accum_size(b.dtype)),
         block_(block),
-        stream_(stream_call(call_traffic_bytes(plan, block, b.dtype))),
+        stream_(stream_call(call_footprint_bytes(plan, block, b.dtype))),
         lanes_(prog_.nlanes), consumed_(prog_.semaphores) {
     for (int32_t l = 0; l < prog_.nlanes; ++l) {
       lanes_[l].done = plan_.lanes[prog_.first_lane + l].nsteps == 0;

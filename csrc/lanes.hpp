@@ -97,6 +97,9 @@ struct CallBuffers {
 
 // Bytes every rank's data steps of one call read and write together, for blocks of `block` elements.
 int64_t call_traffic_bytes(const Plan& plan, int64_t block, DType dtype);
+// Bytes of every rank's buffers (input, output, scratch) of one call, for blocks of `block` elements: the most a
+// call can touch, a chunk read eight times counted once.
+int64_t call_footprint_bytes(const Plan& plan, int64_t block, DType dtype);
 
 class RankInterpreter;
 struct TracedCall;

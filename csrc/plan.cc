@@ -93,6 +93,8 @@ Status validate(Plan& plan) {
                            std::to_string(k));
     if (p.semaphores < 0)
       return Status::Error(rk + "semaphores=" + std::to_string(p.semaphores) + " is negative");
+    plan.buffer_chunks += int64_t{p.input_chunks} + p.output_chunks;
+    plan.scratch_chunks += p.scratch_chunks;
   }
   for (int32_t r = 0; r < n; ++r) {
     const RankProgram& p = plan.ranks[r];

@@ -71,9 +71,13 @@ struct Plan {
   int32_t max_lanes = 0;     // most lanes of any rank
   int32_t max_semaphores = 0;
   // Chunks read plus chunks written by every data step of every rank: a call moves about
-  // traffic_chunks * block / chunk_factor elements in all (how the executor sizes its help, and whether it
-  // streams its writes past the caches).
+  // traffic_chunks * block / chunk_factor elements in all (how the executor sizes its help).
   int64_t traffic_chunks = 0;
+  // Chunks of every rank's input and output buffers, and of every rank's scratch (elements of the accumulation
+  // type): all a call can touch, however often its steps reread them (whether it streams its writes past the
+  // caches).
+  int64_t buffer_chunks = 0;
+  int64_t scratch_chunks = 0;
   std::vector<RankProgram> ranks;
   std::vector<Lane> lanes;
   std::vector<Step> steps;

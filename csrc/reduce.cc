@@ -252,16 +252,16 @@ JAXCOLL_DEFINE_KERNEL(reduce_u32, Plain<uint32_t>)
 
 }  // namespace
 
-// Calls that read and write at least this many bytes in all stream their large destinations; smaller calls
-// leave their results in the caches, where the program's next op (or the next call of a loop, whose buffers are
-// reused) finds them. Measured with `jaxcoll bench` (8 ranks, 2 cores; medians of 11-41 calls, several runs):
-// all_gather of 256 KiB per rank (18 MiB moved per call) 1.17-1.52 ms with ordinary stores, 1.54-1.78 ms
-// streamed (three runs each); reduce_scatter of 4 MiB per rank (36 MiB) 1.7-2.1 ms streamed, 2.9-3.2 ms not;
-// all_reduce of 16 MiB per rank (256 MiB) 17.6-24 ms streamed, 24-27 ms not. JAXCOLL_NT_CALL_BYTES overrides
-// (0: stream at every size).
-bool stream_call(int64_t traffic_bytes) {
+// Calls whose buffers (every rank's inputs, outputs and scratch) hold at least this many bytes stream their large
+// destinations; smaller calls leave their results in the caches, where the program's next op (or the next call
+// of a loop, whose buffers are reused) finds them. Measured with `jaxcoll bench` (8 ranks, 2 cores; medians of
+// 11-41 calls, several runs): all_gather of 256 KiB per rank (18 MiB held) 1.17-1.52 ms with ordinary stores,
+// 1.54-1.78 ms streamed (three runs each); reduce_scatter of 4 MiB per rank (36 MiB) 1.7-2.1 ms streamed,
+// 2.9-3.2 ms not; all_reduce of 16 MiB per rank (256 MiB) 17.6-24 ms streamed, 24-27 ms not.
+// JAXCOLL_NT_CALL_BYTES overrides (0: stream at every size).
+bool stream_call(int64_t footprint_bytes) {
   static const size_t t = env_settings().nt_call_bytes.value_or(size_t{32} << 20);
-  return traffic_bytes >= 0 && size_t(traffic_bytes) >= t;
+  return footprint_bytes >= 0 && size_t(footprint_bytes) >= t;
 }
 
 void reduce_chunks(DType dtype, ReduceOp op, const Operand* srcs, int nsrc, const Operand* dsts, int ndst,

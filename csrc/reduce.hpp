@@ -21,9 +21,11 @@ struct Operand {
 void reduce_chunks(DType dtype, ReduceOp op, const Operand* srcs, int nsrc, const Operand* dsts, int ndst, int64_t n,
                    bool stream);
 
-// Whether a call that reads and writes `traffic_bytes` in all (every rank's data steps together) should write
-// its large destinations with non-temporal stores: only when it moves more than the caches hold
-// (JAXCOLL_NT_CALL_BYTES).
-bool stream_call(int64_t traffic_bytes);
+// Whether a call whose buffers hold `footprint_bytes` (every rank's inputs, outputs and scratch together) should
+// write its large destinations with non-temporal stores: only when they outgrow the caches
+// (JAXCOLL_NT_CALL_BYTES). Not its traffic: a plan that rereads its chunks moves more than it holds, and the
+// synthesized direct all_gather of 256 KiB a rank (32 MiB moved, 18 MiB held) took 660 us a call streaming its
+// writes out of the caches that held everything it read next, 422 us not (docs/benchmarks.md, section 6).
+bool stream_call(int64_t footprint_bytes);
 
 }  // namespace jaxcoll

@@ -165,6 +165,9 @@ def test_the_models_streaming_thresholds_are_the_runtimes_defaults():
     source = (pathlib.Path(__file__).parent.parent / "csrc" / "reduce.cc").read_text()
     assert "nt_bytes.value_or(size_t{256} << 10)" in source and machine.CPU_NT_BYTES == 256 << 10
     assert "nt_call_bytes.value_or(size_t{32} << 20)" in source and machine.CPU_STREAM_BYTES == 32 << 20
+    # and both judge a call by its buffers (Work.held), not by its traffic
+    lanes = (pathlib.Path(__file__).parent.parent / "csrc" / "lanes.cc").read_text()
+    assert "stream_call(call_footprint_bytes(" in lanes
     assert machine.cpu_runtime().nt_bytes == machine.CPU_NT_BYTES
     assert machine.MachineModel().stream_bytes > 1 << 60  # an executor without streaming stores never streams
 
@@ -174,18 +177,18 @@ STREAMING = machine.MachineModel(**{**MODEL.__dict__, "stream_bytes": 64 * MiB, 
 
 
 def test_a_call_that_moves_enough_writes_its_large_destinations_at_the_streaming_rate():
-    n, size = 8, 16 * MiB  # traffic 256 MiB: streams; each put writes 16 MiB (>= 256 KiB): streamed
+    n, size = 8, 16 * MiB  # buffers of 256 MiB: streams; each put writes 16 MiB (>= 256 KiB): streamed
     expected = (MODEL.call_s + MODEL.helpers_s + n * MODEL.step_s / 2 + n * size / MODEL.memory_rate / 2
                 + n * size / 16e9 / 2)
     assert math.isclose(machine.seconds(shift(n), size, STREAMING), expected, rel_tol=1e-12)
-    small = 2 * MiB  # traffic 32 MiB < 64 MiB: ordinary stores, as without streaming
+    small = 2 * MiB  # buffers of 32 MiB < 64 MiB: ordinary stores, as without streaming
     assert math.isclose(machine.seconds(shift(n), small, STREAMING), machine.seconds(shift(n), small, MODEL),
                         rel_tol=1e-12)
 
 
 def test_a_chunk_written_by_streaming_stores_is_read_back_from_memory():
     # Each of 2 ranks copies its input to scratch, then scratch to its output: 4 touches of 1 MiB a rank, a
-    # footprint of 6 MiB (the 8 MiB level). Streaming (from 1 MiB of traffic), both writes stream and the read of
+    # footprint of 6 MiB (the 8 MiB level). Streaming (from 1 MiB of buffers), both writes stream and the read of
     # scratch comes from memory; without, every touch is at the 8 MiB level's rate.
     def plan(n=2):
         lane = lambda r: Lane((Step(Op.COPY, (ChunkRef(r, IN, 0),), (ChunkRef(r, SCRATCH, 0),)),
@@ -229,20 +232,44 @@ def test_calibration_finds_where_the_allocator_starts_handing_out_fresh_pages(th
 
 
 def test_calibration_has_a_pair_of_probes_that_differ_only_in_streaming_stores():
-    # Where the repeated shift streams its writes, the calibration set also has the same copies in steps too small
-    # to stream: the same bytes from the same footprint, written through the caches. Without the pair, only
-    # differences between plans (which noise swamps) part a streamed write from a read served by memory.
+    # The calibration set has a shift that streams its writes and the same copies in steps too small to stream:
+    # the same bytes from the same footprint, written through the caches. Without the pair, only differences
+    # between plans (which noise swamps) part a streamed write from a read served by memory.
     from jaxcoll.tune import calibration
 
     model = machine.cpu_runtime(**{**MODEL.__dict__, "stream_bytes": machine.CPU_STREAM_BYTES})
-    sizes = {size: plans for _, size, plans in calibration.training((0,) * 8) if "repeated-cached" in plans}
-    assert list(sizes) == [1 * MiB]  # the only repeated shift whose call moves 32 MiB or more
-    plans = sizes[1 * MiB]
-    streamed, cached = (machine.terms(machine.work(plans[k]), machine.chunk_bytes(plans[k], MiB), model)[0]
-                        for k in ("repeated", "repeated-cached"))
+    sizes = {size: plans for _, size, plans in calibration.training((0,) * 8) if "shift-cached" in plans}
+    size = 16 * MiB
+    assert list(sizes) == [size]  # 8 ranks' inputs and outputs: 256 MiB of buffers, past the 32 MiB that stream
+    plans = sizes[size]
+    streamed, cached = (machine.terms(machine.work(plans[k]), machine.chunk_bytes(plans[k], size), model)[0]
+                        for k in ("shift", "shift-cached"))
     stream = 4 + len(model.caches)  # [helpers, steps, *caches, memory, reduce, stream, ...]
-    assert streamed[stream] == 8 * 8 * MiB / model.threads and cached[stream] == 0  # every write, or none
+    assert streamed[stream] == 8 * size / model.threads and cached[stream] == 0  # every write, or none
     assert streamed[2:stream].sum() + streamed[stream] == pytest.approx(cached[2:stream].sum())  # the same bytes
+
+
+def test_a_plan_that_rereads_its_chunks_streams_by_what_its_buffers_hold_not_by_what_it_moves():
+    # The runtime streams by a call's buffers (csrc/lanes.cc, call_footprint_bytes): a plan reading each input
+    # eight times moves eight times what it holds, and below the threshold its writes stay in the caches.
+    n = 8
+    model = machine.cpu_runtime(**{**MODEL.__dict__, "stream_bytes": machine.CPU_STREAM_BYTES})
+    reread = shift(n, repeats=8)
+    stream = 4 + len(model.caches)
+    held = 2 * MiB  # 8 ranks x (2 MiB in + 2 MiB out) = 32 MiB held: streams; 256 MiB moved
+    small = 1 * MiB  # 16 MiB held, 128 MiB moved: does not
+    for size, streams in ((held, True), (small, False)):
+        row = machine.terms(machine.work(reread), machine.chunk_bytes(reread, size), model)[0]
+        assert (row[stream] > 0) == streams, size
+    # 16-bit floats hold their scratch as float32: twice the bytes of the data type's
+    scratch = Plan(Collective.PPERMUTE, 2, tuple(RankProgram(1, 1, 1, lanes=(Lane((
+        Step(Op.COPY, (ChunkRef(r, IN, 0),), (ChunkRef(r, SCRATCH, 0),)),
+        Step(Op.COPY, (ChunkRef(r, SCRATCH, 0),), (ChunkRef(r, OUT, 0),)))),)) for r in range(2)), perm=((0, 0), (1, 1)))
+    w = machine.work(scratch)
+    assert (w.held, w.held_scratch) == (4.0, 2.0)
+    edge = machine.CPU_STREAM_BYTES / 8  # 2 ranks x (in + out + scratch x 2) = 8 chunks in 16-bit floats
+    assert machine.terms(w, edge, model, widen=2.0)[0][stream] > 0
+    assert machine.terms(w, edge, model, widen=1.0)[0][stream] == 0
 
 
 def test_calibration_finds_every_constant_with_streaming_stores_priced():

@@ -19,11 +19,12 @@ memory traffic of its steps, and where that traffic is served from:
                                                  copies with memcpy, but sums two or more sources through an
                                                  accumulator tile, element by element (docs/runtime.md, "Data
                                                  steps"); every source byte of such a step
-  + streamed bytes / stream rate / threads       in a call that moves at least `stream_bytes` in all, the
-                                                 executor writes destinations of at least `nt_bytes` a step
-                                                 with non-temporal stores (docs/runtime.md, "Data steps"):
-                                                 no read for ownership, and past the caches, so a later read
-                                                 of such a chunk in the call is served by memory
+  + streamed bytes / stream rate / threads       in a call whose buffers (every rank's inputs, outputs and
+                                                 scratch) hold at least `stream_bytes`, the executor writes
+                                                 destinations of at least `nt_bytes` a step with non-temporal
+                                                 stores (docs/runtime.md, "Data steps"): no read for
+                                                 ownership, and past the caches, so a later read of such a
+                                                 chunk in the call is served by memory
   + fresh output bytes / fresh rate / threads     XLA allocates large outputs afresh each call: the kernel
                                                  zeroes every page the call first writes (docs/runtime.md,
                                                  "Fresh pages"), for outputs of at least `fresh_bytes` a rank
@@ -88,9 +89,10 @@ class MachineModel:
     network_latency_s: float = 50e-6  # one dependent message exchange between hosts
     network_message_s: float = 20e-6  # what each message to another host costs its sender and receiver
     solo_bytes: int = 4 << 20  # JAXCOLL_SOLO_BYTES: above it a call is shared with helper threads
-    # A call that reads and writes at least `stream_bytes` in all writes its destinations of at least `nt_bytes` a
-    # step with non-temporal stores (the CPU runtime's JAXCOLL_NT_CALL_BYTES and JAXCOLL_NT_BYTES: CPU_STREAM_BYTES
-    # and CPU_NT_BYTES, which `cpu_runtime` sets). Off here: the GPU round's executor never streams.
+    # A call whose buffers (every rank's inputs, outputs and scratch) hold at least `stream_bytes` writes its
+    # destinations of at least `nt_bytes` a step with non-temporal stores (the CPU runtime's JAXCOLL_NT_CALL_BYTES
+    # and JAXCOLL_NT_BYTES: CPU_STREAM_BYTES and CPU_NT_BYTES, which `cpu_runtime` sets). Off here: the GPU round's
+    # executor never streams.
     stream_bytes: int = 1 << 62
     nt_bytes: int = 256 << 10
     threads: int = 2  # threads a process's call uses once helpers join (one per core)
@@ -177,6 +179,10 @@ class Work:
     traffic: float  # the whole call's chunks read + written (what the executor's solo threshold reads)
     rounds: int  # dependent exchanges between hosts on the longest chain
     process_rounds: int = 0  # dependent signals between processes on the longest chain
+    # Chunks of every rank's input and output buffers, and of every rank's scratch: what the executor's test of
+    # whether a call streams reads (csrc/lanes.cc, call_footprint_bytes), however often the steps reread them
+    held: float = 0.0
+    held_scratch: float = 0.0
 
 
 def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int] | None = None) -> Work:
@@ -194,8 +200,10 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
     messages = [0] * np_
     steps = [0] * np_
     foreign: list[set] = [set() for _ in range(np_)]
-    # Touches in the executor's order: lanes interleave step by step across the ranks (a rank runs until it
-    # waits, then the next one does).
+    # Touches in step order across the ranks: step i of every rank before step i+1. The executor runs each rank's
+    # lanes until they wait (csrc/lanes.cc, GroupRun::pass), so a plan without waits runs rank by rank; pricing
+    # reuse by that order instead fitted no better (eight sample files of 2026-11-28, each size held out: within
+    # half a point either way, docs/tuning.md, "Cells in passes").
     order = sorted(((i, r, l) for r, prog in enumerate(plan.ranks) for l, lane in enumerate(prog.lanes)
                     for i in range(len(lane.steps))))
     clock = [0] * np_
@@ -263,11 +271,13 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
     multi_host = hosts is not None and len({host_of(p) for p in procs}) > 1
     rounds = _network_rounds(plan, processes, host_of, requested_pulls=True) if multi_host else 0
     process_rounds = _network_rounds(plan, processes, lambda p: p) if np_ > 1 else 0
+    held = float(sum(prog.input_chunks + prog.output_chunks for prog in plan.ranks))
+    held_scratch = float(sum(prog.scratch_chunks for prog in plan.ranks))
     return Work(tuple(np.asarray(d, dtype=float) for d in reuse), tuple(np.asarray(t, dtype=float) for t in touched),
                 tuple(np.asarray(x, dtype=bool) for x in scratch), tuple(np.asarray(x, dtype=bool) for x in written),
                 tuple(np.asarray(x, dtype=float) for x in after), tuple(np.asarray(x, dtype=bool) for x in reduced),
                 footprint, outputs, crossing, tuple(network), tuple(messages), tuple(steps), float(traffic), rounds,
-                process_rounds)
+                process_rounds, held, held_scratch)
 
 
 def _network_rounds(plan: Plan, processes, host_of, requested_pulls: bool = False) -> int:
@@ -319,7 +329,7 @@ def terms(w: Work, chunk: float, model: MachineModel, widen: float = 1.0) -> np.
     many times larger a scratch element is than a data element (2 for 16-bit floats, whose partial sums scratch
     holds as float32)."""
     threads = 1 if w.traffic * chunk <= model.solo_bytes else model.threads
-    streams = w.traffic * chunk >= model.stream_bytes
+    streams = (w.held + w.held_scratch * widen) * chunk >= model.stream_bytes
     sizes = [size for size, _ in model.caches]
     rows = []
     for p in range(len(w.steps)):

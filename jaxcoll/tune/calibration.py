@@ -9,8 +9,9 @@ error (the same weight for a 50 us call as for a 50 ms one). The set (`training`
 
 - **shifts**: a ppermute that moves each rank's input to the next rank of its process, once or repeated 8 times in
   one call, and split into 1024 puts: copies at every footprint from 4 KiB to `probe_bytes` per rank (each cache
-  level, then memory and fresh pages), alone and with helper threads, and the cost of a step; where the repeated
-  shift is written with streaming stores, the same copies again in steps too small to stream ("repeated-cached");
+  level, then memory and fresh pages), alone and with helper threads, and the cost of a step; the shift of
+  `STREAM_PROBE_BYTES`, whose buffers outgrow the caches, so it streams its writes, beside the same copies in
+  steps too small to stream ("shift-cached");
 - **the simplest plans of each collective**: the direct all_reduce (every rank rereads every input), the two-shot
   all_reduce, the direct all_gather and reduce_scatter, at 16 KiB, 1 MiB and 16 MiB per rank: reductions, and
   writes to many outputs;
@@ -46,6 +47,10 @@ LARGE_BYTES = 64 << 20
 SHIFT_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
 PLAN_SIZES = (16 << 10, 1 << 20, 16 << 20)
 FRESH_PROBE_BYTES = 4 << 20
+# The shift whose writes stream (8 ranks: 256 MiB of buffers, past the 32 MiB from which the runtime streams), timed
+# beside the same copies in steps too small to stream. Not a repeated shift: a lane runs until it waits, and a
+# shift's never does, so each rank's repeats reread its own input from the last-level cache, not from memory.
+STREAM_PROBE_BYTES = 16 << 20
 # Thresholds of fresh output pages the fit chooses among (`fit_calls`): 128 KiB to 64 MiB a rank.
 FRESH_THRESHOLDS = tuple(1 << k for k in range(17, 27))
 PLANS = (("all_reduce", "direct"), ("all_reduce", "two_shot"), ("all_gather", "direct"),
@@ -100,13 +105,11 @@ def training(processes: tuple[int, ...], probe_bytes: int = LARGE_BYTES) -> list
         out.append(("ppermute", 64 << 10, {"across-steps": shift_plan(processes, True, ACROSS_CHUNKS)}))
     for size in sorted({*(s for s in SHIFT_SIZES if s <= probe_bytes), probe_bytes}):
         cells = {"shift": local, "repeated": repeated} if size * REPEATS <= 16 << 20 else {"shift": local}
-        if "repeated" in cells and streamed(size, n):
-            # The same copies in steps below the streaming threshold: the same bytes and footprint, written
-            # through the caches. The pair parts a streamed write from a cached one; without it every other
-            # streaming probe has a read served by memory beside each streamed write, and only the differences
-            # between plans, which a noisy machine swamps, part the two rates.
-            chunks = -(-2 * size // CPU_NT_BYTES)
-            cells["repeated-cached"] = shift_plan(processes, False, chunks, repeats=REPEATS)
+        if size == STREAM_PROBE_BYTES and streamed(size, n):
+            # The same copies in steps below the streaming threshold: the same bytes from the same footprint, read
+            # from memory alike, the writes through the caches. The pair parts a streamed write from a cached one;
+            # without it only the differences between plans, which a noisy machine swamps, part the two rates.
+            cells["shift-cached"] = shift_plan(processes, False, -(-2 * size // CPU_NT_BYTES))
         if size == probe_bytes:
             cells["twice"] = shift_plan(processes, False, repeats=2)
         out.append(("ppermute", size, cells))
@@ -136,9 +139,9 @@ def training(processes: tuple[int, ...], probe_bytes: int = LARGE_BYTES) -> list
 
 
 def streamed(size: int, n: int) -> bool:
-    """Whether the executor writes the repeated shift of `size` bytes a rank over `n` ranks of a process with
-    streaming stores (csrc/reduce.cc: the call's traffic, then each step's destination)."""
-    return n * REPEATS * 2 * size >= CPU_STREAM_BYTES and size >= CPU_NT_BYTES
+    """Whether the executor writes the shift of `size` bytes a rank over `n` ranks with streaming stores
+    (csrc/reduce.cc: the call's buffers, an input and an output a rank, then each step's destination)."""
+    return n * 2 * size >= CPU_STREAM_BYTES and size >= CPU_NT_BYTES
 
 
 def calibrate(devices=None, *, reps: int = 5, hosts=None, probe_bytes: int = LARGE_BYTES,

@@ -21,10 +21,10 @@ import numpy as np
 
 LOOP_BYTES = 1 << 20
 MAX_ITERS = 20
-# Visits of every cell a tuning run and the validation make by default (`time_cells`). On this project's VM, four
-# one-process validation runs of 2026-11-28 (docs/tuning.md, "Cells in passes") put each size's cells, predicted
-# from the others, within 6.5-7.5% at the median and 23-28% at the 90th percentile in three passes, 13-18% and
-# 43-48% in one.
+# Visits of every cell a tuning run and the validation make by default (`time_cells`). On this project's VM, six
+# alternating one-process validation runs of 2026-11-28 (docs/tuning.md, "Cells in passes") put each size's cells,
+# predicted from the others, within 6.5-8.1% at the median and 22.9-27.9% at the 90th percentile in three passes,
+# 8.1-17.7% and 30.9-47.9% in one.
 PASSES = 3
 
 
