@@ -26,6 +26,15 @@ def shift(n: int, repeats: int = 1) -> Plan:
     return Plan(Collective.PPERMUTE, n, tuple(programs), perm=tuple((r, (r + 1) % n) for r in range(n)))
 
 
+def through_scratch() -> Plan:
+    """Each of 2 ranks copies its input to scratch, then scratch to its output."""
+    def lane(r):
+        return Lane((Step(Op.COPY, (ChunkRef(r, IN, 0),), (ChunkRef(r, SCRATCH, 0),)),
+                     Step(Op.COPY, (ChunkRef(r, SCRATCH, 0),), (ChunkRef(r, OUT, 0),))))
+    return Plan(Collective.PPERMUTE, 2, tuple(RankProgram(1, 1, 1, lanes=(lane(r),)) for r in range(2)),
+                perm=((0, 0), (1, 1)))
+
+
 @pytest.mark.parametrize("n", [2, 8])
 def test_the_traffic_is_every_step_reading_its_sources_and_writing_its_destinations(n):
     # The executor's own count (csrc/plan.cc traffic_chunks): (sources + destinations) x chunks, every data step.
@@ -190,19 +199,14 @@ def test_a_chunk_written_by_streaming_stores_is_read_back_from_memory():
     # Each of 2 ranks copies its input to scratch, then scratch to its output: 4 touches of 1 MiB a rank, a
     # footprint of 6 MiB (the 8 MiB level). Streaming (from 1 MiB of buffers), both writes stream and the read of
     # scratch comes from memory; without, every touch is at the 8 MiB level's rate.
-    def plan(n=2):
-        lane = lambda r: Lane((Step(Op.COPY, (ChunkRef(r, IN, 0),), (ChunkRef(r, SCRATCH, 0),)),
-                               Step(Op.COPY, (ChunkRef(r, SCRATCH, 0),), (ChunkRef(r, OUT, 0),))))
-        return Plan(Collective.PPERMUTE, n, tuple(RankProgram(1, 1, 1, lanes=(lane(r),)) for r in range(n)),
-                    perm=((0, 0), (1, 1)))
     solo = {"solo_bytes": 1 << 40}
     streams = machine.MachineModel(**{**STREAMING.__dict__, **solo, "stream_bytes": 1 * MiB})
     plain = machine.MachineModel(**{**MODEL.__dict__, **solo})
     size, n = 1 * MiB, 2
     fixed = MODEL.call_s + 2 * n * MODEL.step_s
-    assert math.isclose(machine.seconds(plan(), size, plain), fixed + 4 * n * size / 20e9, rel_tol=1e-12)
+    assert math.isclose(machine.seconds(through_scratch(), size, plain), fixed + 4 * n * size / 20e9, rel_tol=1e-12)
     expected = fixed + n * size / 20e9 + n * size / MODEL.memory_rate + 2 * n * size / 16e9
-    assert math.isclose(machine.seconds(plan(), size, streams), expected, rel_tol=1e-12)
+    assert math.isclose(machine.seconds(through_scratch(), size, streams), expected, rel_tol=1e-12)
 
 
 def test_the_sources_of_a_reduction_pay_the_reduce_rate_on_top_of_their_touches():
@@ -262,10 +266,7 @@ def test_a_plan_that_rereads_its_chunks_streams_by_what_its_buffers_hold_not_by_
         row = machine.terms(machine.work(reread), machine.chunk_bytes(reread, size), model)[0]
         assert (row[stream] > 0) == streams, size
     # 16-bit floats hold their scratch as float32: twice the bytes of the data type's
-    scratch = Plan(Collective.PPERMUTE, 2, tuple(RankProgram(1, 1, 1, lanes=(Lane((
-        Step(Op.COPY, (ChunkRef(r, IN, 0),), (ChunkRef(r, SCRATCH, 0),)),
-        Step(Op.COPY, (ChunkRef(r, SCRATCH, 0),), (ChunkRef(r, OUT, 0),)))),)) for r in range(2)), perm=((0, 0), (1, 1)))
-    w = machine.work(scratch)
+    w = machine.work(through_scratch())
     assert (w.held, w.held_scratch) == (4.0, 2.0)
     edge = machine.CPU_STREAM_BYTES / 8  # 2 ranks x (in + out + scratch x 2) = 8 chunks in 16-bit floats
     assert machine.terms(w, edge, model, widen=2.0)[0][stream] > 0
