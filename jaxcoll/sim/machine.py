@@ -202,8 +202,9 @@ def work(plan: Plan, processes: Sequence[int] | None = None, hosts: Sequence[int
     foreign: list[set] = [set() for _ in range(np_)]
     # Touches in step order across the ranks: step i of every rank before step i+1. The executor runs each rank's
     # lanes until they wait (csrc/lanes.cc, GroupRun::pass), so a plan without waits runs rank by rank; pricing
-    # reuse by that order instead fitted no better (eight sample files of 2026-11-28, each size held out: within
-    # half a point either way, docs/tuning.md, "Cells in passes").
+    # reuse by that order instead predicted no better (eight sample files of 2026-11-28, each size held out: the
+    # median within half a point, the 90th percentile 3 points better to 1.5 worse; docs/tuning.md, "Streaming by
+    # what a call holds").
     order = sorted(((i, r, l) for r, prog in enumerate(plan.ranks) for l, lane in enumerate(prog.lanes)
                     for i in range(len(lane.steps))))
     clock = [0] * np_
