@@ -91,7 +91,7 @@ def measure_here(args) -> int:
     record: list = []
     measured: list = []
     model = calibrate(devices, reps=args.reps, hosts=hosts, record=record, measured=measured)
-    passes = args.passes or min(measure.PASSES, args.reps)
+    passes = args.passes or measure.default_passes(args.reps)
     samples = {"layout": {"processes": list(processes), "hosts": list(hs) if hs else None},
                "model": model.to_json(), "calibration": record, "cells": [], "passes": passes}
     where = (f"{n} CPU devices, layout {file.layout_key(processes, hs)}, {file.machine()['cores']} cores, "

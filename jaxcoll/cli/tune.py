@@ -51,9 +51,9 @@ def run(args) -> int:
     from jaxcoll import launch
     from jaxcoll.cli.bench import parse_size
 
-    from jaxcoll.tune.measure import PASSES
+    from jaxcoll.tune.measure import default_passes
     if args.passes is None:
-        args.passes = min(PASSES, args.reps)
+        args.passes = default_passes(args.reps)
     for name in ("devices", "processes", "top", "reps", "passes"):
         if getattr(args, name) < 1:
             raise SystemExit(f"jaxcoll tune: --{name} must be at least 1, got {getattr(args, name)}")

@@ -28,6 +28,11 @@ MAX_ITERS = 20
 PASSES = 3
 
 
+def default_passes(reps: int) -> int:
+    """The visits of each cell when none are asked for: PASSES, or fewer where a candidate has fewer calls."""
+    return min(PASSES, reps)
+
+
 def iterations(nbytes: int) -> int:
     """Collective calls per timed program launch for `nbytes` per rank: back to back below 1 MiB, where a launch of
     an 8-device program (about 0.1 ms here) would hide the collective; one per launch from 1 MiB up. A loop's carry
@@ -94,10 +99,10 @@ def time_cell(collective: str, nbytes: int, candidates: Mapping[str, object], me
 
 
 def time_cells(cells: Sequence[tuple[str, int, Mapping[str, object]]], mesh, *, axis: str = "i", reps: int = 5,
-               warmup: int = 2, passes: int = 1, dtype="float32", perm=(),
+               warmup: int = 2, passes: int | None = None, dtype="float32", perm=(),
                progress: Callable[[int], None] | None = None) -> list[dict[str, list[float]]]:
     """`time_cell` for each (collective, nbytes, candidates) of `cells`, visiting the cells in turn `passes` times
-    and taking about `reps / passes` rounds of each at every visit. Within a visit the candidates alternate call
+    (`default_passes(reps)` if None) and taking about `reps / passes` rounds of each at every visit. Within a visit the candidates alternate call
     by call, as in `time_cell`; across visits, a cell's samples span the whole measurement rather than the minute
     its turn came. On a machine whose speed drifts from minute to minute (this project's VM: the same call, timed
     twice minutes apart, differs by 6-32% at the median), one visit puts every candidate of a cell in the same
@@ -106,6 +111,8 @@ def time_cells(cells: Sequence[tuple[str, int, Mapping[str, object]]], mesh, *, 
     cell's own. `progress(i)` is called after each visit of cell i."""
     import jax
 
+    if passes is None:
+        passes = default_passes(reps)
     if passes < 1 or reps < passes:
         raise ValueError(f"time_cells: passes must be between 1 and reps={reps}, got {passes}")
     n = mesh.shape[axis]
