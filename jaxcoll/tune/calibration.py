@@ -17,8 +17,10 @@ error (the same weight for a 50 us call as for a 50 ms one). The set (`training`
   writes to many outputs;
 - an all_gather of 4 MiB a rank, whose outputs (32 MiB a rank) lie past glibc's largest threshold of fresh pages,
   where the 16 MiB shift's lie before it: the fit chooses the threshold too (`fit_calls`);
-- across processes, the shift to the next process (every chunk through a segment, or over the network) and the
-  hierarchical plans.
+- across processes, the shift to the next process (every chunk through a segment, or over the network), the same
+  shift followed by a chain of `EXCHANGES` signals between the processes, each waiting for the last (what one
+  dependent signal between processes costs: the other probes have one or two, and without the chain the fit put
+  it anywhere from 0 to 27 us a signal on this VM), and the hierarchical plans.
 
 The cache sizes are the machine's (sysfs). Plans not in the set (the ring, every synthesized plan) and other sizes
 are predicted, not fitted: benchmarks/tuning.py reports the error on both, apart. Every process of a job must call
@@ -42,6 +44,7 @@ from jaxcoll.tune.choice import threads_per_process
 
 STEP_CHUNKS = 1024
 ACROSS_CHUNKS = 64
+EXCHANGES = 16
 REPEATS = 8
 LARGE_BYTES = 64 << 20
 SHIFT_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
@@ -70,6 +73,22 @@ def shift_plan(processes: tuple[int, ...], across: bool, chunks: int = 1, repeat
         programs.append(RankProgram(chunks, chunks, lanes=(Lane(steps),)))
     name = f"probe-shift{'-across' if across else ''}-{chunks}x{repeats}"
     return Plan(Collective.PPERMUTE, n, tuple(programs), name=name, perm=perm)
+
+
+def exchange_plan(processes: tuple[int, ...], exchanges: int = EXCHANGES) -> Plan:
+    """The shift to the next process (`shift_plan(processes, True)`), then `exchanges` rounds in which each rank
+    signals the rank it sent to and waits for the signal of the rank that sent to it: every wait but the first
+    follows a signal that followed the other process's previous wait, so the call holds a chain of `exchanges`
+    dependent signals between processes and little else."""
+    base = shift_plan(processes, True)
+    dst = dict(base.perm)
+    programs = []
+    for r, prog in enumerate(base.ranks):
+        rounds = (Step(Op.SIGNAL, peer=dst[r], sem=0), Step(Op.WAIT, sem=0)) * exchanges
+        programs.append(RankProgram(prog.input_chunks, prog.output_chunks, semaphores=1,
+                                    lanes=(Lane(prog.lanes[0].steps + rounds),)))
+    return Plan(Collective.PPERMUTE, len(processes), tuple(programs), name=f"probe-exchanges-{exchanges}",
+                perm=base.perm)
 
 
 def shift(processes: tuple[int, ...], across: bool) -> tuple[tuple[int, int], ...]:
@@ -114,7 +133,10 @@ def training(processes: tuple[int, ...], probe_bytes: int = LARGE_BYTES) -> list
             cells["twice"] = shift_plan(processes, False, repeats=2)
         out.append(("ppermute", size, cells))
         if spans:  # another permutation: timed on its own
-            out.append(("ppermute", size, {"across": shift_plan(processes, True)}))
+            across = {"across": shift_plan(processes, True)}
+            if size == SHIFT_SIZES[0]:  # the same with a chain of signals between the processes after it
+                across["exchanges"] = exchange_plan(processes)
+            out.append(("ppermute", size, across))
     for size in PLAN_SIZES:
         if size > probe_bytes:
             continue
