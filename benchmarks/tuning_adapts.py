@@ -30,7 +30,8 @@ CONFIGS = {
 }
 
 
-def run(name: str, prefix, options, args) -> str:
+def run(name: str, prefix, options, args) -> str | None:
+    """benchmarks/tuning.py's markdown for one configuration, or None (its error printed) when the run failed."""
     options = dict(options)
     env = {**os.environ, "JAXCOLL_TUNING": "off"}
     if "env" in options:
@@ -41,7 +42,9 @@ def run(name: str, prefix, options, args) -> str:
                *[x for kv in options.items() for x in kv]]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if done.returncode:
-            return f"{name}: failed ({done.returncode}): {done.stderr[-500:]}"
+            print(f"{name}: benchmarks/tuning.py exited with {done.returncode}:\n{done.stderr[-2000:]}",
+                  file=sys.stderr, flush=True)
+            return None
         return open(md.name).read()
 
 
@@ -72,9 +75,15 @@ def main(argv=None) -> int:
              "| prediction error median / p90 | auto within 10% | auto's picks |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     details = []
+    failed = []
     for name in [c.strip() for c in args.configs.split(",") if c.strip()]:
         prefix, options = CONFIGS[name]
         text = run(name, prefix, options, args)
+        if text is None:
+            failed.append(name)
+            lines.append(f"| {name} | failed |")
+            print(lines[-1], flush=True)
+            continue
         lines.append(summary(name, text))
         details += [f"## {name}", "", text, ""]
         print(lines[-1], flush=True)
@@ -82,7 +91,7 @@ def main(argv=None) -> int:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(out)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -101,7 +101,12 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), t
     layout = (procs, hosts)
     # The run's machine (its cache sizes, threads, solo threshold), the model's structure as this jaxcoll has it
     run = MachineModel.from_json(data["model"])
-    shape = dataclasses.replace(cpu_runtime(caches=run.caches, threads=run.threads, solo_bytes=run.solo_bytes),
+    overrides = dict(overrides)
+    caches = run.caches
+    if "caches" in overrides:  # sizes in bytes, smallest first: the rates are the fit's
+        sizes = overrides.pop("caches")
+        caches = tuple((int(size), rate) for size, (_, rate) in zip(sizes, calibration._default_rates()))
+    shape = dataclasses.replace(cpu_runtime(caches=caches, threads=run.threads, solo_bytes=run.solo_bytes),
                                 **{k: type(getattr(run, k))(v) for k, v in overrides.items()})
     n = len(processes)
     training = {(c, name): plan for c, _, d in calibration.training(processes) for name, plan in d.items()}
@@ -203,7 +208,8 @@ def main(argv=None) -> int:
     p.add_argument("--worst", type=int, default=20)
     p.add_argument("--fit-all", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="a MachineModel field of the model's shape, e.g. fresh_bytes=33554433")
+                   help="a MachineModel field of the model's shape, e.g. fresh_bytes=33554433, or the cache levels' "
+                   "sizes in bytes, smallest first, e.g. caches=2097152:8388608")
     p.add_argument("--tuning", action="append", default=[], metavar="FILE",
                    help="a tuning file: how its choices fare against the fastest measured plan of each cell")
     p.add_argument("--without", default="", help="terms to leave out, comma-separated (e.g. reduce,stream)")
@@ -216,7 +222,8 @@ def main(argv=None) -> int:
     p.add_argument("--drop", default="", metavar="NAME,...", help="calibration probes to leave out of the fit")
     args = p.parse_args(argv)
     train = {(name, int(size)) for name, size in (x.split("@") for x in args.train.split(",") if x)}
-    overrides = {k: float(v) for k, v in (x.split("=", 1) for x in args.set)}
+    overrides = {k: (tuple(int(float(s)) for s in v.split(":")) if k == "caches" else float(v))
+                 for k, v in (x.split("=", 1) for x in args.set)}
     for path in args.files:
         analyse(path, args.worst, args.fit_all, overrides, [t for t in args.without.split(",") if t], args.tuning,
                 min if args.fastest else statistics.median, train, [x for x in args.drop.split(",") if x])

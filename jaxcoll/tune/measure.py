@@ -102,13 +102,13 @@ def time_cells(cells: Sequence[tuple[str, int, Mapping[str, object]]], mesh, *, 
                warmup: int = 2, passes: int | None = None, dtype="float32", perm=(),
                progress: Callable[[int], None] | None = None) -> list[dict[str, list[float]]]:
     """`time_cell` for each (collective, nbytes, candidates) of `cells`, visiting the cells in turn `passes` times
-    (`default_passes(reps)` if None) and taking about `reps / passes` rounds of each at every visit. Within a visit the candidates alternate call
-    by call, as in `time_cell`; across visits, a cell's samples span the whole measurement rather than the minute
-    its turn came. On a machine whose speed drifts from minute to minute (this project's VM: the same call, timed
-    twice minutes apart, differs by 6-32% at the median), one visit puts every candidate of a cell in the same
-    slow or fast minute, and that minute, not the plans, then sets the cell's times. A later visit starts with one
-    untimed call of each candidate: what the cells between left in the caches and the allocator is not the
-    cell's own. `progress(i)` is called after each visit of cell i."""
+    (`default_passes(reps)` if None) and taking about `reps / passes` rounds of each at every visit. Within a visit
+    the candidates alternate call by call, as in `time_cell`; across visits, a cell's samples span the whole
+    measurement rather than the minute its turn came. On a machine whose speed drifts from minute to minute (this
+    project's VM: the same call, timed twice minutes apart, differs by 6-32% at the median), one visit puts every
+    candidate of a cell in the same slow or fast minute, and that minute, not the plans, then sets the cell's
+    times. A later visit starts with one untimed call of each candidate: what the cells between left in the caches
+    and the allocator is not the cell's own. `progress(i)` is called after each visit of cell i."""
     import jax
 
     if passes is None:

@@ -60,12 +60,12 @@ def default_name(collective: str, nranks: int, nbytes: int, processes: Sequence[
 
 
 def tune_cells(collectives: Sequence[str], sizes: Sequence[int], *, model: MachineModel, mesh, processes, hosts,
-               top: int = 3, margin: float = MARGIN, most: int = 8, reps: int = 5, warmup: int = 2, passes: int | None = None,
-               dtype: str = "float32",
+               top: int = 3, margin: float = MARGIN, most: int = 8, reps: int = 5, warmup: int = 2,
+               passes: int | None = None, dtype: str = "float32",
                progress: Callable[[str], None] | None = None) -> tuple[list[Cell], dict]:
     """Measure each cell's leading candidates; returns the cells and every measured plan by (collective, name).
-    The cells are timed together, visited in turn `passes` times (`jaxcoll.tune.measure.time_cells`, which takes None for its default); `progress`
-    hears of each visit."""
+    The cells are timed together, visited in turn `passes` times (`jaxcoll.tune.measure.time_cells`; None: its
+    default); `progress` hears of each visit."""
     from jaxcoll.tune import choice, measure
 
     say = progress or (lambda _: None)
