@@ -103,9 +103,8 @@ def analyse(path: str, worst: int, fit_all: bool, overrides: dict, without=(), t
     run = MachineModel.from_json(data["model"])
     overrides = dict(overrides)
     caches = run.caches
-    if "caches" in overrides:  # sizes in bytes, smallest first: the rates are the fit's
-        sizes = overrides.pop("caches")
-        caches = tuple((int(size), rate) for size, (_, rate) in zip(sizes, calibration._default_rates()))
+    if "caches" in overrides:  # sizes in bytes, smallest first; any rate: the fit sets them
+        caches = tuple((int(size), run.caches[-1][1]) for size in overrides.pop("caches"))
     shape = dataclasses.replace(cpu_runtime(caches=caches, threads=run.threads, solo_bytes=run.solo_bytes),
                                 **{k: type(getattr(run, k))(v) for k, v in overrides.items()})
     n = len(processes)
