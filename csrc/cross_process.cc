@@ -371,6 +371,17 @@ Status execute_cross_process_rank(CrossProcessCommunicator& c, int64_t run_id, c
         if (!st.ok()) return st;
         c.data_ids_[slot] = id;
       }
+      // Scratch that no other process maps stays in this process's memory, kept per slot (layout).
+      std::vector<void*> private_scratch(c.local_.size(), nullptr);
+      for (size_t i = 0; i < c.local_.size(); ++i) {
+        const size_t scratch = size_t(plan.ranks[c.local_[i]].scratch_chunks / plan.chunk_factor) * size_t(block) *
+                               accum_size(b.dtype);
+        if (scratch == 0 || c.shares_scratch(c.local_[i])) continue;
+        private_scratch[i] = c.private_scratch_[slot][i].reserve(scratch);
+        if (!private_scratch[i])
+          return Status::Error(site.describe() + ": out of memory for " + std::to_string(scratch) +
+                               " bytes of scratch of rank " + std::to_string(c.local_[i]));
+      }
       call = std::make_shared<CrossProcessCall>(c, run_id, iteration, slot, block, b.dtype, site, deadline);
       call->staging_.resize(c.local_.size());
       // Views of the local ranks into this call's data segment (XLA's buffers are filled in as ranks arrive).
@@ -382,7 +393,7 @@ Status execute_cross_process_rank(CrossProcessCommunicator& c, int64_t run_id, c
         PeerView& v = call->local_views_[i];
         v.semaphores = reinterpret_cast<std::atomic<uint32_t>*>(base + a.semaphores);
         v.bell = &call->header().bell;
-        v.scratch = a.scratch == kPrivate ? nullptr : base + a.scratch;
+        v.scratch = a.scratch == kPrivate ? private_scratch[i] : base + a.scratch;
         v.shared_input = a.input == kPrivate ? nullptr : base + a.input;
         v.shared_output = a.output == kPrivate ? nullptr : base + a.output;
         v.input_chunks = v.shared_input ? c.chunk_flags(c.local_[i], BufferKind::kInput).data() : nullptr;

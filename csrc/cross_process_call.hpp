@@ -94,9 +94,10 @@ void for_each_run(const std::vector<uint8_t>& flags, int64_t k, int64_t block, s
   }
 }
 
-// Where a process's ranks keep, in one call's data segment, what the call shares: their semaphores and scratch
-// always, their input and output where a rank of another process reaches them. kPrivate: the rank uses XLA's
-// buffer. Every process computes the same layout for every process from the plan, so no offset is exchanged.
+// Where a process's ranks keep, in one call's data segment, what the call shares: their semaphores always, their
+// scratch, input and output where a rank of another process reaches them through a mapped segment. kPrivate: the
+// rank uses XLA's buffer (input, output) or the call slot's private scratch. Every process computes the same
+// layout for every process from the plan, so no offset is exchanged.
 constexpr size_t kPrivate = SIZE_MAX;
 struct RankArea {
   size_t semaphores = kPrivate, input = kPrivate, output = kPrivate, scratch = kPrivate;
@@ -179,6 +180,17 @@ class CrossProcessCommunicator : public WatchedCalls, public std::enable_shared_
         }
       });
     }
+    // A rank's scratch is shared when a step of another process that maps segments names it. Otherwise it stays in
+    // this process's memory: a plan's scratch can be several times its output (7 times for the synthesized direct
+    // all_reduce over 2 processes), and every compiled call site holds its segments for its life.
+    scratch_shared_.assign(plan_.nranks, 0);
+    plan_.for_each_step([&](int32_t q, int32_t, int32_t, const Step& s) {
+      const ChunkRef* refs = plan_.srcs(s);
+      for (int32_t j = 0; j < s.nsrc + s.ndst; ++j)
+        if (refs[j].buffer == BufferKind::kScratch && processes_[refs[j].rank] != processes_[q] &&
+            transport_between(world, processes_[refs[j].rank], processes_[q]).maps_segments)
+          scratch_shared_[refs[j].rank] = 1;
+    });
     if (plan_.in_place)  // input and output are one buffer (or one inside the other): shared whole, together
       for (int32_t r = 0; r < plan_.nranks; ++r) {
         const bool either = shared(r, BufferKind::kInput) || shared(r, BufferKind::kOutput);
@@ -187,6 +199,8 @@ class CrossProcessCommunicator : public WatchedCalls, public std::enable_shared_
       }
     data_.resize(kSlots);
     data_ids_.assign(kSlots, 0);
+    private_scratch_.resize(kSlots);
+    for (auto& slot : private_scratch_) slot.resize(local_.size());
     watch(this);
   }
   // The last owner is gone (XLA dropped every executable of the call site, and no call of it is in flight): the
@@ -258,6 +272,7 @@ class CrossProcessCommunicator : public WatchedCalls, public std::enable_shared_
   const std::vector<uint8_t>& chunk_flags(int32_t rank, BufferKind b) const {
     return chunks_[size_t(rank) * 2 + (b == BufferKind::kOutput ? 1 : 0)];
   }
+  bool shares_scratch(int32_t rank) const { return scratch_shared_[size_t(rank)] != 0; }
   bool shared(int32_t rank, BufferKind b) const {
     const auto& f = chunk_flags(rank, b);
     return std::find(f.begin(), f.end(), uint8_t{1}) != f.end();
@@ -277,7 +292,7 @@ class CrossProcessCommunicator : public WatchedCalls, public std::enable_shared_
       a.semaphores = at;
       at = align_up(at + size_t(prog.semaphores) * sizeof(uint32_t), kPage);
       const size_t scratch = size_t(prog.scratch_chunks / plan_.chunk_factor) * size_t(block) * asize;
-      if (scratch) {
+      if (scratch && scratch_shared_[r]) {
         a.scratch = at;
         at = align_up(at + scratch, kPage);
       }
@@ -337,11 +352,13 @@ class CrossProcessCommunicator : public WatchedCalls, public std::enable_shared_
   std::vector<std::unique_ptr<PeerLink>> links_;  // per peer: its transport (transport.hpp)
   uint32_t maps_segments_ = 0;                     // peers that map this process's segments (and ack its slots)
   std::vector<std::vector<uint8_t>> chunks_;  // [rank * 2 + (input 0, output 1)]: per chunk, 1 if shared
+  std::vector<uint8_t> scratch_shared_;       // per rank: 1 if its scratch lies in the data segment
 
   std::mutex mu_;  // guards what follows
   SharedSegment directory_;
   std::vector<SharedSegment> data_;       // per slot
   std::vector<uint64_t> data_ids_;        // per slot
+  std::vector<std::vector<GrowableBuffer>> private_scratch_;  // per slot, per local rank: scratch no peer maps
   std::vector<std::map<int64_t, uint64_t>> iterations_;  // per local rank: run id -> calls in that launch
   std::vector<std::shared_ptr<CrossProcessCall>> active_;
 

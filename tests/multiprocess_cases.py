@@ -507,6 +507,42 @@ def case_segments_private() -> str:
     return f"{len(mine)} segments, all 0600"
 
 
+def case_scratch_private() -> str:
+    """A plan whose scratch no other process names keeps it out of the shared segments: each rank copies its
+    input into 8 chunks of scratch and puts the last to the rank at its place in the next process. The results
+    are the ppermute's, and this process's data segments hold less than its ranks' scratch."""
+    import re
+
+    from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
+    mesh = mesh_1d()
+    n = mesh.devices.size
+    per = len(jax.local_devices())
+    perm = tuple((r, (r + per) % n) for r in range(n))
+    copies = 8
+
+    def program(r):
+        steps = tuple(Step(Op.COPY, (ChunkRef(r, Buffer.INPUT, 0),), (ChunkRef(r, Buffer.SCRATCH, j),))
+                      for j in range(copies))
+        last = Step(Op.PUT, (ChunkRef(r, Buffer.SCRATCH, copies - 1),), (ChunkRef((r + per) % n, Buffer.OUTPUT, 0),))
+        return RankProgram(1, 1, copies, lanes=(Lane(steps + (last,)),))
+
+    plan = Plan(Collective.PPERMUTE, n, tuple(program(r) for r in range(n)), name="through-scratch", perm=perm)
+    rows = 1 << 16  # float32 a rank: 256 KiB, and 2 MiB of scratch
+    x_np = small_ints(np.random.default_rng(5), (n * rows,), np.float32)
+    f = jax.jit(jax.shard_map(lambda v: jaxcoll.ppermute(v, "i", perm, algorithm=plan), mesh=mesh, in_specs=P("i"),
+                              out_specs=P("i")))
+    got = local_values(f(put(x_np, mesh)))  # f alive below: its call site keeps its segments
+    expect = reference("ppermute", mesh, ("i",), x_np, perm=perm)
+    for index, value in got.items():
+        np.testing.assert_array_equal(value, expect[tuple(slice(a, b) for a, b in index)], err_msg=f"at {index}")
+    prefix = _segment_prefix()
+    data = [name for name in os.listdir("/dev/shm") if re.fullmatch(re.escape(prefix) + r"d\d+", name)]
+    held = sum(os.stat(os.path.join("/dev/shm", name)).st_size for name in data)
+    scratch = per * copies * rows * 4
+    assert data and held < scratch, f"data segments {data} hold {held} bytes, the ranks' scratch is {scratch}"
+    return f"{len(data)} data segments of {held} bytes, {scratch} bytes of scratch kept private"
+
+
 # -- faults: the surviving processes print the error they got ------------------------------------------------
 
 def _fault_call(algorithm="auto"):

@@ -115,6 +115,11 @@ def test_two_threads_dispatching_one_function_finish_every_call(transport, algor
     assert_all_ok(results, "threads")
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_scratch_that_no_other_process_names_stays_out_of_the_shared_segments(transport):
+    assert_all_ok(job("scratch_private", **TRANSPORTS[transport]), "scratch_private")
+
+
 def test_shared_memory_segments_are_owner_only():
     assert_all_ok(job("segments_private"), "segments_private")
 
