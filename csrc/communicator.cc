@@ -318,20 +318,63 @@ std::string Communicator::failure() const {
   return failure_;
 }
 
-Communicator* communicator_for(int64_t callsite, int32_t group, int32_t nranks, Status& status) {
-  static std::mutex mu;
-  static std::map<std::pair<int64_t, int32_t>, std::unique_ptr<Communicator>>* registry =
-      new std::map<std::pair<int64_t, int32_t>, std::unique_ptr<Communicator>>();  // outlives the watchdog
-  std::lock_guard<std::mutex> lock(mu);
-  auto& c = (*registry)[{callsite, group}];
-  if (!c) c = std::make_unique<Communicator>(nranks);
+int64_t Communicator::held_bytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t bytes = 0;
+  for (const auto* list : {&active_, &idle_})
+    for (const auto& r : *list)
+      for (int32_t i = 0; i < r->nranks_; ++i) bytes += int64_t(r->slots_[i].scratch.size() + r->slots_[i].staging.size());
+  return bytes;
+}
+
+namespace {
+
+// Every live communicator, by (callsite, group). It finds them and owns none: their compiled calls do.
+struct Registry {
+  std::mutex mu;
+  std::map<std::pair<int64_t, int32_t>, std::weak_ptr<Communicator>> comms;
+};
+
+Registry& registry() {
+  static Registry* r = new Registry();  // outlives the watchdog and every compiled call at exit
+  return *r;
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> communicator_for(int64_t callsite, int32_t group, int32_t nranks, Status& status) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  std::erase_if(reg.comms, [](const auto& entry) { return entry.second.expired(); });
+  std::weak_ptr<Communicator>& entry = reg.comms[{callsite, group}];
+  std::shared_ptr<Communicator> c = entry.lock();
+  if (!c) {
+    c = std::make_shared<Communicator>(nranks);
+    entry = c;
+  }
   if (c->nranks() != nranks) {
     status = Status::Error("jaxcoll callsite " + std::to_string(callsite) + ", group " + std::to_string(group) +
                            ": plan for " + std::to_string(nranks) + " ranks, but this call site first ran with " +
                            std::to_string(c->nranks()) + " ranks; every lowered call site needs its own callsite id");
     return nullptr;
   }
-  return c.get();
+  return c;
+}
+
+CommunicatorMemory communicator_memory() {
+  std::vector<std::shared_ptr<Communicator>> live;
+  {
+    Registry& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mu);
+    for (const auto& [key, weak] : reg.comms)
+      if (auto c = weak.lock()) live.push_back(std::move(c));
+  }
+  CommunicatorMemory m;
+  for (const auto& c : live) {
+    ++m.communicators;
+    m.bytes += c->held_bytes();
+  }
+  return m;
 }
 
 }  // namespace jaxcoll

@@ -1,6 +1,9 @@
 // Communicators: the meeting points of the ranks of one group at one call site (docs/plan-ir.md, "What the
-// executor guarantees"). A Communicator is process-wide, keyed by (callsite, group), and lives as long as the
-// process.
+// executor guarantees"). A Communicator is keyed by (callsite, group) and owned by the compiled calls that run
+// its call site: when XLA drops the last executable holding the call site (the function is dropped, or
+// jax.clear_caches()), its rendezvous and their scratch and staging memory go with it. A program recompiled in a
+// loop lowers a new call site each time, so a communicator that lived as long as the process would hold every
+// compilation's scratch for ever.
 //
 // XLA:CPU may run consecutive launches of a program concurrently on one device (each device admits several
 // computations in flight), so "the n-th call of a rank" is not enough to pair calls: a call is identified by
@@ -44,6 +47,7 @@ class GrowableBuffer {
  public:
   void* reserve(size_t bytes);
   void* data() const { return data_.get(); }
+  size_t size() const { return size_; }
 
  private:
   struct Free {
@@ -205,6 +209,9 @@ class Communicator : public CallFailure, public WatchedCalls {
   // the completions to call with `error`; true while some call is still gathering.
   bool expire(Clock::time_point now, std::vector<Completion>& pending, Status& error) override;
 
+  // Bytes of scratch and staging memory its rendezvous hold (what it keeps between calls).
+  int64_t held_bytes();
+
  private:
   std::vector<Completion> fail_gathering(const std::string& message);
 
@@ -222,8 +229,16 @@ class Communicator : public CallFailure, public WatchedCalls {
 // Wake the watchdog: a rank returned pending. It then polls every 20 ms while any call is still gathering.
 void watchdog_notify();
 
-// The process-wide communicator of (callsite, group); created on first use with `nranks` slots. Returns null
-// (and an error) if the key was first used with a different group size.
-Communicator* communicator_for(int64_t callsite, int32_t group, int32_t nranks, Status& status);
+// The communicator of (callsite, group), created on first use with `nranks` slots; the caller shares its ownership
+// (the compiled call's state holds it: see the top of this file). Returns null (and an error) if the key's live
+// communicator has a different group size.
+std::shared_ptr<Communicator> communicator_for(int64_t callsite, int32_t group, int32_t nranks, Status& status);
+
+// What the live communicators of this process hold between calls (jaxcoll.runtime.communicator_memory).
+struct CommunicatorMemory {
+  int64_t communicators = 0;
+  int64_t bytes = 0;  // scratch and staging
+};
+CommunicatorMemory communicator_memory();
 
 }  // namespace jaxcoll

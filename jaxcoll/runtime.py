@@ -87,6 +87,14 @@ def call_stats(reset: bool = False) -> list[dict]:
     return list(_jaxcoll.call_stats(bool(reset)))
 
 
+def communicator_memory() -> tuple[int, int]:
+    """(communicators, bytes): the live communicators of the groups inside this process, and the scratch and
+    staging bytes they hold between calls. A compiled call site holds its own, and frees them when XLA drops its
+    last executable (the function is dropped, or `jax.clear_caches()`)."""
+    communicators, held = _jaxcoll.communicator_memory()
+    return int(communicators), int(held)
+
+
 def default_timeout_s() -> float:
     """The timeout of a call in seconds, as the runtime reads it: JAXCOLL_TIMEOUT, default 300."""
     return float(_jaxcoll.default_timeout_s())

@@ -36,6 +36,10 @@ struct PlanState {
   ReduceOp op = ReduceOp::kSum;
   int64_t callsite = 0;
   std::array<std::atomic<Communicator*>, 64> by_group{};
+  // The communicators of the groups inside this process, owned here: XLA destroys the state with the executable,
+  // and the call site's rendezvous, scratch and staging memory go with it (communicator.hpp).
+  std::mutex in_process_mu;
+  std::map<int32_t, std::shared_ptr<Communicator>> in_process;
   // Where the ranks live when the mesh spans processes: processes[group * nranks + rank] is the job process
   // index hosting that rank (empty in a one-process program). A group inside one process runs in-process.
   std::vector<int32_t> processes;
@@ -182,9 +186,17 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
   Communicator* comm = nullptr;
   if (cached) comm = state->by_group[group].load(std::memory_order_acquire);
   if (!comm) {
-    Status st;
-    comm = communicator_for(state->callsite, group, plan.nranks, st);
-    if (!comm) return Failed(ffi::Error::InvalidArgument(st.message()));
+    std::lock_guard<std::mutex> lock(state->in_process_mu);
+    auto& owned = state->in_process[group];
+    if (!owned) {
+      Status st;
+      owned = communicator_for(state->callsite, group, plan.nranks, st);
+      if (!owned) {
+        state->in_process.erase(group);
+        return Failed(ffi::Error::InvalidArgument(st.message()));
+      }
+    }
+    comm = owned.get();
     if (cached) state->by_group[group].store(comm, std::memory_order_release);
   }
   // Helpers and completions go to XLA's intra-op pool; the pool handle is valid for the length of this call,

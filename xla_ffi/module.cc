@@ -15,6 +15,7 @@
 #include "csrc/abi.hpp"
 #include "csrc/call_stats.hpp"
 #include "csrc/collectives.hpp"
+#include "csrc/communicator.hpp"
 #include "csrc/env.hpp"
 #include "csrc/executor.hpp"
 #include "csrc/layout.hpp"
@@ -174,6 +175,11 @@ NB_MODULE(_jaxcoll, m) {
         "Each call site that ran on the CPU runtime: its calls, one rank's input bytes, the fastest and slowest call "
         "and the last calls' seconds (jaxcoll.stats); `reset` forgets them after reading.");
 
+  m.def("communicator_memory", [] {
+    const jaxcoll::CommunicatorMemory m = jaxcoll::communicator_memory();
+    return std::make_tuple(m.communicators, m.bytes);
+  }, "(communicators, bytes): the live communicators of groups inside this process and the scratch and staging "
+     "bytes they hold between calls (a compiled call site's, freed with its last executable).");
   m.def("open_tracer", &jaxcoll::open_tracer, "Trace the steps of every call that starts from now (jaxcoll.trace).");
   m.def("close_tracer", &jaxcoll::close_tracer, "Close one open_tracer: tracing stops when none is open.");
   m.def("trace_clock_ns", [] {
