@@ -21,7 +21,7 @@
 // call for the whole group and completes the others.
 //
 // A failure (timeout, bad buffer) marks the communicator failed and completes every pending rank with the
-// error; a failed communicator stays failed for the life of the process. A watchdog thread fails a call whose
+// error; a failed communicator stays failed for the life of its call site. A watchdog thread fails a call whose
 // peers do not all arrive within the timeout, naming the ranks that never did.
 #pragma once
 

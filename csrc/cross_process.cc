@@ -374,8 +374,7 @@ Status execute_cross_process_rank(CrossProcessCommunicator& c, int64_t run_id, c
       // Scratch that no other process maps stays in this process's memory, kept per slot (layout).
       std::vector<void*> private_scratch(c.local_.size(), nullptr);
       for (size_t i = 0; i < c.local_.size(); ++i) {
-        const size_t scratch = size_t(plan.ranks[c.local_[i]].scratch_chunks / plan.chunk_factor) * size_t(block) *
-                               accum_size(b.dtype);
+        const size_t scratch = scratch_bytes(plan, c.local_[i], block, b.dtype);
         if (scratch == 0 || c.shares_scratch(c.local_[i])) continue;
         private_scratch[i] = c.private_scratch_[slot][i].reserve(scratch);
         if (!private_scratch[i])

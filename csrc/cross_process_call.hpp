@@ -281,7 +281,7 @@ class CrossProcessCommunicator : public WatchedCalls, public std::enable_shared_
   // The layout of `process`'s ranks in a call's data segment, for blocks of `block` elements of `dtype`.
   std::vector<RankArea> layout(int32_t process, int64_t block, DType dtype, size_t& bytes) const {
     std::vector<RankArea> areas(plan_.nranks);
-    const size_t dsize = dtype_size(dtype), asize = accum_size(dtype);
+    const size_t dsize = dtype_size(dtype);
     const size_t in_bytes = size_t(plan_.in_blocks) * size_t(block) * dsize;
     const size_t out_bytes = size_t(plan_.out_blocks) * size_t(block) * dsize;
     size_t at = 0;
@@ -291,7 +291,7 @@ class CrossProcessCommunicator : public WatchedCalls, public std::enable_shared_
       RankArea& a = areas[r];
       a.semaphores = at;
       at = align_up(at + size_t(prog.semaphores) * sizeof(uint32_t), kPage);
-      const size_t scratch = size_t(prog.scratch_chunks / plan_.chunk_factor) * size_t(block) * asize;
+      const size_t scratch = scratch_bytes(plan_, r, block, dtype);
       if (scratch && scratch_shared_[r]) {
         a.scratch = at;
         at = align_up(at + scratch, kPage);

@@ -191,10 +191,9 @@ Status execute_rank(Communicator& comm, int64_t run_id, const Plan& plan, int32_
         break;
     }
   }
-  const int64_t scratch_bytes = int64_t(prog.scratch_chunks / plan.chunk_factor) * block * int64_t(accum_size(b.dtype));
-  if (scratch_bytes > 0) {
-    rb.scratch = me.scratch.reserve(size_t(scratch_bytes));
-    if (!rb.scratch) return fail_with(comm, site, rank, "out of memory for " + std::to_string(scratch_bytes) +
+  if (const size_t scratch = scratch_bytes(plan, rank, block, b.dtype)) {
+    rb.scratch = me.scratch.reserve(scratch);
+    if (!rb.scratch) return fail_with(comm, site, rank, "out of memory for " + std::to_string(scratch) +
                                                             " bytes of scratch");
   }
 

@@ -4,12 +4,14 @@
 // behaviour. Steps, lanes and chunk refs live in flat arrays indexed by position: one allocation per plan.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "csrc/collectives.hpp"
+#include "csrc/dtype.hpp"
 #include "csrc/status.hpp"
 
 namespace jaxcoll {
@@ -97,6 +99,12 @@ struct Plan {
       }
   }
 };
+
+// Bytes of rank `rank`'s scratch in a call of blocks of `block` elements of `dtype`: scratch holds the
+// accumulation type (dtype.hpp).
+inline size_t scratch_bytes(const Plan& plan, int32_t rank, int64_t block, DType dtype) {
+  return size_t(plan.ranks[rank].scratch_chunks / plan.chunk_factor) * size_t(block) * accum_size(dtype);
+}
 
 // Decode and structurally validate serialized plan words into `plan`. On failure `plan` is unspecified and the
 // status names the word, rank, lane or step at fault.

@@ -313,7 +313,8 @@ def test_calibration_across_processes_prices_a_signal_between_them_by_a_chain_of
     # it, EXCHANGES times: every wait but the first waits on a signal sent after the other process's last wait.
     from jaxcoll.tune import calibration, measure
 
-    probes = {name: plan for _, _, plans in calibration.training(processes) for name, plan in plans.items()}
+    training = calibration.training(processes)
+    probes = {name: plan for _, _, plans in training for name, plan in plans.items()}
     plan = probes["exchanges"]
     perm = dict(plan.perm)
     for r, program in enumerate(plan.ranks):
@@ -326,7 +327,7 @@ def test_calibration_across_processes_prices_a_signal_between_them_by_a_chain_of
     # Times from a model whose signal between processes costs 25 us, each off by up to 10% as a busy machine's are:
     # the fit finds the signal's cost within 15% in every draw (without the chain, 20-31 us).
     truth = machine.cpu_runtime(crossing_latency_s=25e-6, launch_s=200e-6, threads=1)
-    calls = [(plan, size) for _, size, plans in calibration.training(processes) for plan in plans.values()]
+    calls = [(plan, size) for _, size, plans in training for plan in plans.values()]
     times = np.array([machine.seconds(plan, size, truth, processes=processes)
                       + truth.launch_s / measure.iterations(size) for plan, size in calls])
     rng = np.random.default_rng(0)
