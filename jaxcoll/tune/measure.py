@@ -13,8 +13,11 @@ key-value store is not needed: the slowest process bounds every call).
 
 from __future__ import annotations
 
+import gc
+import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -100,7 +103,8 @@ def time_cell(collective: str, nbytes: int, candidates: Mapping[str, object], me
 
 def time_cells(cells: Sequence[tuple[str, int, Mapping[str, object]]], mesh, *, axis: str = "i", reps: int = 5,
                warmup: int = 2, passes: int | None = None, dtype="float32", perm=(),
-               progress: Callable[[int], None] | None = None) -> list[dict[str, list[float]]]:
+               progress: Callable[[int], None] | None = None,
+               memory: int | None = None) -> list[dict[str, list[float]]]:
     """`time_cell` for each (collective, nbytes, candidates) of `cells`, visiting the cells in turn `passes` times
     (`default_passes(reps)` if None) and taking about `reps / passes` rounds of each at every visit. Within a visit
     the candidates alternate call by call, as in `time_cell`; across visits, a cell's samples span the whole
@@ -108,7 +112,13 @@ def time_cells(cells: Sequence[tuple[str, int, Mapping[str, object]]], mesh, *, 
     project's VM: the same call, timed twice minutes apart, differs by 6-32% at the median), one visit puts every
     candidate of a cell in the same slow or fast minute, and that minute, not the plans, then sets the cell's
     times. A later visit starts with one untimed call of each candidate: what the cells between left in the caches
-    and the allocator is not the cell's own. `progress(i)` is called after each visit of cell i."""
+    and the allocator is not the cell's own. `progress(i)` is called after each visit of cell i.
+
+    Every program of the cells visited together is compiled before any is timed, and a compiled call site holds
+    its scratch (and, across processes, its shared segment) for as long as it lives. So the cells are taken in
+    groups whose programs hold at most `memory` bytes in this process (`memory_budget(mesh)` if None): each group
+    is compiled, visited `passes` times and dropped before the next is compiled. A cell is never split; one that
+    alone holds more than `memory` is measured alone, with a warning."""
     import jax
 
     if passes is None:
@@ -117,9 +127,30 @@ def time_cells(cells: Sequence[tuple[str, int, Mapping[str, object]]], mesh, *, 
         raise ValueError(f"time_cells: passes must be between 1 and reps={reps}, got {passes}")
     n = mesh.shape[axis]
     sharding = jax.NamedSharding(mesh, jax.P(axis))
+    processes = [int(d.process_index) for d in mesh.devices.flat]
+    local = sum(p == jax.process_index() for p in processes)
+    counts = [per_rank_elements(nbytes, n, dtype) for _, nbytes, _ in cells]
+    held = [cell_bytes(collective, count * np.dtype(dtype).itemsize, candidates, dtype, processes,
+                       jax.process_index(), local)
+            for (collective, _, candidates), count in zip(cells, counts)]
+    times: list[dict[str, list[float]]] = [{name: [] for name in candidates} for _, _, candidates in cells]
+    if len(cells) > 1 and memory is None:
+        memory = memory_budget(mesh)
+    for group in cell_groups(held, memory, cells) if len(cells) > 1 else [list(range(len(cells)))]:
+        _time_group([(i, *cells[i], counts[i]) for i in group], times, mesh, axis, sharding, reps, warmup, passes,
+                    dtype, perm, progress)
+        gc.collect()  # the group's executables went with its programs, and with them their call sites' memory
+    return times
+
+
+def _time_group(group, times, mesh, axis, sharding, reps, warmup, passes, dtype, perm, progress) -> None:
+    """Compile every program of the `group`'s cells ((index, collective, nbytes, candidates, elements) each), then
+    visit the cells `passes` times, adding each call's seconds to `times[index]`."""
+    import jax
+
+    n = mesh.shape[axis]
     prepared = []
-    for collective, nbytes, candidates in cells:
-        count = per_rank_elements(nbytes, n, dtype)
+    for i, collective, _, candidates, count in group:
         iters = iterations(count * np.dtype(dtype).itemsize)
         programs = {name: program(collective, mesh, axis, iters, alg, perm) for name, alg in candidates.items()}
         x = jax.make_array_from_callback((n * count,), sharding,
@@ -127,11 +158,11 @@ def time_cells(cells: Sequence[tuple[str, int, Mapping[str, object]]], mesh, *, 
         # Compile every program before timing any: a new program's first calls fault in fresh pages.
         for f in programs.values():
             jax.block_until_ready(f(x))
-        prepared.append((programs, x, iters))
-    times: list[dict[str, list[float]]] = [{name: [] for name in programs} for programs, _, _ in prepared]
+        prepared.append((i, programs, x, iters))
     for visit in range(passes):
         rounds = reps // passes + (visit < reps % passes)
-        for i, ((programs, x, iters), out) in enumerate(zip(prepared, times)):
+        for i, programs, x, iters in prepared:
+            out = times[i]
             for _ in range(warmup if visit == 0 else 1):
                 for f in programs.values():
                     jax.block_until_ready(f(x))
@@ -142,7 +173,124 @@ def time_cells(cells: Sequence[tuple[str, int, Mapping[str, object]]], mesh, *, 
                     out[name].append((time.perf_counter() - t0) / iters)
             if progress:
                 progress(i)
-    return times
+
+
+# A call site keeps a rendezvous (across processes, a call slot) for each of its calls in flight, each with memory
+# of its own, and a program's consecutive calls overlap by one: a rank whose call is done starts the next while the
+# last of its peers is still leaving the previous one, and none can finish the next before every rank has left it.
+CALLS_IN_FLIGHT = 2
+
+
+def held_bytes(algorithm, nbytes: int, dtype, processes=None, process: int = 0) -> int:
+    """Bytes a compiled call site of `algorithm` (a Plan: other algorithms are taken to hold none) keeps in
+    process `process` for as long as it lives, at `nbytes` of input per rank, at most: for each of CALLS_IN_FLIGHT
+    calls, each of the process's ranks' scratch (in the accumulation type) and in-place staging, and where the
+    group spans processes (`processes[r]` hosts rank r) the copies of its input and output chunks that its shared
+    segment may hold, at most the whole buffers (csrc/communicator.hpp, csrc/cross_process_call.hpp)."""
+    from jaxcoll.plan import Collective, Plan
+    from jaxcoll.sim.machine import chunk_bytes, widen
+
+    if not isinstance(algorithm, Plan):
+        return 0
+    plan = algorithm
+    chunk = chunk_bytes(plan, nbytes)
+    spans = processes is not None and len(set(processes)) > 1
+    total = 0.0
+    for r, prog in enumerate(plan.ranks):
+        if spans and processes[r] != process:
+            continue
+        total += prog.scratch_chunks * chunk * widen(dtype)
+        if plan.in_place and plan.collective is Collective.REDUCE_SCATTER:  # the input is staged, then copied out
+            total += prog.input_chunks * chunk
+        if spans:
+            total += (prog.input_chunks + prog.output_chunks) * chunk
+    return int(CALLS_IN_FLIGHT * total)
+
+
+def cell_bytes(collective: str, nbytes: int, candidates: Mapping[str, object], dtype, processes, process: int,
+               local: int) -> int:
+    """Bytes a cell's compiled programs hold together in this process while it is measured: every candidate's call
+    site (`held_bytes`), the cell's input, and one call's output buffers (XLA allocates them per call)."""
+    from jaxcoll.plan import Collective
+    from jaxcoll.plan.collectives import definition
+
+    n = len(processes)
+    ins, outs = definition(Collective(collective)).blocks(n)
+    sites = sum(held_bytes(alg, nbytes, dtype, processes, process) for alg in candidates.values())
+    return int(sites + local * nbytes * (1 + outs / ins))
+
+
+# The share of the memory the host has available (and, across processes, of its shared-memory file system's free
+# space) that the programs compiled at once may hold, divided among the job's processes on the host.
+MEMORY_SHARE = 0.5
+
+
+def memory_budget(mesh) -> int:
+    """Bytes the programs `time_cells` compiles at once may hold in this process: MEMORY_SHARE of the host's
+    available memory (/proc/meminfo) and, where the mesh spans processes, of /dev/shm's free space, each divided
+    by the mesh's processes on this host. Across a job it is process 0's figure (every process must compile the
+    same programs at the same time)."""
+    import jax
+
+    from jaxcoll import distributed
+    from jaxcoll.tune.calibration import _next_run
+
+    processes = {int(d.process_index) for d in mesh.devices.flat}
+
+    def decide() -> str:
+        here = _available_bytes()
+        if len(processes) > 1:
+            here = min(here, _shm_free_bytes())
+            hosts = distributed.layout().hosts
+            mine = hosts[jax.process_index()]
+            here //= max(1, sum(hosts[p] == mine for p in processes))
+        return str(int(here * MEMORY_SHARE))
+
+    if len(processes) == 1:
+        return int(decide())
+    return int(distributed.agree(f"tune/memory/{_next_run()}", decide))
+
+
+def cell_groups(held: Sequence[int], budget: int, cells: Sequence | None = None) -> list[list[int]]:
+    """The cells' indices in order, in consecutive groups whose `held` bytes add up to at most `budget`; a cell
+    that alone holds more is a group of its own (with a warning naming it, where `cells` says what it is)."""
+    groups: list[list[int]] = []
+    total = 0
+    for i, b in enumerate(held):
+        if b > budget:
+            what = f"{cells[i][0]} of {cells[i][1]} B a rank" if cells is not None else f"cell {i}"
+            warnings.warn(f"jaxcoll.tune: the programs of {what} hold about {b / 2**30:.1f} GiB together, more "
+                          f"than the {budget / 2**30:.1f} GiB this process may hold at once; they are measured "
+                          f"alone, and may still run out of memory (measure fewer candidates or smaller sizes)",
+                          stacklevel=3)
+        if groups and total + b <= budget and b <= budget:
+            groups[-1].append(i)
+            total += b
+        else:
+            groups.append([i])
+            total = b
+    return groups
+
+
+def _available_bytes() -> int:
+    """The host's available memory (MemAvailable), or its total where /proc/meminfo is missing."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _shm_free_bytes() -> int:
+    """Free space of the file system that holds the shared segments (/dev/shm)."""
+    try:
+        st = os.statvfs("/dev/shm")
+        return st.f_bavail * st.f_frsize
+    except OSError:
+        return _available_bytes()
 
 
 def median(samples) -> float:
