@@ -364,7 +364,7 @@ def test_cells_whose_programs_outgrow_the_memory_are_measured_in_groups_each_dro
         held.append((i, runtime.communicator_memory()[1] - before))
 
     # room for the first two cells' programs together, not for all three
-    room = sum(measure.cell_bytes("all_reduce", s, cells[0][2], "float32", [0] * N, 0, N) for s in sizes[:2])
+    room = sum(measure.buffer_bytes("all_reduce", s, N, N) + 2 * scratch[s] for s in sizes[:2])
     times = measure.time_cells(cells, mesh, reps=2, warmup=1, passes=2, progress=visited, memory=room)
     assert [i for i, _ in held] == [0, 1, 0, 1, 2, 2]
     first, second = scratch[sizes[0]] + scratch[sizes[1]], scratch[sizes[2]]
@@ -373,6 +373,51 @@ def test_cells_whose_programs_outgrow_the_memory_are_measured_in_groups_each_dro
         assert low <= b <= 2 * low, (i, b, low)
     assert runtime.communicator_memory()[1] == before  # the last group's memory went with its programs
     assert all(len(v) == 2 and min(v) > 0 for t in times for v in t.values())
+
+
+def test_a_cell_that_alone_outgrows_the_memory_is_measured_in_subsets_tied_by_its_first_candidate():
+    from jaxcoll import runtime
+    from jaxcoll.tune import measure
+    mesh = jax.make_mesh((N,), ("i",))
+    size = 256 << 10
+    plans = {name: algorithms.builtin(Collective.ALL_REDUCE, name, N) for name in ("two_shot", "ring", "direct")}
+    plans["ring2"] = plans["ring"]  # another call site of the same plan: it holds its own scratch
+    ring = N * size  # the ring's scratch: one input a rank
+    room = measure.buffer_bytes("all_reduce", size, N, N) + 2 * ring  # one ring's call site (two calls), no more
+    held = []
+    before = runtime.communicator_memory()[1]
+    times = measure.time_cells([("all_reduce", size, plans)], mesh, reps=2, warmup=1, passes=1, memory=room,
+                               progress=lambda i: held.append(runtime.communicator_memory()[1] - before))
+    # two subsets, each led by two_shot: (two_shot, ring, direct), then (two_shot, ring2)
+    assert len(held) == 2 and all(ring <= b <= 2 * ring for b in held), (held, ring)
+    assert list(times[0]) == list(plans)
+    assert [len(v) for v in times[0].values()] == [4, 2, 2, 2]  # the first candidate in both subsets
+    assert all(min(v) > 0 for v in times[0].values())
+
+
+def test_candidate_subsets_fit_the_memory_each_led_by_the_first_candidate():
+    from jaxcoll.tune import measure
+    held = {"a": 30, "b": 20, "c": 40, "d": 10, "e": 50}
+    assert measure.candidate_subsets(list(held), held, 10, 1000) == [list(held)]  # it fits: one subset
+    subsets = measure.candidate_subsets(list(held), held, 10, 100)
+    assert subsets == [["a", "b", "c"], ["a", "d", "e"]]
+    assert all(10 + sum(held[k] for k in s) <= 100 for s in subsets)
+    # a pair that alone outgrows the memory is still a subset (cell_groups warns of it)
+    assert measure.candidate_subsets(list(held), held, 10, 40) == [["a", k] for k in "bcde"]
+
+
+def test_subsets_of_a_cell_are_tied_together_by_the_first_candidates_times():
+    from jaxcoll.tune import measure
+    # The machine ran 1.5x slower during the second subset: the true times are a 1.0, b 2.0, c 0.5.
+    first = {"a": [1.0, 1.0, 1.0], "b": [2.0, 2.0, 2.0]}
+    second = {"a": [1.5, 1.5, 1.5], "c": [0.75, 0.75, 0.75]}
+    merged = measure.merge_subsets([first, second], ["a", "b", "c"])
+    assert list(merged) == ["a", "b", "c"]
+    assert sorted(merged["a"]) == [1.0] * 3 + [1.5] * 3
+    overall = 1.25  # the median of a's six calls
+    assert merged["b"] == pytest.approx([2.0 * overall / 1.0] * 3)
+    assert merged["c"] == pytest.approx([0.75 * overall / 1.5] * 3)
+    assert merged["b"][0] / merged["c"][0] == pytest.approx(4.0)  # the true ratio, the drift taken out
 
 
 def test_cell_groups_keep_each_cell_whole_and_name_one_that_alone_outgrows_the_memory():

@@ -117,8 +117,9 @@ def time_cells(cells: Sequence[tuple[str, int, Mapping[str, object]]], mesh, *, 
     Every program of the cells visited together is compiled before any is timed, and a compiled call site holds
     its scratch (and, across processes, its shared segment) for as long as it lives. So the cells are taken in
     groups whose programs hold at most `memory` bytes in this process (`memory_budget(mesh)` if None): each group
-    is compiled, visited `passes` times and dropped before the next is compiled. A cell is never split; one that
-    alone holds more than `memory` is measured alone, with a warning."""
+    is compiled, visited `passes` times and dropped before the next is compiled. A cell whose candidates alone
+    hold more is measured in subsets that fit, each with the cell's first candidate (`candidate_subsets`), and its
+    subsets' times are tied together through that candidate's (`merge_subsets`)."""
     import jax
 
     if passes is None:
@@ -128,29 +129,40 @@ def time_cells(cells: Sequence[tuple[str, int, Mapping[str, object]]], mesh, *, 
     n = mesh.shape[axis]
     sharding = jax.NamedSharding(mesh, jax.P(axis))
     processes = [int(d.process_index) for d in mesh.devices.flat]
-    local = sum(p == jax.process_index() for p in processes)
+    me = jax.process_index()
+    local = sum(p == me for p in processes)
     counts = [per_rank_elements(nbytes, n, dtype) for _, nbytes, _ in cells]
-    held = [cell_bytes(collective, count * np.dtype(dtype).itemsize, candidates, dtype, processes,
-                       jax.process_index(), local)
-            for (collective, _, candidates), count in zip(cells, counts)]
-    times: list[dict[str, list[float]]] = [{name: [] for name in candidates} for _, _, candidates in cells]
     if len(cells) > 1 and memory is None:
         memory = memory_budget(mesh)
-    for group in cell_groups(held, memory, cells) if len(cells) > 1 else [list(range(len(cells)))]:
-        _time_group([(i, *cells[i], counts[i]) for i in group], times, mesh, axis, sharding, reps, warmup, passes,
-                    dtype, perm, progress)
+    units = []  # (cell, its candidates measured together, what they hold)
+    for i, ((collective, _, candidates), count) in enumerate(zip(cells, counts)):
+        size = count * np.dtype(dtype).itemsize
+        held = {name: held_bytes(alg, size, dtype, processes, me) for name, alg in candidates.items()}
+        fixed = buffer_bytes(collective, size, n, local)
+        subsets = [list(candidates)] if memory is None else candidate_subsets(list(candidates), held, fixed, memory)
+        units += [(i, names, fixed + sum(held[k] for k in names)) for names in subsets]
+    parts: list[list[dict[str, list[float]]]] = [[] for _ in cells]
+    labels = [cells[i][:2] for i, _, _ in units]
+    groups = cell_groups([b for *_, b in units], memory, labels) if memory is not None else [range(len(units))]
+    for group in groups:
+        chosen = [units[u] for u in group]
+        measured = _time_group([(i, cells[i][0], {k: cells[i][2][k] for k in names}, counts[i])
+                                for i, names, _ in chosen], mesh, axis, sharding, reps, warmup, passes, dtype, perm,
+                               progress)
+        for (i, _, _), times in zip(chosen, measured):
+            parts[i].append(times)
         gc.collect()  # the group's executables went with its programs, and with them their call sites' memory
-    return times
+    return [merge_subsets(p, list(candidates)) for p, (_, _, candidates) in zip(parts, cells)]
 
 
-def _time_group(group, times, mesh, axis, sharding, reps, warmup, passes, dtype, perm, progress) -> None:
-    """Compile every program of the `group`'s cells ((index, collective, nbytes, candidates, elements) each), then
-    visit the cells `passes` times, adding each call's seconds to `times[index]`."""
+def _time_group(group, mesh, axis, sharding, reps, warmup, passes, dtype, perm, progress):
+    """Compile every program of the `group`'s cells ((index, collective, candidates, elements) each), then visit
+    the cells `passes` times; each cell's seconds per call of each candidate."""
     import jax
 
     n = mesh.shape[axis]
     prepared = []
-    for i, collective, _, candidates, count in group:
+    for i, collective, candidates, count in group:
         iters = iterations(count * np.dtype(dtype).itemsize)
         programs = {name: program(collective, mesh, axis, iters, alg, perm) for name, alg in candidates.items()}
         x = jax.make_array_from_callback((n * count,), sharding,
@@ -159,10 +171,10 @@ def _time_group(group, times, mesh, axis, sharding, reps, warmup, passes, dtype,
         for f in programs.values():
             jax.block_until_ready(f(x))
         prepared.append((i, programs, x, iters))
+    times = [{name: [] for name in programs} for _, programs, _, _ in prepared]
     for visit in range(passes):
         rounds = reps // passes + (visit < reps % passes)
-        for i, programs, x, iters in prepared:
-            out = times[i]
+        for (i, programs, x, iters), out in zip(prepared, times):
             for _ in range(warmup if visit == 0 else 1):
                 for f in programs.values():
                     jax.block_until_ready(f(x))
@@ -173,6 +185,42 @@ def _time_group(group, times, mesh, axis, sharding, reps, warmup, passes, dtype,
                     out[name].append((time.perf_counter() - t0) / iters)
             if progress:
                 progress(i)
+    return times
+
+
+def candidate_subsets(names: Sequence[str], held: Mapping[str, int], fixed: int, budget: int) -> list[list[str]]:
+    """A cell's candidates (`held[name]`: what each one's call site holds; `fixed`: what the cell's buffers hold,
+    whichever runs) in the subsets that are measured together: all of them where they fit in `budget`; else
+    subsets that fit, in order, each led by the first candidate, which ties their times together
+    (`merge_subsets`). A pair that alone holds more than the budget is a subset of its own."""
+    names = list(names)
+    if len(names) <= 2 or fixed + sum(held[k] for k in names) <= budget:
+        return [names]
+    anchor, subsets, current = names[0], [], []
+    total = fixed + held[anchor]
+    for name in names[1:]:
+        if current and total + held[name] > budget:
+            subsets.append([anchor, *current])
+            current, total = [], fixed + held[anchor]
+        current.append(name)
+        total += held[name]
+    return subsets + [[anchor, *current]]
+
+
+def merge_subsets(parts: Sequence[Mapping[str, list[float]]], names: Sequence[str]) -> dict[str, list[float]]:
+    """One cell's times from those of its subsets (`candidate_subsets`), in the order of `names`. The subsets ran
+    minutes apart, and this machine's speed drifts by that much; every subset timed the first candidate beside its
+    others, so each subset's times are scaled by that candidate's median over all of them against its median in
+    the subset (the drift a subset shared), and its own samples are all of them together."""
+    if len(parts) == 1:
+        return {name: list(parts[0][name]) for name in names}
+    anchor = names[0]
+    overall = statistics.median(t for part in parts for t in part[anchor])
+    merged = {anchor: [t for part in parts for t in part[anchor]]}
+    for part in parts:
+        scale = overall / statistics.median(part[anchor])
+        merged.update({name: [t * scale for t in ts] for name, ts in part.items() if name != anchor})
+    return {name: merged[name] for name in names}
 
 
 # A call site keeps a rendezvous (across processes, a call slot) for each of its calls in flight, each with memory
@@ -207,17 +255,14 @@ def held_bytes(algorithm, nbytes: int, dtype, processes=None, process: int = 0) 
     return int(CALLS_IN_FLIGHT * total)
 
 
-def cell_bytes(collective: str, nbytes: int, candidates: Mapping[str, object], dtype, processes, process: int,
-               local: int) -> int:
-    """Bytes a cell's compiled programs hold together in this process while it is measured: every candidate's call
-    site (`held_bytes`), the cell's input, and one call's output buffers (XLA allocates them per call)."""
+def buffer_bytes(collective: str, nbytes: int, nranks: int, local: int) -> int:
+    """Bytes a cell holds in this process's XLA buffers while it is measured, whichever candidate runs: its input,
+    and one call's outputs (XLA allocates them per call), for `local` of the group's `nranks` ranks."""
     from jaxcoll.plan import Collective
     from jaxcoll.plan.collectives import definition
 
-    n = len(processes)
-    ins, outs = definition(Collective(collective)).blocks(n)
-    sites = sum(held_bytes(alg, nbytes, dtype, processes, process) for alg in candidates.values())
-    return int(sites + local * nbytes * (1 + outs / ins))
+    ins, outs = definition(Collective(collective)).blocks(nranks)
+    return int(local * nbytes * (1 + outs / ins))
 
 
 # The share of the memory the host has available (and, across processes, of its shared-memory file system's free
@@ -253,7 +298,8 @@ def memory_budget(mesh) -> int:
 
 def cell_groups(held: Sequence[int], budget: int, cells: Sequence | None = None) -> list[list[int]]:
     """The cells' indices in order, in consecutive groups whose `held` bytes add up to at most `budget`; a cell
-    that alone holds more is a group of its own (with a warning naming it, where `cells` says what it is)."""
+    that alone holds more is a group of its own, with a warning naming it where `cells` says what each is
+    ((collective, bytes))."""
     groups: list[list[int]] = []
     total = 0
     for i, b in enumerate(held):
@@ -261,8 +307,7 @@ def cell_groups(held: Sequence[int], budget: int, cells: Sequence | None = None)
             what = f"{cells[i][0]} of {cells[i][1]} B a rank" if cells is not None else f"cell {i}"
             warnings.warn(f"jaxcoll.tune: the programs of {what} hold about {b / 2**30:.1f} GiB together, more "
                           f"than the {budget / 2**30:.1f} GiB this process may hold at once; they are measured "
-                          f"alone, and may still run out of memory (measure fewer candidates or smaller sizes)",
-                          stacklevel=3)
+                          f"alone, and may still run out of memory (measure smaller sizes)", stacklevel=3)
         if groups and total + b <= budget and b <= budget:
             groups[-1].append(i)
             total += b
