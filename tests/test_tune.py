@@ -424,8 +424,8 @@ def test_cell_groups_keep_each_cell_whole_and_name_one_that_alone_outgrows_the_m
     from jaxcoll.tune import measure
     cells = [("all_reduce", 1 << 10, {}), ("all_gather", 1 << 30, {}), ("all_reduce", 1 << 20, {}),
              ("reduce_scatter", 1 << 20, {})]
-    with pytest.warns(UserWarning, match=r"all_gather of 1073741824 B a rank hold about 0\.0 GiB together, more "
-                                         r"than the 0\.0 GiB"):
+    with pytest.warns(UserWarning, match=r"candidates of all_gather at 1073741824 B a rank measured together hold "
+                                         r"about 0\.0 GiB, more than the 0\.0 GiB"):
         groups = measure.cell_groups([10, 500, 40, 60], 100, cells)
     assert groups == [[0], [1], [2, 3]]
     with warnings.catch_warnings():

@@ -119,7 +119,8 @@ def time_cells(cells: Sequence[tuple[str, int, Mapping[str, object]]], mesh, *, 
     groups whose programs hold at most `memory` bytes in this process (`memory_budget(mesh)` if None): each group
     is compiled, visited `passes` times and dropped before the next is compiled. A cell whose candidates alone
     hold more is measured in subsets that fit, each with the cell's first candidate (`candidate_subsets`), and its
-    subsets' times are tied together through that candidate's (`merge_subsets`)."""
+    subsets' times are tied together through that candidate's (`merge_subsets`). One cell alone (`time_cell`) is
+    measured whole unless `memory` is given."""
     import jax
 
     if passes is None:
@@ -304,10 +305,10 @@ def cell_groups(held: Sequence[int], budget: int, cells: Sequence | None = None)
     total = 0
     for i, b in enumerate(held):
         if b > budget:
-            what = f"{cells[i][0]} of {cells[i][1]} B a rank" if cells is not None else f"cell {i}"
-            warnings.warn(f"jaxcoll.tune: the programs of {what} hold about {b / 2**30:.1f} GiB together, more "
-                          f"than the {budget / 2**30:.1f} GiB this process may hold at once; they are measured "
-                          f"alone, and may still run out of memory (measure smaller sizes)", stacklevel=3)
+            what = f"{cells[i][0]} at {cells[i][1]} B a rank" if cells is not None else f"cell {i}"
+            warnings.warn(f"jaxcoll.tune: the candidates of {what} measured together hold about {b / 2**30:.1f} "
+                          f"GiB, more than the {budget / 2**30:.1f} GiB this process may hold at once; they are "
+                          f"measured alone, and may still run out of memory (measure smaller sizes)", stacklevel=3)
         if groups and total + b <= budget and b <= budget:
             groups[-1].append(i)
             total += b
