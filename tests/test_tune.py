@@ -395,6 +395,24 @@ def test_a_cell_that_alone_outgrows_the_memory_is_measured_in_subsets_tied_by_it
     assert all(min(v) > 0 for v in times[0].values())
 
 
+def test_a_program_of_one_call_a_launch_holds_its_call_sites_memory_once():
+    # From 1 MiB a rank a measured program runs one call a launch (measure.iterations), each launch awaited: every
+    # rank has left the call before its launch ends, so the next launch's call reuses the same rendezvous.
+    from jaxcoll import runtime
+    from jaxcoll.tune import measure
+    mesh = jax.make_mesh((N,), ("i",))
+    size = 1 << 20
+    assert measure.iterations(size) == 1
+    ring = algorithms.builtin(Collective.ALL_REDUCE, "ring", N)
+    held = []
+    before = runtime.communicator_memory()[1]
+    measure.time_cells([("all_reduce", size, {"ring": ring}), ("all_gather", 4096, {"direct": "direct"})], mesh,
+                       reps=3, warmup=1, passes=1, memory=1 << 40,
+                       progress=lambda i: held.append(runtime.communicator_memory()[1] - before))
+    assert held[0] == N * size  # the ring's scratch, one input a rank, once
+    assert measure.held_bytes(ring, size, "float32", calls=1) == N * size
+
+
 def test_candidate_subsets_fit_the_memory_each_led_by_the_first_candidate():
     from jaxcoll.tune import measure
     held = {"a": 30, "b": 20, "c": 40, "d": 10, "e": 50}

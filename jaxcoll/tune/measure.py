@@ -138,7 +138,8 @@ def time_cells(cells: Sequence[tuple[str, int, Mapping[str, object]]], mesh, *, 
     units = []  # (cell, its candidates measured together, what they hold)
     for i, ((collective, _, candidates), count) in enumerate(zip(cells, counts)):
         size = count * np.dtype(dtype).itemsize
-        held = {name: held_bytes(alg, size, dtype, processes, me) for name, alg in candidates.items()}
+        calls = 1 if iterations(size) == 1 and local == n else CALLS_IN_FLIGHT
+        held = {name: held_bytes(alg, size, dtype, processes, me, calls) for name, alg in candidates.items()}
         fixed = buffer_bytes(collective, size, n, local)
         subsets = [list(candidates)] if memory is None else candidate_subsets(list(candidates), held, fixed, memory)
         units += [(i, names, fixed + sum(held[k] for k in names)) for names in subsets]
@@ -225,15 +226,17 @@ def merge_subsets(parts: Sequence[Mapping[str, list[float]]], names: Sequence[st
 
 
 # A call site keeps a rendezvous (across processes, a call slot) for each of its calls in flight, each with memory
-# of its own, and a program's consecutive calls overlap by one: a rank whose call is done starts the next while the
-# last of its peers is still leaving the previous one, and none can finish the next before every rank has left it.
+# of its own, and the calls of a loop overlap by one: a rank whose call is done starts the next while the last of
+# its peers is still leaving the previous one, and none can finish the next before every rank has left it. Across
+# processes a slot is taken again only once every peer has acknowledged its call, which may come after the next
+# launch has claimed another. A program of one call a launch, each launch awaited, holds one in one process.
 CALLS_IN_FLIGHT = 2
 
 
-def held_bytes(algorithm, nbytes: int, dtype, processes=None, process: int = 0) -> int:
+def held_bytes(algorithm, nbytes: int, dtype, processes=None, process: int = 0, calls: int = CALLS_IN_FLIGHT) -> int:
     """Bytes a compiled call site of `algorithm` (a Plan: other algorithms are taken to hold none) keeps in
-    process `process` for as long as it lives, at `nbytes` of input per rank, at most: for each of CALLS_IN_FLIGHT
-    calls, each of the process's ranks' scratch (in the accumulation type) and in-place staging, and where the
+    process `process` for as long as it lives, at `nbytes` of input per rank, at most: for each of `calls` calls in
+    flight, each of the process's ranks' scratch (in the accumulation type) and in-place staging, and where the
     group spans processes (`processes[r]` hosts rank r) the copies of its input and output chunks that its shared
     segment may hold, at most the whole buffers (csrc/communicator.hpp, csrc/cross_process_call.hpp)."""
     from jaxcoll.plan import Collective, Plan
@@ -253,7 +256,7 @@ def held_bytes(algorithm, nbytes: int, dtype, processes=None, process: int = 0) 
             total += prog.input_chunks * chunk
         if spans:
             total += (prog.input_chunks + prog.output_chunks) * chunk
-    return int(CALLS_IN_FLIGHT * total)
+    return int(calls * total)
 
 
 def buffer_bytes(collective: str, nbytes: int, nranks: int, local: int) -> int:
