@@ -192,21 +192,25 @@ def _time_group(group, mesh, axis, sharding, reps, warmup, passes, dtype, perm, 
 
 def candidate_subsets(names: Sequence[str], held: Mapping[str, int], fixed: int, budget: int) -> list[list[str]]:
     """A cell's candidates (`held[name]`: what each one's call site holds; `fixed`: what the cell's buffers hold,
-    whichever runs) in the subsets that are measured together: all of them where they fit in `budget`; else
-    subsets that fit, in order, each led by the first candidate, which ties their times together
-    (`merge_subsets`). A pair that alone holds more than the budget is a subset of its own."""
+    whichever runs) in the subsets that are measured together: all of them where they fit in `budget`; else as few
+    subsets that fit as first-fit decreasing finds, each led by the first candidate, which ties their times together
+    (`merge_subsets`), the others in their order. A pair that alone holds more than the budget is a subset of its
+    own."""
     names = list(names)
     if len(names) <= 2 or fixed + sum(held[k] for k in names) <= budget:
         return [names]
-    anchor, subsets, current = names[0], [], []
-    total = fixed + held[anchor]
-    for name in names[1:]:
-        if current and total + held[name] > budget:
-            subsets.append([anchor, *current])
-            current, total = [], fixed + held[anchor]
-        current.append(name)
-        total += held[name]
-    return subsets + [[anchor, *current]]
+    anchor, order = names[0], {name: i for i, name in enumerate(names)}
+    subsets: list[list[str]] = []
+    room: list[int] = []
+    for name in sorted(names[1:], key=lambda k: (-held[k], order[k])):
+        fits = next((j for j, left in enumerate(room) if held[name] <= left), None)
+        if fits is None:
+            subsets.append([])
+            room.append(budget - fixed - held[anchor])
+            fits = len(subsets) - 1
+        subsets[fits].append(name)
+        room[fits] -= held[name]
+    return [[anchor, *sorted(subset, key=order.get)] for subset in subsets]
 
 
 def merge_subsets(parts: Sequence[Mapping[str, list[float]]], names: Sequence[str]) -> dict[str, list[float]]:
