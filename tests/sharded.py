@@ -56,3 +56,16 @@ def small_ints(rng, shape, dtype):
         return rng.integers(0, 2, shape).astype(bool)
     lo = 0 if dtype.kind == "u" else -4
     return rng.integers(lo, 5, shape).astype(dtype)
+
+
+def memory_after_release(expected_bytes: int, timeout_s: float = 10.0) -> tuple[int, int]:
+    """jaxcoll.runtime.communicator_memory() once its bytes come to `expected_bytes`, or as it is after `timeout_s`.
+    A dropped executable goes when XLA's last reference to it does, which an execution whose outputs are already
+    ready may hold a moment longer (its completion runs on another thread)."""
+    import time
+
+    from jaxcoll import runtime
+    deadline = time.monotonic() + timeout_s
+    while (held := runtime.communicator_memory())[1] != expected_bytes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return held

@@ -16,6 +16,7 @@ from jaxcoll import algorithms, tune
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
 from jaxcoll.sim import machine
 from jaxcoll.tune import choice, file, run
+from sharded import memory_after_release
 
 N = 8
 
@@ -371,7 +372,7 @@ def test_cells_whose_programs_outgrow_the_memory_are_measured_in_groups_each_dro
     for i, b in held:  # the first group's scratch is gone before the last cell is compiled
         low = first if i < 2 else second
         assert low <= b <= 2 * low, (i, b, low)
-    assert runtime.communicator_memory()[1] == before  # the last group's memory went with its programs
+    assert memory_after_release(before)[1] == before  # the last group's memory went with its programs
     assert all(len(v) == 2 and min(v) > 0 for t in times for v in t.values())
 
 
