@@ -323,7 +323,8 @@ int64_t Communicator::held_bytes() {
   int64_t bytes = 0;
   for (const auto* list : {&active_, &idle_})
     for (const auto& r : *list)
-      for (int32_t i = 0; i < r->nranks_; ++i) bytes += int64_t(r->slots_[i].scratch.size() + r->slots_[i].staging.size());
+      for (int32_t i = 0; i < r->nranks_; ++i)
+        bytes += int64_t(r->slots_[i].scratch.size() + r->slots_[i].staging.size());
   return bytes;
 }
 

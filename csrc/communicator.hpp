@@ -209,7 +209,8 @@ class Communicator : public CallFailure, public WatchedCalls {
   // the completions to call with `error`; true while some call is still gathering.
   bool expire(Clock::time_point now, std::vector<Completion>& pending, Status& error) override;
 
-  // Bytes of scratch and staging memory its rendezvous hold (what it keeps between calls).
+  // Bytes of scratch and staging memory its rendezvous hold (what it keeps between calls). Read it between calls:
+  // a rank in a call grows its own slot's buffers without the communicator's lock.
   int64_t held_bytes();
 
  private:

@@ -89,8 +89,8 @@ def call_stats(reset: bool = False) -> list[dict]:
 
 def communicator_memory() -> tuple[int, int]:
     """(communicators, bytes): the live communicators of the groups inside this process, and the scratch and
-    staging bytes they hold between calls. A compiled call site holds its own, and frees them when XLA drops its
-    last executable (the function is dropped, or `jax.clear_caches()`)."""
+    staging bytes they hold between calls (read it between calls). A compiled call site holds its own, and frees
+    them when XLA drops its last executable (the function is dropped, or `jax.clear_caches()`)."""
     communicators, held = _jaxcoll.communicator_memory()
     return int(communicators), int(held)
 
