@@ -69,3 +69,19 @@ def memory_after_release(expected_bytes: int, timeout_s: float = 10.0) -> tuple[
     while (held := runtime.communicator_memory())[1] != expected_bytes and time.monotonic() < deadline:
         time.sleep(0.01)
     return held
+
+
+def settled_memory(timeout_s: float = 10.0) -> tuple[int, int]:
+    """jaxcoll.runtime.communicator_memory() once the executables earlier tests dropped have gone: the same over
+    five readings 20 ms apart (memory_after_release says why they may linger)."""
+    import gc
+    import time
+
+    from jaxcoll import runtime
+    gc.collect()
+    deadline = time.monotonic() + timeout_s
+    readings = [runtime.communicator_memory()]
+    while time.monotonic() < deadline and (len(readings) < 5 or len(set(readings[-5:])) > 1):
+        time.sleep(0.02)
+        readings.append(runtime.communicator_memory())
+    return readings[-1]

@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxcoll import runtime
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step, encode, validate
 from jaxcoll.plan import abi, layout
-from sharded import memory_after_release
+from sharded import memory_after_release, settled_memory
 
 IN, OUT, SCR = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 TIMEOUT_S = 60.0  # a broken plan fails the test in a minute instead of the default five
@@ -533,7 +533,7 @@ def test_a_dropped_executable_frees_its_call_sites_scratch_and_staging(mesh8):
         return ffi_collective(scatter, summed, (block,))
 
     jax.clear_caches()
-    before = runtime.communicator_memory()
+    before = settled_memory()
     for _ in range(3):
         f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("i"), out_specs=P("i"), check_vma=False))
         got = np.asarray(f(x)).reshape(8, block)

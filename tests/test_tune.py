@@ -16,7 +16,7 @@ from jaxcoll import algorithms, tune
 from jaxcoll.plan import Buffer, ChunkRef, Collective, Lane, Op, Plan, RankProgram, Step
 from jaxcoll.sim import machine
 from jaxcoll.tune import choice, file, run
-from sharded import memory_after_release
+from sharded import memory_after_release, settled_memory
 
 N = 8
 
@@ -359,7 +359,7 @@ def test_cells_whose_programs_outgrow_the_memory_are_measured_in_groups_each_dro
     scratch = {size: N * size * ring.ranks[0].scratch_chunks // ring.chunk_factor for size in sizes}
     assert [measure.held_bytes(c[2]["ring"], c[1], "float32") for c in cells] == [2 * scratch[s] for s in sizes]
     held = []
-    before = runtime.communicator_memory()[1]
+    before = settled_memory()[1]
 
     def visited(i):
         held.append((i, runtime.communicator_memory()[1] - before))
@@ -386,7 +386,7 @@ def test_a_cell_that_alone_outgrows_the_memory_is_measured_in_subsets_tied_by_it
     ring = N * size  # the ring's scratch: one input a rank
     room = measure.buffer_bytes("all_reduce", size, N, N) + 2 * ring  # one ring's call site (two calls), no more
     held = []
-    before = runtime.communicator_memory()[1]
+    before = settled_memory()[1]
     times = measure.time_cells([("all_reduce", size, plans)], mesh, reps=2, warmup=1, passes=1, memory=room,
                                progress=lambda i: held.append(runtime.communicator_memory()[1] - before))
     # two subsets, each led by two_shot: (two_shot, ring, direct), then (two_shot, ring2)
@@ -406,7 +406,7 @@ def test_a_program_of_one_call_a_launch_holds_its_call_sites_memory_once():
     assert measure.iterations(size) == 1
     ring = algorithms.builtin(Collective.ALL_REDUCE, "ring", N)
     held = []
-    before = runtime.communicator_memory()[1]
+    before = settled_memory()[1]
     measure.time_cells([("all_reduce", size, {"ring": ring}), ("all_gather", 4096, {"direct": "direct"})], mesh,
                        reps=3, warmup=1, passes=1, memory=1 << 40,
                        progress=lambda i: held.append(runtime.communicator_memory()[1] - before))
