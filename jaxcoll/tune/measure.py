@@ -243,7 +243,8 @@ def held_bytes(algorithm, nbytes: int, dtype, processes=None, process: int = 0, 
     flight, each of the process's ranks' scratch (in the accumulation type) and in-place staging, and where the
     group spans processes (`processes[r]` hosts rank r) the copies of its input and output chunks that its shared
     segment may hold, at most the whole buffers (csrc/communicator.hpp, csrc/cross_process_call.hpp)."""
-    from jaxcoll.plan import Collective, Plan
+    from jaxcoll.plan import Plan
+    from jaxcoll.plan.collectives import InPlace, definition
     from jaxcoll.sim.machine import chunk_bytes, widen
 
     if not isinstance(algorithm, Plan):
@@ -256,7 +257,8 @@ def held_bytes(algorithm, nbytes: int, dtype, processes=None, process: int = 0, 
         if spans and processes[r] != process:
             continue
         total += prog.scratch_chunks * chunk * widen(dtype)
-        if plan.in_place and plan.collective is Collective.REDUCE_SCATTER:  # the input is staged, then copied out
+        # the input is staged, then the rank's block copied out (csrc/executor.cc, InPlace::kOutputInInput)
+        if plan.in_place and definition(plan.collective).in_place is InPlace.OUTPUT_IN_INPUT:
             total += prog.input_chunks * chunk
         if spans:
             total += (prog.input_chunks + prog.output_chunks) * chunk
