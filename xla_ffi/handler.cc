@@ -28,18 +28,43 @@ namespace ffi = xla::ffi;
 namespace jaxcoll::xla_cpu {
 namespace {
 
-// The decoded plan of one compiled custom call, shared by every device that runs it, and a cache of the
-// communicators its groups use, so the steady state takes no lock.
+// The communicators of one compiled call's groups, owned here: XLA destroys the state with the executable, and
+// each call site's memory goes with it (in one process its rendezvous, scratch and staging: communicator.hpp;
+// across processes its shared segments: cross_process.hpp). The first groups are found without a lock once made.
+template <typename Comm>
+class GroupCommunicators {
+ public:
+  // The communicator of `group`, made by `make(st)` on its first call; nullptr (with `st` set) if that failed.
+  template <typename Make>
+  Comm* get(int32_t group, Make&& make, Status& st) {
+    const bool cached = group >= 0 && group < kCached;
+    if (cached)
+      if (Comm* comm = cache_[group].load(std::memory_order_acquire)) return comm;
+    std::lock_guard<std::mutex> lock(mu_);
+    std::shared_ptr<Comm>& comm = owned_[group];
+    if (!comm) comm = make(st);
+    if (!comm) {
+      owned_.erase(group);
+      return nullptr;
+    }
+    if (cached) cache_[group].store(comm.get(), std::memory_order_release);
+    return comm.get();
+  }
+
+ private:
+  static constexpr int32_t kCached = 64;
+  std::array<std::atomic<Comm*>, kCached> cache_{};
+  std::mutex mu_;
+  std::map<int32_t, std::shared_ptr<Comm>> owned_;
+};
+
+// The decoded plan of one compiled custom call, shared by every device that runs it, and its groups'
+// communicators.
 struct PlanState {
   static ffi::TypeId id;
   Plan plan;
   ReduceOp op = ReduceOp::kSum;
   int64_t callsite = 0;
-  std::array<std::atomic<Communicator*>, 64> by_group{};
-  // The communicators of the groups inside this process, owned here: XLA destroys the state with the executable,
-  // and the call site's rendezvous, scratch and staging memory go with it (communicator.hpp).
-  std::mutex in_process_mu;
-  std::map<int32_t, std::shared_ptr<Communicator>> in_process;
   // Where the ranks live when the mesh spans processes: processes[group * nranks + rank] is the job process
   // index hosting that rank (empty in a one-process program). A group inside one process runs in-process.
   std::vector<int32_t> processes;
@@ -47,11 +72,8 @@ struct PlanState {
   // The rank whose calls jaxcoll.stats() times: the first rank in this process of the first group with one, so
   // every process of a job times the sites it runs, once a call.
   int32_t timed_group = 0, timed_rank = 0;
-  std::array<std::atomic<CrossProcessCommunicator*>, 64> cross_process_by_group{};
-  // The cross-process communicators this compiled call uses, owned here: XLA destroys the state with the executable,
-  // and the call site's shared memory goes with it (cross_process.hpp).
-  std::mutex cross_process_mu;
-  std::map<int32_t, std::shared_ptr<CrossProcessCommunicator>> cross_process;
+  GroupCommunicators<Communicator> in_process;
+  GroupCommunicators<CrossProcessCommunicator> cross_process;
 };
 ffi::TypeId PlanState::id = XLA_FFI_UNKNOWN_TYPE_ID;
 constexpr ffi::TypeInfo kPlanStateInfo = ffi::MakeTypeInfo<PlanState>();
@@ -128,7 +150,6 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
     return Failed(ffi::Error::InvalidArgument(site.describe() + ": rank operand " + std::to_string(rank) +
                                               " is out of range for a plan of " + std::to_string(plan.nranks) +
                                               " ranks; pass lax.axis_index over the collective's axes"));
-  const bool cached = group >= 0 && group < static_cast<int32_t>(state->by_group.size());
   CallBuffers b{x.untyped_data(), out->untyped_data(), static_cast<int64_t>(x.element_count()),
                 static_cast<int64_t>(out->element_count()), *dtype, state->op};
   // One rank of each call is timed, from its arrival to its call's end (what its step waits for).
@@ -157,24 +178,13 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
                                                 " is out of range for " + std::to_string(ngroups) + " groups"));
     const int32_t* procs = state->processes.data() + int64_t(group) * plan.nranks;
     if (std::any_of(procs, procs + plan.nranks, [&](int32_t p) { return p != procs[0]; })) {
-      CrossProcessCommunicator* group_comm =
-          cached ? state->cross_process_by_group[group].load(std::memory_order_acquire) : nullptr;
-      if (!group_comm) {
-        std::lock_guard<std::mutex> lock(state->cross_process_mu);
-        auto& owned = state->cross_process[group];
-        if (!owned) {
-          Status st;
-          owned = cross_process_communicator_for(state->callsite, group, plan,
-                                                 std::vector<int32_t>(procs, procs + plan.nranks), state->fingerprint,
-                                                 b.input_elements, *dtype, st);
-          if (!owned) {
-            state->cross_process.erase(group);
-            return Failed(ffi::Error::InvalidArgument(st.message()));
-          }
-        }
-        group_comm = owned.get();
-        if (cached) state->cross_process_by_group[group].store(group_comm, std::memory_order_release);
-      }
+      Status made;
+      CrossProcessCommunicator* group_comm = state->cross_process.get(group, [&](Status& st) {
+        return cross_process_communicator_for(state->callsite, group, plan,
+                                              std::vector<int32_t>(procs, procs + plan.nranks), state->fingerprint,
+                                              b.input_elements, *dtype, st);
+      }, made);
+      if (!group_comm) return Failed(ffi::Error::InvalidArgument(made.message()));
       const Status st = execute_cross_process_rank(*group_comm, run_id.run_id, plan, rank, b, site,
                                                    default_timeout_s(), std::move(complete), pending);
       if (pending) return ffi::Future(promise);
@@ -183,22 +193,10 @@ ffi::Future Execute(PlanState* state, ffi::RunId run_id, ffi::ThreadPool pool, f
     }
   }
 
-  Communicator* comm = nullptr;
-  if (cached) comm = state->by_group[group].load(std::memory_order_acquire);
-  if (!comm) {
-    std::lock_guard<std::mutex> lock(state->in_process_mu);
-    auto& owned = state->in_process[group];
-    if (!owned) {
-      Status st;
-      owned = communicator_for(state->callsite, group, plan.nranks, st);
-      if (!owned) {
-        state->in_process.erase(group);
-        return Failed(ffi::Error::InvalidArgument(st.message()));
-      }
-    }
-    comm = owned.get();
-    if (cached) state->by_group[group].store(comm, std::memory_order_release);
-  }
+  Status made;
+  Communicator* comm = state->in_process.get(
+      group, [&](Status& st) { return communicator_for(state->callsite, group, plan.nranks, st); }, made);
+  if (!comm) return Failed(ffi::Error::InvalidArgument(made.message()));
   // Helpers and completions go to XLA's intra-op pool; the pool handle is valid for the length of this call,
   // which is as long as the leader schedules on it. One helper per core beyond the leader's own.
   static const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));  // read once
