@@ -6,9 +6,10 @@ jaxcoll's and XLA's version of one collective (the programs of `python -m jaxcol
 1 MiB up), alternating call by call, and prints per run and side the median and range of the wall time and the
 median of each count. A side whose system time follows its page faults pays for fresh memory (the kernel zeroes
 every page a call writes first: docs/performance.md, "Why large calls vary"); one whose context switches grow
-with the wall time waits on other threads.
+with the wall time waits on other threads. `--by-speed` then sets the faster half of each side's calls (all runs
+together) beside its slowest quarter: counts that differ between them are what the slow calls do more of.
 
-    python benchmarks/call_costs.py [--collective all_reduce] [--sizes 16M,64M] [--runs 3] [--calls 10]
+    python benchmarks/call_costs.py [--collective all_reduce] [--sizes 16M,64M] [--runs 3] [--calls 10] [--by-speed]
 
 Set JAXCOLL_HUGEPAGE_BYTES=0 to see jaxcoll's calls without transparent huge pages on its outputs.
 """
@@ -44,6 +45,8 @@ def main() -> None:
     p.add_argument("--devices", type=int, default=8)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--calls", type=int, default=10, help="timed calls per side and run")
+    p.add_argument("--by-speed", action="store_true",
+                   help="also print each side's median counts over its faster half and its slowest quarter of calls")
     args = p.parse_args()
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={args.devices}")
@@ -68,6 +71,7 @@ def main() -> None:
                 jax.block_until_ready(f(x))
         print(f"\n{format_size(nbytes)} per rank ({iters} call(s) per launch; counts are per launch)")
         print("| run | load | side | ms | user ms | sys ms | faults | vol cs | invol cs |\n|---|---|---|---|---|---|---|---|---|")
+        every = {side: [] for side in programs}
         for run in range(args.runs):
             rows = {side: [] for side in programs}
             for _ in range(args.calls):
@@ -78,8 +82,26 @@ def main() -> None:
                 med = {k: statistics.median(c[k] for c in calls) for k in calls[0]}
                 ms = [c["ms"] for c in calls]
                 print(f"| {run} | {load:.1f} | {side} | {med['ms']:.1f} ({min(ms):.1f}-{max(ms):.1f}) | "
-                      + " | ".join(f"{med[k]:.0f}" for k in ("user ms", "sys ms", "faults", "vol cs", "invol cs"))
+                      + " | ".join(f"{med[k]:.0f}" for k in KEYS)
                       + " |", flush=True)
+                every[side] += calls
+        if args.by_speed:
+            print_by_speed(every)
+
+
+KEYS = ("user ms", "sys ms", "faults", "vol cs", "invol cs")
+
+
+def print_by_speed(calls_by_side: dict[str, list[dict[str, float]]]) -> None:
+    """Each side's median counts over its faster half of calls and over its slowest quarter."""
+    print("\n| side | calls | ms | " + " | ".join(KEYS) + " |\n|---|---|---|" + "---|" * len(KEYS))
+    for side, calls in calls_by_side.items():
+        ordered = sorted(calls, key=lambda c: c["ms"])
+        for name, part in (("faster half", ordered[:len(ordered) // 2]),
+                           ("slowest quarter", ordered[len(ordered) - max(1, len(ordered) // 4):])):
+            med = {k: statistics.median(c[k] for c in part) for k in ("ms", *KEYS)}
+            print(f"| {side} | {name} ({len(part)}) | {med['ms']:.2f} | " + " | ".join(f"{med[k]:.1f}" for k in KEYS)
+                  + " |", flush=True)
 
 
 if __name__ == "__main__":
