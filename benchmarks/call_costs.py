@@ -3,8 +3,8 @@
 Times swing with other work on a 2-core VM; counts per call do not: the process's user and system CPU time
 (getrusage, every thread), minor page faults, voluntary and involuntary context switches, and from the
 scheduler's own per-thread counters (/proc/self/task/*/schedstat, in nanoseconds) the time the process's threads
-ran and the time they were runnable but waited for a core (less what reading the counters costs). This program runs
-jaxcoll's and XLA's version of one collective (the programs of `python -m jaxcoll bench`, one call per launch from
+ran and the time they were runnable but waited for a core (less what reading the counters costs). This program
+runs jaxcoll's and XLA's version of one collective (the programs of `python -m jaxcoll bench`, one call per launch from
 1 MiB up), alternating call by call, and prints per run and side the median and range of the wall time and the
 median of each count. A side whose system time follows its page faults pays for fresh memory (the kernel zeroes
 every page a call writes first: docs/performance.md, "Why large calls vary"); one whose context switches grow
@@ -24,6 +24,10 @@ import os
 import resource
 import statistics
 import time
+
+
+KEYS = ("user ms", "sys ms", "faults", "vol cs", "invol cs", "ran ms", "queued ms")
+TIMES = ("ran ms", "queued ms")  # nanosecond counters: printed to the hundredth
 
 
 def scheduled_ns() -> tuple[int, int]:
@@ -120,16 +124,12 @@ def main() -> None:
             print_by_speed(every)
 
 
-KEYS = ("user ms", "sys ms", "faults", "vol cs", "invol cs", "ran ms", "queued ms")
-TIMES = ("ran ms", "queued ms")  # nanosecond counters: printed to the hundredth
-
-
 def print_by_speed(calls_by_side: dict[str, list[dict[str, float]]]) -> None:
     """Each side's median counts over its faster half of calls and over its slowest quarter."""
     print("\n| side | calls | ms | " + " | ".join(KEYS) + " |\n|---|---|---|" + "---|" * len(KEYS))
     for side, calls in calls_by_side.items():
         ordered = sorted(calls, key=lambda c: c["ms"])
-        for name, part in (("faster half", ordered[:len(ordered) // 2]),
+        for name, part in (("faster half", ordered[:max(1, len(ordered) // 2)]),
                            ("slowest quarter", ordered[len(ordered) - max(1, len(ordered) // 4):])):
             med = {k: statistics.median(c[k] for c in part) for k in ("ms", *KEYS)}
             print(f"| {side} | {name} ({len(part)}) | {med['ms']:.2f} | " + " | ".join(f"{med[k]:.1f}" for k in KEYS)
