@@ -20,7 +20,7 @@ namespace jaxcoll {
 namespace {
 // A function's static, not a global: the setting is read on first use, never while the library loads.
 std::atomic<int64_t>& solo_limit() {
-  static std::atomic<int64_t> limit{env_settings().solo_bytes.value_or(int64_t{4} << 20)};
+  static std::atomic<int64_t> limit{env_settings().solo_bytes.value_or(int64_t{2} << 20)};
   return limit;
 }
 }  // namespace
@@ -59,13 +59,6 @@ bool solo_call(const Plan& plan, const CallBuffers& b) {
   return plan.nranks == 1 || call_traffic_bytes(plan, b.input_elements / plan.in_blocks, b.dtype) <= solo_bytes();
 }
 
-// Calls that read and write at least this many bytes in all are offered to the ranks waiting on their own threads
-// as well as to the pool's helpers. Such a call takes milliseconds, so eight threads sharing two cores cost little
-// next to the share of the cores they win from other work. A smaller call's steps are short and every signal wakes
-// every sleeping helper; offering those to the ranks too gave all_gather of 64 KiB per rank 0.42 ms a call against
-// 0.27 ms in one run, within the old code's own spread on that busy machine (0.27-0.43 ms over three runs), so
-// they stay as they were.
-constexpr int64_t kRankHelpersBytes = int64_t{32} << 20;
 
 // The leader: run the call for every rank, settle the copies owed, recycle the rendezvous and complete the ranks
 // that arrived first (through the helpers' scheduler, so their programs continue in parallel).
@@ -84,7 +77,12 @@ Status lead_call(Communicator& comm, Rendezvous* rv, const Plan& plan, int32_t r
                                             comm, /*whole_group=*/true);
     for (int32_t r = 0; r < plan.nranks; ++r) group->trace_arrival(r, rv->slot(r).arrived_ns);
     if (!solo_call(plan, b)) {
-      if (call_traffic_bytes(plan, block, b.dtype) >= kRankHelpersBytes) rv->share(group);
+      // A call large enough to share is offered to the ranks still waiting on their own threads as well as to
+      // the pool's helpers: with more threads than cores, a lane blocked on a peer's signal less often leaves a
+      // core idle while a sleeping helper is woken (8 ranks, 2 cores: all_to_all of 1 MiB a rank 1.32 against
+      // 1.52 ms a call, all_gather of 64 KiB 0.97x XLA against 0.85x; docs/benchmarks.md "Every shared call,
+      // every waiting rank").
+      rv->share(group);
       if (helpers.schedule) {
         const int n = std::min<int>(helpers.count, plan.nranks - 1);
         for (int h = 0; h < n; ++h)

@@ -88,7 +88,7 @@ class MachineModel:
     network_rate: float = 1.25e9  # bytes/s per TCP connection, one direction
     network_latency_s: float = 50e-6  # one dependent message exchange between hosts
     network_message_s: float = 20e-6  # what each message to another host costs its sender and receiver
-    solo_bytes: int = 4 << 20  # JAXCOLL_SOLO_BYTES: above it a call is shared with helper threads
+    solo_bytes: int = 2 << 20  # JAXCOLL_SOLO_BYTES: above it a call is shared with helper threads
     # A call whose buffers (every rank's inputs, outputs and scratch) hold at least `stream_bytes` writes its
     # destinations of at least `nt_bytes` a step with non-temporal stores (the CPU runtime's JAXCOLL_NT_CALL_BYTES
     # and JAXCOLL_NT_BYTES: CPU_STREAM_BYTES and CPU_NT_BYTES, which `cpu_runtime` sets). Off here: the GPU round's
