@@ -59,7 +59,6 @@ bool solo_call(const Plan& plan, const CallBuffers& b) {
   return plan.nranks == 1 || call_traffic_bytes(plan, b.input_elements / plan.in_blocks, b.dtype) <= solo_bytes();
 }
 
-
 // The leader: run the call for every rank, settle the copies owed, recycle the rendezvous and complete the ranks
 // that arrived first (through the helpers' scheduler, so their programs continue in parallel).
 Status lead_call(Communicator& comm, Rendezvous* rv, const Plan& plan, int32_t rank, const CallBuffers& b,
